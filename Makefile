@@ -1,0 +1,50 @@
+# Spillway developer entry points. `make demo` and `make test` work on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-stamp
+CHECKOV_STAMP := $(VENV)/checkov/.setup-stamp
+
+.PHONY: setup demo test test-fast bench images lint dashboards clean
+
+setup: $(STAMP) $(CHECKOV_STAMP) $(BIN)/helm
+
+$(STAMP): requirements-test.txt operator/pyproject.toml connector/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-test.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e connector -e operator
+	$(BIN)/pip install --quiet --disable-pip-version-check -e connector -e operator
+	# PyPI's torchvision/torchaudio/torchcodec do not import beside the CPU torch wheel; vLLM runs without them.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+$(CHECKOV_STAMP): requirements-checkov.txt
+	test -x $(VENV)/checkov/bin/python || $(PYTHON) -m venv $(VENV)/checkov
+	$(VENV)/checkov/bin/pip install --quiet --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
+$(BIN)/helm: operator/tools/install_kube_binaries.py | $(STAMP)
+	$(BIN)/python operator/tools/install_kube_binaries.py $(BIN)
+
+demo: setup
+	$(BIN)/spillway plan --model meta-llama/Llama-3.1-8B-Instruct --node-memory 2Ti --gpus-per-node 8 --offload-size auto
+	@if [ -f examples/modelserver.yaml ]; then echo; $(BIN)/spillway render -f examples/modelserver.yaml --node-memory 2Ti --gpus-per-node 8; fi
+
+test: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest tests
+
+test-fast: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest tests -m "not engine"
+
+bench: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m spillway.bench
+
+lint: setup
+	$(BIN)/ruff check operator connector tests
+
+images:
+	@bash images/build.sh
+
+clean:
+	rm -rf $(VENV)

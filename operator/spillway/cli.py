@@ -1,0 +1,32 @@
+"""The `spillway` command. Each subcommand lives in its own module with `add_parser()`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import SpillwayError
+
+# module names under spillway/ that provide add_parser(subparsers)
+SUBCOMMANDS = ["plan_cli"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spillway", description="vLLM KV offloading to CPU DRAM, sized for Kubernetes")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"spillway.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except SpillwayError as exc:
+        print(f"spillway: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

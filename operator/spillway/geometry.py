@@ -1,0 +1,234 @@
+"""Model geometry: how many bytes of KV cache one token and one block take.
+
+Read from a Hugging Face `config.json` (a file, a dict, or a model id found in
+the bundled catalog). Pure: no network here; `hub.py` fetches config.json when
+asked to. Models whose KV cache is not one uniform full-attention cache
+(sliding-window, hybrid attention/SSM) are refused with a clear message rather
+than sized wrongly.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import InvalidSpec, ModelGeometryUnknown
+
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default tokens per GPU KV block
+
+# Architectures whose attention is standard (MHA/GQA) with separate K and V on every layer.
+STANDARD_ARCHITECTURES = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
+    "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+    "Phi3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "OlmoForCausalLM",
+    "Olmo2ForCausalLM", "InternLM2ForCausalLM", "ExaoneForCausalLM", "GemmaForCausalLM",
+    "DeepseekForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "SmolLM3ForCausalLM",
+})
+# Multi-head latent attention: one compressed latent (+ rope key) per token per layer.
+MLA_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM"})
+# Families whose KV cache mixes sliding-window, linear-attention or SSM layers.
+HYBRID_MODEL_TYPES = frozenset({
+    "gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss", "jamba", "mamba", "mamba2",
+    "nemotron_h", "falcon_h1", "qwen3_next", "granitemoehybrid", "zamba2", "bamba",
+    "minimax", "minimax_m1", "llama4", "plamo2", "lfm2", "qwen3_5",
+})
+
+TORCH_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2}
+KV_CACHE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """Per-model KV facts, before tensor parallelism and block size are applied."""
+
+    name: str
+    architecture: str
+    num_layers: int
+    attention: str  # "standard" or "mla"
+    num_kv_heads: int  # standard: KV heads; mla: 1 (the latent)
+    num_attention_heads: int
+    head_dim: int  # standard: K (= V) head size; mla: kv_lora_rank + qk_rope_head_dim
+    dtype: str  # the model's own dtype (what `--kv-cache-dtype auto` stores)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Geometry with tensor parallelism, block size and cache dtype applied."""
+
+    geometry: ModelGeometry
+    tensor_parallel_size: int
+    block_size: int
+    kv_cache_dtype: str
+    dtype_bytes: int
+    kv_heads_per_rank: int
+    layer_page_bytes: int  # one K (or V, or MLA latent) page of one layer, one rank
+    block_bytes: int  # one block, all layers, K and V, ONE rank: the DMA unit
+    bytes_per_token: int  # whole model, all ranks (GPU side)
+    replicated: bool  # MLA: every rank holds the same latent
+
+    @property
+    def kv_per_layer(self) -> int:
+        return 1 if self.geometry.attention == "mla" else 2
+
+
+def _positive_int(config: Mapping[str, Any], key: str, name: str) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelGeometryUnknown(f"{name}: config.json field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _refuse_non_uniform(config: Mapping[str, Any], name: str) -> None:
+    model_type = str(config.get("model_type", ""))
+    if model_type in HYBRID_MODEL_TYPES:
+        raise ModelGeometryUnknown(
+            f"{name}: model_type {model_type!r} mixes sliding-window, linear-attention or SSM layers; "
+            "Spillway cannot size its KV pool exactly (give --offload-size explicitly and size it yourself)"
+        )
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
+        kinds = sorted({str(t) for t in layer_types})
+        raise ModelGeometryUnknown(f"{name}: hybrid layer_types {kinds}; Spillway cannot size its KV pool exactly")
+    window = config.get("sliding_window")
+    if window and config.get("use_sliding_window", True) is not False:
+        raise ModelGeometryUnknown(
+            f"{name}: sliding_window={window} is active; vLLM keeps only the window's KV per layer, "
+            "so Spillway cannot size its KV pool exactly"
+        )
+
+
+def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> ModelGeometry:
+    """Parse a Hugging Face config.json mapping into ModelGeometry, or raise ModelGeometryUnknown."""
+    if not isinstance(config, Mapping):
+        raise ModelGeometryUnknown(f"{name}: config.json must be a JSON object")
+    if isinstance(config.get("text_config"), Mapping) and "num_hidden_layers" not in config:
+        config = {**config["text_config"], "architectures": config.get("architectures")}
+    architectures = config.get("architectures") or []
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
+    if architecture is None:
+        raise ModelGeometryUnknown(f"{name}: config.json has no 'architectures' entry")
+    _refuse_non_uniform(config, name)
+    num_layers = _positive_int(config, "num_hidden_layers", name)
+    heads = _positive_int(config, "num_attention_heads", name)
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    if dtype not in TORCH_DTYPE_BYTES:
+        raise ModelGeometryUnknown(f"{name}: unsupported dtype {dtype!r} (known: {sorted(TORCH_DTYPE_BYTES)})")
+    if dtype == "float32":
+        dtype = "bfloat16"  # vLLM serves float32 checkpoints in 16-bit by default
+    if architecture in MLA_ARCHITECTURES:
+        latent = _positive_int(config, "kv_lora_rank", name) + _positive_int(config, "qk_rope_head_dim", name)
+        return ModelGeometry(name, architecture, num_layers, "mla", 1, heads, latent, dtype)
+    if architecture not in STANDARD_ARCHITECTURES:
+        raise ModelGeometryUnknown(
+            f"{name}: architecture {architecture!r} is not one Spillway can size "
+            f"(standard: {len(STANDARD_ARCHITECTURES)} known, MLA: {sorted(MLA_ARCHITECTURES)})"
+        )
+    kv_heads = config.get("num_key_value_heads") or heads
+    if not isinstance(kv_heads, int) or kv_heads <= 0:
+        raise ModelGeometryUnknown(f"{name}: num_key_value_heads must be a positive integer, got {kv_heads!r}")
+    head_dim = config.get("head_dim")
+    if head_dim is None:
+        hidden = _positive_int(config, "hidden_size", name)
+        if hidden % heads:
+            raise ModelGeometryUnknown(f"{name}: hidden_size {hidden} is not a multiple of {heads} heads")
+        head_dim = hidden // heads
+    elif not isinstance(head_dim, int) or head_dim <= 0:
+        raise ModelGeometryUnknown(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
+    return ModelGeometry(name, architecture, num_layers, "standard", kv_heads, heads, head_dim, dtype)
+
+
+def kv_layout(
+    geometry: ModelGeometry,
+    tensor_parallel_size: int = 1,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    kv_cache_dtype: str = "auto",
+) -> KVLayout:
+    """Apply tensor parallelism, block size and cache dtype (vLLM's own rules)."""
+    if tensor_parallel_size < 1:
+        raise InvalidSpec(f"tensor parallel size must be >= 1, got {tensor_parallel_size}")
+    if block_size < 1:
+        raise InvalidSpec(f"block size must be >= 1 token, got {block_size}")
+    if geometry.num_attention_heads % tensor_parallel_size:
+        raise InvalidSpec(
+            f"{geometry.name}: {geometry.num_attention_heads} attention heads do not split over "
+            f"tensor parallel size {tensor_parallel_size}"
+        )
+    dtype = geometry.dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    if dtype not in KV_CACHE_DTYPE_BYTES:
+        raise InvalidSpec(f"kv cache dtype {kv_cache_dtype!r} unknown (auto, {', '.join(KV_CACHE_DTYPE_BYTES)})")
+    dtype_bytes = KV_CACHE_DTYPE_BYTES[dtype]
+    if geometry.attention == "mla":
+        heads_per_rank, replicated = 1, True
+    else:
+        kv = geometry.num_kv_heads
+        if kv % tensor_parallel_size and tensor_parallel_size % kv:
+            raise InvalidSpec(
+                f"{geometry.name}: {kv} KV heads neither split over nor replicate across "
+                f"tensor parallel size {tensor_parallel_size}"
+            )
+        heads_per_rank, replicated = max(1, kv // tensor_parallel_size), kv < tensor_parallel_size
+    layer_page = block_size * heads_per_rank * geometry.head_dim * dtype_bytes
+    kv_per_layer = 1 if geometry.attention == "mla" else 2
+    block_bytes = layer_page * kv_per_layer * geometry.num_layers
+    return KVLayout(
+        geometry=geometry,
+        tensor_parallel_size=tensor_parallel_size,
+        block_size=block_size,
+        kv_cache_dtype=dtype,
+        dtype_bytes=dtype_bytes,
+        kv_heads_per_rank=heads_per_rank,
+        layer_page_bytes=layer_page,
+        block_bytes=block_bytes,
+        bytes_per_token=block_bytes * tensor_parallel_size // block_size,
+        replicated=replicated,
+    )
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ModelGeometryUnknown(f"cannot read model config {path}: {exc.strerror}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelGeometryUnknown(f"{path}: malformed JSON at line {exc.lineno}: {exc.msg}") from exc
+
+
+def catalog_ids() -> list[str]:
+    index = json.loads(resources.files(__package__).joinpath("catalog/index.json").read_text())
+    return sorted(index)
+
+
+def catalog_config(model_id: str) -> dict[str, Any] | None:
+    """The bundled config.json of a known model id (case-insensitive), or None."""
+    index = json.loads(resources.files(__package__).joinpath("catalog/index.json").read_text())
+    lowered = {k.lower(): v for k, v in index.items()}
+    entry = lowered.get(model_id.lower())
+    return dict(entry) if entry is not None else None
+
+
+def resolve_geometry(model_id: str | None = None, config_path: str | Path | None = None,
+                     config: Mapping[str, Any] | None = None) -> ModelGeometry:
+    """Geometry from an inline config, a config file, or the catalog (in that order)."""
+    if config is not None:
+        return geometry_from_config(config, model_id or "inline modelConfig")
+    if config_path is not None:
+        return geometry_from_config(load_config_file(config_path), model_id or str(config_path))
+    if model_id:
+        found = catalog_config(model_id)
+        if found is None:
+            raise ModelGeometryUnknown(
+                f"model {model_id!r} is not in Spillway's catalog; pass its config.json "
+                "(--model-config PATH, or spec.modelConfig) or allow a hub fetch"
+            )
+        return geometry_from_config(found, model_id)
+    raise InvalidSpec("no model given: pass a model id or a config.json")

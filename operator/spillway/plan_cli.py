@@ -1,0 +1,116 @@
+"""`spillway plan`: size the offload pool of one replica on a described node."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .geometry import DEFAULT_BLOCK_SIZE, resolve_geometry
+from .planner import NodeFacts, OffloadRequest, Plan, ServingRequest, plan
+from .quantity import format_bytes, parse_bytes
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="size the CPU offload pool of one replica on a node")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="model id (bundled catalog; see --list-models)")
+    model.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
+    model.add_argument("--list-models", action="store_true", help="list the catalog's model ids")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto|bfloat16|float16|fp8")
+    p.add_argument("--node-memory", help="node allocatable memory, e.g. 512Gi")
+    p.add_argument("--gpus-per-node", type=int)
+    p.add_argument("--offload-size", default="auto", help="auto | fraction of the replica's share | quantity")
+    p.add_argument("--offload-block-size", type=int, help="tokens per offloaded chunk (multiple of --block-size)")
+    p.add_argument("--eviction-policy", default="lru", choices=["lru", "arc"])
+    p.add_argument("--layout", default="contiguous", choices=["contiguous", "default"])
+    p.add_argument("--connector", default="spillway", choices=["spillway", "native"])
+    p.add_argument("--no-offload", action="store_true", help="plan the replica without a CPU pool")
+    p.add_argument("--replicas-per-node", type=int)
+    p.add_argument("--output", "-o", default="text", choices=["text", "json"])
+    p.set_defaults(func=run)
+
+
+def node_from_args(memory: str | None, gpus: int | None) -> NodeFacts | None:
+    if memory is None and gpus is None:
+        return None
+    if memory is None or gpus is None:
+        raise SystemExit("spillway: --node-memory and --gpus-per-node go together")
+    return NodeFacts(parse_bytes(memory, "--node-memory"), gpus)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_models:
+        from .geometry import catalog_ids
+        print("\n".join(catalog_ids()))
+        return 0
+    geometry = resolve_geometry(model_id=args.model, config_path=args.model_config)
+    request = ServingRequest(
+        tensor_parallel_size=args.tensor_parallel_size,
+        block_size=args.block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        replicas_per_node=args.replicas_per_node,
+        offload=OffloadRequest(
+            enabled=not args.no_offload,
+            size=args.offload_size,
+            eviction_policy=args.eviction_policy,
+            layout=args.layout,
+            offload_block_size=args.offload_block_size,
+            connector=args.connector,
+        ),
+    )
+    result = plan(geometry, request, node_from_args(args.node_memory, args.gpus_per_node))
+    sys.stdout.write(result.to_json() + "\n" if args.output == "json" else format_plan(result))
+    return 0
+
+
+def _rows(title: str, rows: list[tuple[str, str]]) -> list[str]:
+    width = max(len(k) for k, _ in rows)
+    return [title] + [f"  {k.ljust(width)}  {v}" for k, v in rows] + [""]
+
+
+def format_plan(p: Plan) -> str:
+    g, lay = p.layout.geometry, p.layout
+    heads = "latent (MLA)" if g.attention == "mla" else f"{g.num_kv_heads} KV heads, {lay.kv_heads_per_rank} per rank"
+    lines = _rows(f"Model  {g.name}", [
+        ("architecture", g.architecture),
+        ("layers", str(g.num_layers)),
+        ("attention", f"{heads}, head dim {g.head_dim}"),
+        ("kv cache dtype", f"{lay.kv_cache_dtype} ({lay.dtype_bytes} B)"),
+        ("tensor parallel", str(lay.tensor_parallel_size)),
+        ("layer page", f"{format_bytes(lay.layer_page_bytes)} ({lay.block_size} tokens, one of K/V, one rank)"),
+        ("KV block", f"{format_bytes(lay.block_bytes)} (all layers, one rank: the DMA unit)"),
+        ("bytes per token", f"{format_bytes(lay.bytes_per_token)} (all ranks)"),
+    ])
+    if p.node is not None:
+        n = p.node
+        lines += _rows(f"Node  {n.name}", [
+            ("allocatable", format_bytes(n.allocatable_bytes)),
+            ("node reserve", format_bytes(n.reserve_bytes)),
+            ("replicas", f"{n.replicas_per_node} per node"),
+            ("replica share", format_bytes(n.share_bytes)),
+        ])
+    if p.pool is not None:
+        pool = p.pool
+        lines += _rows("CPU offload pool (one replica)", [
+            ("size", f"{format_bytes(pool.bytes)} (--kv-offloading-size {pool.gib:.3f} GiB, asked: {pool.requested})"),
+            ("blocks", f"{pool.blocks:,}"),
+            ("tokens held", f"{pool.tokens:,}"),
+        ])
+    if p.pod is not None:
+        pod = p.pod
+        lines += _rows("Pod", [
+            ("memory request", format_bytes(pod.memory_request_bytes)),
+            ("memory limit", format_bytes(pod.memory_limit_bytes)),
+            ("/dev/shm", format_bytes(pod.shm_bytes)),
+            ("process reserve", format_bytes(pod.process_reserve_bytes)),
+            ("GPUs", str(pod.gpus)),
+        ])
+    lines += ["vLLM", "  args  " + " ".join(_quote(a) for a in p.args)]
+    lines += [f"  env   {k}={v}" for k, v in p.env.items()] + [""]
+    lines += [f"warning: {w}" for w in p.warnings]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _quote(arg: str) -> str:
+    return f"'{arg}'" if any(c in arg for c in ' {}"') else arg

@@ -1,0 +1,308 @@
+"""The pure planning core: (offload request, node facts, model geometry) -> Plan.
+
+No I/O. The operator, the CLI and the chart tests all call `plan()`.
+
+Memory model of one replica (one pod, `tensor_parallel_size` GPUs):
+
+    pool        = what vLLM allocates for offloaded KV: whole chunks of
+                  `block_bytes x copies x blocks_per_chunk`, page aligned (vLLM's CPUOffloadingSpec)
+    shm         = pool x SHM_OVERHEAD_FACTOR + SHM_EXTRA_BYTES
+                  (the pool is an mmap in /dev/shm pinned with cudaHostRegister;
+                  vllm issue #53042 measured 1.92x the requested size as unreclaimable shmem;
+                  SHM_EXTRA covers NCCL and vLLM's shared-memory message queues)
+    reserve     = PROCESS_RESERVE_BASE + PROCESS_RESERVE_PER_RANK x TP
+                  (API server, engine core, one worker per rank: Python, torch, CUDA context,
+                  model loading buffers, NCCL; #53042 saw ~8.75 GiB anonymous memory per rank)
+    limit       = request = shm + reserve   (/dev/shm emptyDir pages are charged to the pod)
+
+A node runs `replicas_per_node` such pods next to its daemons: NODE_RESERVE is held back
+from allocatable memory, and the sum of the pods' limits never exceeds allocatable.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from . import vllm_api as api
+from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
+from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
+from .quantity import GiB, MiB, format_bytes, parse_bytes
+
+SHM_OVERHEAD_FACTOR = 2.0  # measured 1.92x (vllm#53042), rounded up
+SHM_EXTRA_BYTES = 1 * GiB
+PROCESS_RESERVE_BASE = 8 * GiB
+PROCESS_RESERVE_PER_RANK = 6 * GiB
+NODE_RESERVE_MIN = 4 * GiB
+NODE_RESERVE_FRACTION = 0.05
+PAGE_ALIGNMENT = 4096  # vLLM aligns each CPU chunk to the page size
+SMALL_BLOCK_WARNING = 1 * MiB  # below this DMA runs well under the link's speed
+ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the share
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    allocatable_memory: int  # bytes
+    gpus: int
+    name: str = "node"
+    dma_gbps: float | None = None  # qualified GPU<->CPU copy rate at the plan's block size, if known
+
+
+@dataclass(frozen=True)
+class OffloadRequest:
+    enabled: bool = True
+    size: str = "auto"  # "auto", a fraction "0.5" of the replica's share, or a quantity "200Gi"
+    eviction_policy: str = "lru"
+    layout: str = "contiguous"  # "contiguous" (VLLM_KV_CACHE_LAYOUT=BLHNC) or "default"
+    offload_block_size: int | None = None  # tokens per offloaded chunk; a multiple of block_size
+    connector: str = "spillway"  # "spillway" (our plugin) or "native" (vLLM's flags only)
+
+
+@dataclass(frozen=True)
+class ServingRequest:
+    tensor_parallel_size: int = 1
+    block_size: int = DEFAULT_BLOCK_SIZE
+    kv_cache_dtype: str = "auto"
+    replicas_per_node: int | None = None
+    offload: OffloadRequest = field(default_factory=OffloadRequest)
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    bytes: int
+    gib: float  # the --kv-offloading-size value: bytes / 2**30, exact
+    chunks: int
+    blocks: int
+    tokens: int
+    chunk_bytes: int
+    copies: int  # 1 when vLLM deduplicates a replicated MLA latent across ranks
+    requested: str
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    memory_request_bytes: int
+    memory_limit_bytes: int
+    shm_bytes: int
+    process_reserve_bytes: int
+    gpus: int
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str
+    allocatable_bytes: int
+    reserve_bytes: int
+    replicas_per_node: int
+    share_bytes: int  # one replica's share of the node
+    fixed_bytes: int  # process reserve + shm extra: what the pod needs with no pool
+    max_pool_bytes: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: KVLayout
+    node: NodePlan | None
+    pool: PoolPlan | None
+    pod: PodPlan | None
+    args: list[str]
+    env: dict[str, str]
+    warnings: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        layout = self.layout
+        out: dict[str, Any] = {
+            "model": layout.geometry.name,
+            "geometry": {
+                **layout.geometry.as_dict(),
+                "tensor_parallel_size": layout.tensor_parallel_size,
+                "block_size": layout.block_size,
+                "kv_cache_dtype": layout.kv_cache_dtype,
+                "dtype_bytes": layout.dtype_bytes,
+                "kv_heads_per_rank": layout.kv_heads_per_rank,
+                "layer_page_bytes": layout.layer_page_bytes,
+                "block_bytes": layout.block_bytes,
+                "bytes_per_token": layout.bytes_per_token,
+                "replicated_across_ranks": layout.replicated,
+            },
+            "vllm": {"args": list(self.args), "env": dict(self.env)},
+            "warnings": list(self.warnings),
+        }
+        for name in ("node", "pool", "pod"):
+            part = getattr(self, name)
+            if part is not None:
+                out[name] = asdict(part)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def process_reserve(tensor_parallel_size: int) -> int:
+    return PROCESS_RESERVE_BASE + PROCESS_RESERVE_PER_RANK * tensor_parallel_size
+
+
+def node_reserve(allocatable: int) -> int:
+    return max(NODE_RESERVE_MIN, int(allocatable * NODE_RESERVE_FRACTION))
+
+
+def shm_bytes_for(pool_bytes: int) -> int:
+    return _round_up(math.ceil(pool_bytes * SHM_OVERHEAD_FACTOR) + SHM_EXTRA_BYTES, MiB)
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def _parse_size(size: str) -> tuple[str, float | int | None]:
+    """("auto", None) | ("fraction", f) | ("bytes", n)."""
+    text = str(size).strip()
+    if text == "auto":
+        return "auto", None
+    if "." in text and text.replace(".", "", 1).isdigit() or text in ("0", "1"):
+        try:
+            fraction = float(Decimal(text))
+        except InvalidOperation:  # pragma: no cover - guarded above
+            raise InvalidSpec(f"offload size {size!r} is not a number")
+        if not 0 < fraction <= 1:
+            raise InvalidSpec(f"offload size fraction must be in (0, 1], got {text}")
+        return "fraction", fraction
+    return "bytes", parse_bytes(text, "offload size")
+
+
+def _node_plan(node: NodeFacts, request: ServingRequest) -> NodePlan:
+    tp = request.tensor_parallel_size
+    if node.gpus < 1:
+        raise NoEligibleNodes(f"node {node.name} has {node.gpus} GPUs; a replica needs {tp}")
+    if tp > node.gpus:
+        raise NoEligibleNodes(
+            f"tensor parallel size {tp} needs {tp} GPUs on one node; node {node.name} has {node.gpus}"
+        )
+    fit = node.gpus // tp
+    replicas = request.replicas_per_node if request.replicas_per_node is not None else fit
+    if not 1 <= replicas <= fit:
+        raise InvalidSpec(
+            f"replicas per node must be 1..{fit} ({node.gpus} GPUs / tensor parallel size {tp}), got {replicas}"
+        )
+    reserve = node_reserve(node.allocatable_memory)
+    share = (node.allocatable_memory - reserve) // replicas
+    fixed = process_reserve(tp) + SHM_EXTRA_BYTES + ROUNDING_SLACK
+    if share < fixed:
+        raise PoolDoesNotFit(
+            f"node {node.name}: one replica's share is {format_bytes(share)} "
+            f"({format_bytes(node.allocatable_memory)} allocatable - {format_bytes(reserve)} node reserve, "
+            f"/ {replicas} replicas) but the vLLM process alone needs {format_bytes(fixed)}"
+        )
+    max_pool = int((share - fixed) / SHM_OVERHEAD_FACTOR)
+    return NodePlan(node.name, node.allocatable_memory, reserve, replicas, share, fixed, max_pool)
+
+
+def _pool_plan(layout: KVLayout, node: NodePlan, offload: OffloadRequest) -> PoolPlan:
+    kind, value = _parse_size(offload.size)
+    if kind == "auto":
+        wanted = node.max_pool_bytes
+    elif kind == "fraction":
+        # The pod (pool footprint + process) takes this fraction of the replica's share.
+        wanted = int((value * node.share_bytes - node.fixed_bytes) / SHM_OVERHEAD_FACTOR)
+        if wanted <= 0:
+            raise PoolDoesNotFit(
+                f"offload size {value} of a {format_bytes(node.share_bytes)} replica share is "
+                f"{format_bytes(int(value * node.share_bytes))}, less than the vLLM process alone needs "
+                f"({format_bytes(node.fixed_bytes)}); the smallest fraction that fits is "
+                f"{math.ceil(node.fixed_bytes / node.share_bytes * 100) / 100}"
+            )
+    else:
+        wanted = int(value)
+        if wanted > node.max_pool_bytes:
+            raise PoolDoesNotFit(
+                f"offload size {offload.size} needs {format_bytes(shm_bytes_for(wanted))} of /dev/shm "
+                f"(pool x {SHM_OVERHEAD_FACTOR} + {format_bytes(SHM_EXTRA_BYTES)}) plus the vLLM process, but one "
+                f"replica's share of node {node.name} is {format_bytes(node.share_bytes)} "
+                f"({node.replicas_per_node} per node); the largest pool that fits is {format_bytes(node.max_pool_bytes)}"
+            )
+    copies = 1 if (layout.geometry.attention == "mla" and layout.tensor_parallel_size > 1) else layout.tensor_parallel_size
+    blocks_per_chunk = (offload.offload_block_size or layout.block_size) // layout.block_size
+    chunk = _round_up(layout.block_bytes * copies * blocks_per_chunk, PAGE_ALIGNMENT)
+    chunks = wanted // chunk
+    if chunks < 1:
+        raise PoolDoesNotFit(
+            f"offload pool of {format_bytes(wanted)} is smaller than one offload block "
+            f"({format_bytes(chunk)} = {blocks_per_chunk} x {format_bytes(layout.block_bytes)} x {copies} ranks)"
+        )
+    pool_bytes = chunks * chunk
+    blocks = chunks * blocks_per_chunk
+    return PoolPlan(pool_bytes, pool_bytes / GiB, chunks, blocks, blocks * layout.block_size, chunk, copies,
+                    str(offload.size))
+
+
+def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
+    if offload.eviction_policy not in api.EVICTION_POLICIES:
+        raise InvalidSpec(f"eviction policy must be one of {api.EVICTION_POLICIES}, got {offload.eviction_policy!r}")
+    if offload.layout not in ("contiguous", "default"):
+        raise InvalidSpec(f"layout must be 'contiguous' or 'default', got {offload.layout!r}")
+    if offload.connector not in ("spillway", "native"):
+        raise InvalidSpec(f"connector must be 'spillway' or 'native', got {offload.connector!r}")
+    chunk = offload.offload_block_size
+    if chunk is not None and (chunk < block_size or chunk % block_size):
+        raise InvalidSpec(f"offload block size {chunk} must be a positive multiple of the block size {block_size}")
+
+
+def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None) -> list[str]:
+    args = [api.FLAG_TENSOR_PARALLEL_SIZE, str(layout.tensor_parallel_size), api.FLAG_BLOCK_SIZE, str(layout.block_size)]
+    if layout.kv_cache_dtype != layout.geometry.dtype:
+        args += [api.FLAG_KV_CACHE_DTYPE, layout.kv_cache_dtype]
+    if pool is None:
+        return args
+    simple_native = offload.eviction_policy == "lru" and offload.offload_block_size is None
+    if offload.connector == "native" and simple_native:
+        return args + [api.FLAG_KV_OFFLOADING_BACKEND, api.NATIVE_BACKEND, api.FLAG_KV_OFFLOADING_SIZE, repr(pool.gib)]
+    extra: dict[str, Any] = {api.EXTRA_CPU_BYTES: pool.bytes, api.EXTRA_EVICTION_POLICY: offload.eviction_policy}
+    if offload.offload_block_size is not None:
+        extra[api.EXTRA_OFFLOAD_BLOCK_SIZE] = offload.offload_block_size
+    config: dict[str, Any] = {"kv_role": "kv_both", "kv_connector_extra_config": extra}
+    if offload.connector == "spillway":
+        config["kv_connector"] = api.SPILLWAY_CONNECTOR
+        config["kv_connector_module_path"] = api.SPILLWAY_CONNECTOR_MODULE
+    else:
+        config["kv_connector"] = api.OFFLOADING_CONNECTOR
+    return args + [api.FLAG_KV_TRANSFER_CONFIG, json.dumps(config, sort_keys=True, separators=(",", ":"))]
+
+
+def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | None, pool: PoolPlan | None,
+              request: ServingRequest) -> list[str]:
+    out = []
+    if layout.block_bytes < SMALL_BLOCK_WARNING and request.offload.enabled:
+        out.append(
+            f"KV block is {format_bytes(layout.block_bytes)} per rank: DMA copies run well below the link's speed "
+            "under 1 MiB; consider a larger --block-size or offload block size"
+        )
+    if request.offload.layout == "default" and request.offload.enabled:
+        out.append("layout 'default' splits each block per layer: offload transfers become many small copies")
+    if node is not None and node_facts is not None and node.replicas_per_node * request.tensor_parallel_size < node_facts.gpus:
+        idle = node_facts.gpus - node.replicas_per_node * request.tensor_parallel_size
+        out.append(f"{idle} of {node_facts.gpus} GPUs on node {node.name} stay idle with this plan")
+    if pool is not None and pool.tokens < 16_384:
+        out.append(f"the pool holds only {pool.tokens} tokens: offloading will rarely hit")
+    return out
+
+
+def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), node: NodeFacts | None = None) -> Plan:
+    """Plan one replica of `geometry` on `node` (geometry only when node is None)."""
+    _validate_offload(request.offload, request.block_size)
+    layout = kv_layout(geometry, request.tensor_parallel_size, request.block_size, request.kv_cache_dtype)
+    node_plan = pool = pod = None
+    if node is not None:
+        node_plan = _node_plan(node, request)
+        if request.offload.enabled:
+            pool = _pool_plan(layout, node_plan, request.offload)
+        shm = shm_bytes_for(pool.bytes) if pool else SHM_EXTRA_BYTES
+        reserve = process_reserve(request.tensor_parallel_size)
+        limit = _round_up(shm + reserve, MiB)
+        pod = PodPlan(limit, limit, shm, reserve, request.tensor_parallel_size)
+    env = {}
+    if request.offload.enabled and request.offload.layout == "contiguous":
+        env[api.ENV_KV_CACHE_LAYOUT] = api.CONTIGUOUS_LAYOUT
+    args = engine_args(layout, request.offload, pool)
+    return Plan(layout, node_plan, pool, pod, args, env, _warnings(layout, node_plan, node, pool, request))

@@ -1,0 +1,51 @@
+"""Kubernetes resource quantities (`512Gi`, `2T`, `1.5e9`) as integer bytes, and back."""
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal, InvalidOperation
+
+from .errors import InvalidSpec
+
+_SUFFIX = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+_QUANTITY = re.compile(r"^([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+
+GiB = 2**30
+MiB = 2**20
+
+
+def parse_bytes(text: str | int, what: str = "quantity") -> int:
+    """Parse a byte quantity; raise InvalidSpec naming `what` when it is not one."""
+    if isinstance(text, bool):
+        raise InvalidSpec(f"{what}: expected a quantity like 512Gi, got {text!r}")
+    if isinstance(text, int):
+        value = Decimal(text)
+    else:
+        match = _QUANTITY.match(str(text).strip())
+        if not match:
+            raise InvalidSpec(f"{what}: expected a quantity like 512Gi or 200G, got {text!r}")
+        try:
+            value = Decimal(match.group(1)) * _SUFFIX[match.group(2) or ""]
+        except InvalidOperation as exc:  # pragma: no cover - regex admits only numbers
+            raise InvalidSpec(f"{what}: {text!r} is not a number") from exc
+    if value < 0:
+        raise InvalidSpec(f"{what}: must not be negative, got {text!r}")
+    return int(value)
+
+
+def format_bytes(n: int) -> str:
+    """Human figure with binary units: 2.00 MiB, 61.3 GiB."""
+    for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:.2f} {unit}" if value < 100 else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def to_quantity(n: int, unit: str = "Mi") -> str:
+    """Kubernetes quantity rounded UP to whole `unit`s (never under-states a limit)."""
+    size = _SUFFIX[unit]
+    return f"{math.ceil(n / size)}{unit}"

@@ -1,0 +1,66 @@
+"""The one place that names vLLM's flags, environment variables, connector classes and metrics.
+
+Everything that writes a vLLM command line (planner, manifests, GPU runs) or reads
+vLLM's /metrics (dashboards, alerts, load test) takes the names from here.
+"""
+from __future__ import annotations
+
+# -- engine flags -------------------------------------------------------------
+FLAG_TENSOR_PARALLEL_SIZE = "--tensor-parallel-size"
+FLAG_BLOCK_SIZE = "--block-size"
+FLAG_KV_CACHE_DTYPE = "--kv-cache-dtype"
+FLAG_KV_OFFLOADING_BACKEND = "--kv-offloading-backend"
+FLAG_KV_OFFLOADING_SIZE = "--kv-offloading-size"  # GiB, total across TP ranks
+FLAG_KV_TRANSFER_CONFIG = "--kv-transfer-config"
+FLAG_PORT = "--port"
+FLAG_HOST = "--host"
+FLAG_SERVED_MODEL_NAME = "--served-model-name"
+FLAG_REVISION = "--revision"
+
+NATIVE_BACKEND = "native"
+
+# -- environment --------------------------------------------------------------
+ENV_KV_CACHE_LAYOUT = "VLLM_KV_CACHE_LAYOUT"
+CONTIGUOUS_LAYOUT = "BLHNC"  # block-outermost: one region holds a block's KV of all layers
+
+# -- connectors ---------------------------------------------------------------
+OFFLOADING_CONNECTOR = "OffloadingConnector"
+SPILLWAY_CONNECTOR = "SpillwayOffloadingConnector"
+SPILLWAY_CONNECTOR_MODULE = "spillway_connector.connector"
+EXTRA_CPU_BYTES = "cpu_bytes_to_use"
+EXTRA_EVICTION_POLICY = "eviction_policy"
+EXTRA_OFFLOAD_BLOCK_SIZE = "block_size"
+EVICTION_POLICIES = ("lru", "arc")
+
+# -- the pool's backing file ---------------------------------------------------
+SHM_DIR = "/dev/shm"
+SHM_FILE_GLOB = "/dev/shm/vllm_offload_*"
+
+# -- server endpoints ----------------------------------------------------------
+SERVER_PORT = 8000
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+MODELS_PATH = "/v1/models"
+
+
+class Metric:
+    """vLLM's own Prometheus metric names (as exported, without _total/_bucket suffixes)."""
+
+    OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes"
+    OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes"
+    OFFLOAD_LOAD_TIME = "vllm:kv_offload_load_time"
+    OFFLOAD_STORE_TIME = "vllm:kv_offload_store_time"
+    OFFLOAD_CPU_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
+    OFFLOAD_ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"
+    OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
+    EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
+    EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries"
+    PREFIX_HITS = "vllm:prefix_cache_hits"
+    PREFIX_QUERIES = "vllm:prefix_cache_queries"
+    PREEMPTIONS = "vllm:num_preemptions"
+    TTFT = "vllm:time_to_first_token_seconds"
+    PROMPT_TOKENS = "vllm:prompt_tokens"
+    GENERATION_TOKENS = "vllm:generation_tokens"
+    REQUESTS_RUNNING = "vllm:num_requests_running"
+    REQUESTS_WAITING = "vllm:num_requests_waiting"
+    GPU_CACHE_USAGE = "vllm:kv_cache_usage_perc"
