@@ -16,12 +16,24 @@ FLAG_PORT = "--port"
 FLAG_HOST = "--host"
 FLAG_SERVED_MODEL_NAME = "--served-model-name"
 FLAG_REVISION = "--revision"
+FLAG_LOAD_FORMAT = "--load-format"
+FLAG_SKIP_TOKENIZER_INIT = "--skip-tokenizer-init"
+FLAG_KV_CACHE_MEMORY_BYTES = "--kv-cache-memory-bytes"
+FLAG_NUM_GPU_BLOCKS_OVERRIDE = "--num-gpu-blocks-override"
+FLAG_MAX_MODEL_LEN = "--max-model-len"
+FLAG_MAX_NUM_SEQS = "--max-num-seqs"
+FLAG_MAX_NUM_BATCHED_TOKENS = "--max-num-batched-tokens"
+FLAG_ENFORCE_EAGER = "--enforce-eager"
+FLAG_NO_ENABLE_PREFIX_CACHING = "--no-enable-prefix-caching"
+FLAG_DTYPE = "--dtype"
+LOAD_FORMAT_DUMMY = "dummy"
 
 NATIVE_BACKEND = "native"
 
 # -- environment --------------------------------------------------------------
 ENV_KV_CACHE_LAYOUT = "VLLM_KV_CACHE_LAYOUT"
 CONTIGUOUS_LAYOUT = "BLHNC"  # block-outermost: one region holds a block's KV of all layers
+ENV_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"  # CPU platform, legacy: whole GiB, overrides --kv-cache-memory-bytes
 
 # -- connectors ---------------------------------------------------------------
 OFFLOADING_CONNECTOR = "OffloadingConnector"
@@ -41,6 +53,7 @@ SERVER_PORT = 8000
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 MODELS_PATH = "/v1/models"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 class Metric:
@@ -64,3 +77,4 @@ class Metric:
     REQUESTS_RUNNING = "vllm:num_requests_running"
     REQUESTS_WAITING = "vllm:num_requests_waiting"
     GPU_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+    CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: num_gpu_blocks, block_size, enable_prefix_caching, ...
