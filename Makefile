@@ -13,7 +13,6 @@ setup: $(STAMP) $(CHECKOV_STAMP) $(BIN)/helm
 $(STAMP): requirements-test.txt operator/pyproject.toml connector/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-test.txt
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e connector -e operator
 	$(BIN)/pip install --quiet --disable-pip-version-check -e connector -e operator
 	# PyPI's torchvision/torchaudio/torchcodec do not import beside the CPU torch wheel; vLLM runs without them.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -38,7 +37,7 @@ test-fast: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest tests -m "not engine"
 
 bench: setup
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m spillway.bench
+	@for script in bench/*.py; do echo "== $$script"; PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$script || exit 1; echo; done
 
 lint: setup
 	$(BIN)/ruff check operator connector tests

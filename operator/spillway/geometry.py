@@ -8,6 +8,7 @@ than sized wrongly.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -203,16 +204,24 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ModelGeometryUnknown(f"{path}: malformed JSON at line {exc.lineno}: {exc.msg}") from exc
 
 
+@functools.lru_cache(maxsize=1)
+def _catalog() -> dict[str, dict[str, Any]]:
+    """The bundled catalog: model id -> the geometry fields of its config.json (read once)."""
+    return json.loads(resources.files(__package__).joinpath("catalog/index.json").read_text())
+
+
 def catalog_ids() -> list[str]:
-    index = json.loads(resources.files(__package__).joinpath("catalog/index.json").read_text())
-    return sorted(index)
+    return sorted(_catalog())
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog_by_lower_id() -> dict[str, dict[str, Any]]:
+    return {k.lower(): v for k, v in _catalog().items()}
 
 
 def catalog_config(model_id: str) -> dict[str, Any] | None:
     """The bundled config.json of a known model id (case-insensitive), or None."""
-    index = json.loads(resources.files(__package__).joinpath("catalog/index.json").read_text())
-    lowered = {k.lower(): v for k, v in index.items()}
-    entry = lowered.get(model_id.lower())
+    entry = _catalog_by_lower_id().get(model_id.lower())
     return dict(entry) if entry is not None else None
 
 

@@ -46,7 +46,7 @@ ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the s
 class NodeFacts:
     allocatable_memory: int  # bytes
     gpus: int
-    name: str = "node"
+    name: str = "described-node"
     dma_gbps: float | None = None  # qualified GPU<->CPU copy rate at the plan's block size, if known
 
 
@@ -161,7 +161,7 @@ def _parse_size(size: str) -> tuple[str, float | int | None]:
     text = str(size).strip()
     if text == "auto":
         return "auto", None
-    if "." in text and text.replace(".", "", 1).isdigit() or text in ("0", "1"):
+    if "." in text and text.replace(".", "", 1).isdigit():  # "0.5", "1.0": a fraction; "1" is one byte
         try:
             fraction = float(Decimal(text))
         except InvalidOperation:  # pragma: no cover - guarded above

@@ -1,0 +1,41 @@
+"""How long planning takes: it runs on every reconcile, so it must stay in microseconds."""
+from __future__ import annotations
+
+import statistics
+import time
+
+from spillway.geometry import catalog_ids, resolve_geometry
+from spillway.planner import NodeFacts, OffloadRequest, ServingRequest, plan
+
+CASES = [
+    ("Llama-3.1-8B, TP1, auto", "meta-llama/Llama-3.1-8B-Instruct", 1, "auto"),
+    ("Llama-3.1-70B, TP4, 200Gi", "meta-llama/Llama-3.1-70B-Instruct", 4, "200Gi"),
+    ("DeepSeek-V3, TP8, 0.5", "deepseek-ai/DeepSeek-V3", 8, "0.5"),
+]
+NODE = NodeFacts(2 * 2**40, 8, "bench-node")
+
+
+def per_call_us(fn, repeat: int = 7, number: int = 2000) -> tuple[float, float]:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number * 1e6)
+    return statistics.median(samples), max(samples) - min(samples)
+
+
+def main() -> None:
+    print("planning (pure core, per call)")
+    for label, model, tp, size in CASES:
+        geometry = resolve_geometry(model)
+        request = ServingRequest(tensor_parallel_size=tp, offload=OffloadRequest(size=size))
+        median, spread = per_call_us(lambda: plan(geometry, request, NODE))
+        print(f"  {label:32s} {median:8.1f} us  (spread {spread:.1f} us over 7 runs)")
+    median, spread = per_call_us(lambda: resolve_geometry("Qwen/Qwen3-32B"), number=500)
+    print(f"  {'catalog lookup + geometry':32s} {median:8.1f} us  (spread {spread:.1f} us)")
+    print(f"  catalog models: {len(catalog_ids())}")
+
+
+if __name__ == "__main__":
+    main()

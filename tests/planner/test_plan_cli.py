@@ -1,0 +1,70 @@
+"""The `spillway plan` command-line contract, run as a real process."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from spillway.geometry import catalog_config
+
+
+def spillway(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spillway.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_json_contract():
+    out = spillway("plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "512Gi",
+                   "--gpus-per-node", "8", "--offload-size", "auto", "--output", "json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["geometry"]["block_bytes"] == 2 * 2**20
+    assert plan["geometry"]["layer_page_bytes"] == 32 * 1024
+    assert plan["geometry"]["bytes_per_token"] == 128 * 1024
+    for key in ("bytes", "blocks", "tokens"):
+        assert plan["pool"][key] > 0
+    for key in ("memory_request_bytes", "memory_limit_bytes", "shm_bytes"):
+        assert plan["pod"][key] > 0
+    assert isinstance(plan["vllm"]["args"], list) and isinstance(plan["vllm"]["env"], dict)
+    assert isinstance(plan["warnings"], list)
+
+
+def test_geometry_only_from_a_config_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(catalog_config("Qwen/Qwen3-32B")))
+    out = spillway("plan", "--model-config", str(tmp_path / "config.json"), "--tensor-parallel-size", "2", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["geometry"]["block_bytes"] == 2 * 2**20 and "pool" not in plan
+
+
+def test_text_output_is_a_table():
+    out = spillway("plan", "--model", "deepseek-ai/DeepSeek-V2-Lite-Chat", "--block-size", "64",
+                   "--node-memory", "1Ti", "--gpus-per-node", "8")
+    assert out.returncode == 0, out.stderr
+    for heading in ("Model  deepseek-ai/DeepSeek-V2-Lite-Chat", "CPU offload pool", "Pod", "KV block", "/dev/shm"):
+        assert heading in out.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model-config", "/nonexistent/config.json"], "cannot read"),
+    (["--model", "acme/unknown"], "not in Spillway's catalog"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "1Ti", "--gpus-per-node", "8",
+      "--offload-size", "500Gi"], "largest pool that fits"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "512Gi", "--gpus-per-node", "0"], "0 GPUs"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "lots", "--gpus-per-node", "8"],
+     "--node-memory"),
+])
+def test_bad_input_exits_2_with_one_line(args, message):
+    out = spillway("plan", *args)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_malformed_json_exits_2(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"architectures": [')
+    out = spillway("plan", "--model-config", str(bad))
+    assert out.returncode == 2 and "malformed JSON" in out.stderr

@@ -1,0 +1,169 @@
+"""Pool sizing: invariants over random nodes, models and requests, and the errors that name the numbers."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from spillway import vllm_api as api
+from spillway.errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit, SpillwayError
+from spillway.geometry import ModelGeometry, catalog_ids, resolve_geometry
+from spillway.planner import (
+    SHM_OVERHEAD_FACTOR, NodeFacts, OffloadRequest, ServingRequest, plan, process_reserve,
+)
+
+GiB = 2**30
+LLAMA_8B = resolve_geometry("meta-llama/Llama-3.1-8B-Instruct")
+H100_NODE = NodeFacts(2 * 2**40, 8, "gpu-node-1")
+
+
+def request(size="auto", tp=1, **offload):
+    return ServingRequest(tensor_parallel_size=tp, offload=OffloadRequest(size=size, **offload))
+
+
+standard_geometry = st.builds(
+    lambda layers, kv, head_dim, dtype: ModelGeometry("random", "LlamaForCausalLM", layers, "standard", kv, 64,
+                                                       head_dim, dtype),
+    st.integers(1, 160), st.sampled_from([1, 2, 4, 8, 16, 32, 64]), st.sampled_from([64, 96, 128, 256]),
+    st.sampled_from(["bfloat16", "float16"]),
+)
+mla_geometry = st.builds(
+    lambda layers, latent: ModelGeometry("random-mla", "DeepseekV3ForCausalLM", layers, "mla", 1, 128, latent,
+                                         "bfloat16"),
+    st.integers(1, 128), st.sampled_from([576, 1088]),
+)
+geometries = st.one_of(standard_geometry, mla_geometry, st.sampled_from(catalog_ids()).map(resolve_geometry))
+nodes = st.builds(NodeFacts, st.integers(8 * GiB, 8 * 2**40), st.sampled_from([1, 2, 4, 8, 16]))
+sizes = st.one_of(
+    st.just("auto"),
+    st.floats(0.01, 1.0).map(lambda f: f"{f:.3f}"),
+    st.integers(1, 4 * 2**40).map(str),
+    st.integers(1, 4096).map(lambda n: f"{n}Gi"),
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(geometries, nodes, sizes, st.sampled_from([1, 2, 4, 8]), st.sampled_from([16, 32, 64]),
+       st.sampled_from(["auto", "fp8"]), st.data())
+def test_plan_invariants(geometry, node, size, tp, block_size, cache_dtype, data):
+    assume(geometry.num_attention_heads % tp == 0 and tp <= node.gpus)
+    assume(geometry.attention == "mla" or geometry.num_kv_heads % tp == 0 or tp % geometry.num_kv_heads == 0)
+    replicas = data.draw(st.one_of(st.none(), st.integers(1, node.gpus // tp)))
+    req = ServingRequest(tp, block_size, cache_dtype, replicas, OffloadRequest(size=size))
+    try:
+        result = plan(geometry, req, node)
+    except PoolDoesNotFit as exc:
+        # Refusals only ever come with numbers in them.
+        assert any(ch.isdigit() for ch in str(exc))
+        return
+    pool, pod, node_plan = result.pool, result.pod, result.node
+    # the pod's limit holds the pool's real shared-memory footprint and the vLLM process
+    assert pod.memory_limit_bytes >= pool.bytes * SHM_OVERHEAD_FACTOR + process_reserve(tp)
+    assert pod.memory_request_bytes == pod.memory_limit_bytes
+    assert pod.shm_bytes >= pool.bytes * SHM_OVERHEAD_FACTOR
+    assert pod.memory_limit_bytes >= pod.shm_bytes  # /dev/shm pages are charged to the pod
+    # all replicas on the node fit in allocatable memory
+    assert node_plan.replicas_per_node * pod.memory_limit_bytes <= node.allocatable_memory
+    # the pool is whole chunks and never exceeds what was asked for
+    assert pool.chunks >= 1 and pool.bytes == pool.chunks * pool.chunk_bytes
+    assert pool.tokens == pool.blocks * block_size
+    if size.endswith("Gi") or size.isdigit():
+        asked = int(size[:-2]) * GiB if size.endswith("Gi") else int(size)
+        assert asked - pool.chunk_bytes < pool.bytes <= asked  # rounded down by less than one chunk, never shrunk
+    # the vLLM args carry exactly the planned pool
+    config = json.loads(result.args[result.args.index(api.FLAG_KV_TRANSFER_CONFIG) + 1])
+    assert config["kv_connector_extra_config"][api.EXTRA_CPU_BYTES] == pool.bytes
+
+
+def test_llama_8b_on_an_8_gpu_node():
+    result = plan(LLAMA_8B, request(), H100_NODE)
+    assert result.layout.block_bytes == 2 * 2**20
+    assert result.node.replicas_per_node == 8
+    assert result.pool.blocks == result.pool.bytes // (2 * 2**20)
+    assert result.pool.tokens == result.pool.blocks * 16
+    assert result.env == {api.ENV_KV_CACHE_LAYOUT: api.CONTIGUOUS_LAYOUT}
+    assert 8 * result.pod.memory_limit_bytes <= H100_NODE.allocatable_memory
+
+
+def test_explicit_request_that_cannot_fit_names_the_numbers():
+    with pytest.raises(PoolDoesNotFit) as exc:
+        plan(LLAMA_8B, request("200Gi"), H100_NODE)  # 8 replicas share 2 TiB
+    message = str(exc.value)
+    assert "200Gi" in message and "largest pool that fits" in message and "GiB" in message
+
+
+def test_explicit_request_that_fits_is_kept_exactly():
+    result = plan(LLAMA_8B, request("100Gi"), H100_NODE)
+    assert result.pool.bytes == 100 * GiB  # 2 MiB chunks divide 100 GiB
+    assert result.pool.gib == 100.0
+    native = plan(LLAMA_8B, request("100Gi", connector="native"), H100_NODE)
+    assert native.args[-4:] == [api.FLAG_KV_OFFLOADING_BACKEND, "native", api.FLAG_KV_OFFLOADING_SIZE, "100.0"]
+
+
+def test_fraction_is_of_the_replica_share():
+    half = plan(LLAMA_8B, request("0.5"), H100_NODE)
+    full = plan(LLAMA_8B, request("auto"), H100_NODE)
+    assert half.pod.memory_limit_bytes == pytest.approx(0.5 * half.node.share_bytes, rel=0.01)
+    assert full.pool.bytes > 2 * half.pool.bytes > 0
+    with pytest.raises(PoolDoesNotFit, match="smallest fraction"):
+        plan(LLAMA_8B, request("0.01"), H100_NODE)
+
+
+def test_pool_smaller_than_one_block_is_an_error():
+    with pytest.raises(PoolDoesNotFit, match="smaller than one offload block"):
+        plan(LLAMA_8B, request("1Mi"), H100_NODE)
+
+
+def test_mla_pool_is_deduplicated_across_ranks():
+    geometry = resolve_geometry("deepseek-ai/DeepSeek-V3")
+    result = plan(geometry, request("100Gi", tp=8), H100_NODE)
+    assert result.pool.copies == 1
+    llama70 = plan(resolve_geometry("meta-llama/Llama-3.1-70B-Instruct"), request("100Gi", tp=4), H100_NODE)
+    assert llama70.pool.copies == 4 and llama70.pool.chunk_bytes == 4 * llama70.layout.block_bytes
+
+
+def test_offload_block_size_sets_chunks():
+    result = plan(LLAMA_8B, request("10Gi", offload_block_size=256), H100_NODE)
+    assert result.pool.chunk_bytes == 16 * 2 * 2**20
+    assert result.pool.blocks == result.pool.chunks * 16
+    with pytest.raises(InvalidSpec, match="multiple of the block size"):
+        plan(LLAMA_8B, request(offload_block_size=40), H100_NODE)
+
+
+@pytest.mark.parametrize("node,req,error,message", [
+    (NodeFacts(512 * GiB, 0), request(), NoEligibleNodes, "0 GPUs"),
+    (NodeFacts(512 * GiB, 4), request(tp=8), NoEligibleNodes, "needs 8 GPUs"),
+    (NodeFacts(16 * GiB, 8), request(), PoolDoesNotFit, "vLLM process alone needs"),
+    (H100_NODE, ServingRequest(replicas_per_node=9), InvalidSpec, "replicas per node must be 1..8"),
+    (H100_NODE, request("1.5"), InvalidSpec, "offload size"),
+    (H100_NODE, request("lots"), InvalidSpec, "expected a quantity"),
+    (H100_NODE, request("-5Gi"), InvalidSpec, "expected a quantity"),
+    (H100_NODE, request(eviction_policy="fifo"), InvalidSpec, "eviction policy"),
+    (H100_NODE, request(layout="zigzag"), InvalidSpec, "layout"),
+])
+def test_bad_input_is_a_clear_error(node, req, error, message):
+    with pytest.raises(error, match=message) as exc:
+        plan(LLAMA_8B, req, node)
+    assert isinstance(exc.value, SpillwayError)
+
+
+def test_offload_disabled_plans_the_process_only():
+    result = plan(LLAMA_8B, ServingRequest(offload=OffloadRequest(enabled=False)), H100_NODE)
+    assert result.pool is None and api.FLAG_KV_TRANSFER_CONFIG not in result.args
+    assert result.pod.memory_limit_bytes >= process_reserve(1)
+    assert result.env == {}
+
+
+def test_geometry_only_without_node():
+    result = plan(LLAMA_8B)
+    assert result.pool is None and result.pod is None
+    assert result.to_dict()["geometry"]["block_bytes"] == 2 * 2**20
+
+
+def test_warnings():
+    small = plan(resolve_geometry("Qwen/Qwen2.5-1.5B-Instruct"), request(), H100_NODE)
+    assert any("DMA" in w for w in small.warnings)
+    idle = plan(LLAMA_8B, ServingRequest(replicas_per_node=2), H100_NODE)
+    assert any("6 of 8 GPUs" in w for w in idle.warnings)
