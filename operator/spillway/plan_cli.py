@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .geometry import DEFAULT_BLOCK_SIZE, resolve_geometry
+from .geometry import DEFAULT_BLOCK_SIZE, catalog_config, resolve_geometry
+from .hub import fetch_config
 from .planner import NodeFacts, OffloadRequest, Plan, ServingRequest, plan
 from .quantity import format_bytes, parse_bytes
 
@@ -27,6 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--connector", default="spillway", choices=["spillway", "native"])
     p.add_argument("--no-offload", action="store_true", help="plan the replica without a CPU pool")
     p.add_argument("--replicas-per-node", type=int)
+    p.add_argument("--allow-hub", action="store_true",
+                   help="fetch config.json from the Hugging Face hub (needs HF_TOKEN) when the catalog lacks the model")
+    p.add_argument("--revision", default="main", help="model revision for --allow-hub")
     p.add_argument("--output", "-o", default="text", choices=["text", "json"])
     p.set_defaults(func=run)
 
@@ -44,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
         from .geometry import catalog_ids
         print("\n".join(catalog_ids()))
         return 0
-    geometry = resolve_geometry(model_id=args.model, config_path=args.model_config)
+    config = None
+    if args.allow_hub and args.model and catalog_config(args.model) is None:
+        config = fetch_config(args.model, args.revision)
+    geometry = resolve_geometry(model_id=args.model, config_path=args.model_config, config=config)
     request = ServingRequest(
         tensor_parallel_size=args.tensor_parallel_size,
         block_size=args.block_size,
