@@ -23,3 +23,30 @@ ANNOTATION_QUALIFICATION = f"{GROUP}/qualification"
 
 DEFAULT_VLLM_IMAGE = "ghcr.io/spillway-dev/spillway-vllm:0.1.0-vllm0.33.0"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/spillway-dev/spillway-operator:0.1.0"
+
+# -- what the operator writes for a ModelServer ---------------------------------------------------
+APP_NAME = "spillway"  # app.kubernetes.io/name of every object the operator writes
+MANAGED_BY = "spillway-operator"  # app.kubernetes.io/managed-by
+FIELD_MANAGER = "spillway-operator"  # server-side apply field manager
+COMPONENT_VLLM = "vllm"  # app.kubernetes.io/component of the vLLM pods (the chart's PodMonitor selects it)
+CONTAINER_VLLM = "vllm"
+PORT_NAME_HTTP = "http"  # the vLLM pods' OpenAI + /metrics port name
+VOLUME_SHM = "dshm"
+FINALIZER = f"{GROUP}/finalizer"
+# On objects the operator applies: a hash of what it applied (an unchanged hash skips the write).
+ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"
+# On a ModelServer: set by the operator's Node watcher when the eligible nodes' facts change (triggers a re-plan).
+ANNOTATION_NODES_CHANGED = f"{GROUP}/nodes-fingerprint"
+# kopf's own bookkeeping annotations on ModelServers start with this prefix.
+KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
+
+PODMONITOR_GROUP = "monitoring.coreos.com"
+PODMONITOR_VERSION = "v1"
+PODMONITOR_PLURAL = "podmonitors"
+PODMONITOR_KIND = "PodMonitor"
+
+# Operator settings (environment of the operator process).
+ENV_ALLOW_HUB_FETCH = "SPILLWAY_ALLOW_HUB_FETCH"  # "true": fetch config.json of unknown model ids from the hub
+ENV_HUB_ENDPOINT = "HF_ENDPOINT"  # the Hugging Face hub's address (huggingface_hub's own variable)
+ENV_POD_MONITORS = "SPILLWAY_POD_MONITORS"  # "auto" (when the CRD exists, default) | "false"
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 # -- engine flags -------------------------------------------------------------
 FLAG_TENSOR_PARALLEL_SIZE = "--tensor-parallel-size"
+FLAG_TENSOR_PARALLEL_SIZE_SHORT = "-tp"
 FLAG_BLOCK_SIZE = "--block-size"
 FLAG_KV_CACHE_DTYPE = "--kv-cache-dtype"
 FLAG_KV_OFFLOADING_BACKEND = "--kv-offloading-backend"
@@ -32,6 +33,7 @@ NATIVE_BACKEND = "native"
 
 # -- environment --------------------------------------------------------------
 ENV_KV_CACHE_LAYOUT = "VLLM_KV_CACHE_LAYOUT"
+ENV_HF_TOKEN = "HF_TOKEN"  # read by vLLM's Hugging Face downloads
 CONTIGUOUS_LAYOUT = "BLHNC"  # block-outermost: one region holds a block's KV of all layers
 ENV_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"  # CPU platform, legacy: whole GiB, overrides --kv-cache-memory-bytes
 
