@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .geometry import DEFAULT_BLOCK_SIZE, catalog_config, resolve_geometry
+from .errors import InvalidSpec
+from .geometry import DEFAULT_BLOCK_SIZE, catalog_config, catalog_ids, resolve_geometry
 from .hub import fetch_config
 from .planner import NodeFacts, OffloadRequest, Plan, ServingRequest, plan
 from .quantity import format_bytes, parse_bytes
@@ -28,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--connector", default="spillway", choices=["spillway", "native"])
     p.add_argument("--no-offload", action="store_true", help="plan the replica without a CPU pool")
     p.add_argument("--replicas-per-node", type=int)
+    p.add_argument("--qualified-gbps", type=float, help="the node's measured GPU<->CPU rate (spillway qualify)")
     p.add_argument("--allow-hub", action="store_true",
                    help="fetch config.json from the Hugging Face hub (needs HF_TOKEN) when the catalog lacks the model")
     p.add_argument("--revision", default="main", help="model revision for --allow-hub")
@@ -35,17 +37,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def node_from_args(memory: str | None, gpus: int | None) -> NodeFacts | None:
+def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None = None) -> NodeFacts | None:
     if memory is None and gpus is None:
         return None
     if memory is None or gpus is None:
-        raise SystemExit("spillway: --node-memory and --gpus-per-node go together")
-    return NodeFacts(parse_bytes(memory, "--node-memory"), gpus)
+        raise InvalidSpec("--node-memory and --gpus-per-node go together")
+    return NodeFacts(parse_bytes(memory, "--node-memory"), gpus, dma_gbps=dma_gbps)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.list_models:
-        from .geometry import catalog_ids
         print("\n".join(catalog_ids()))
         return 0
     config = None
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             connector=args.connector,
         ),
     )
-    result = plan(geometry, request, node_from_args(args.node_memory, args.gpus_per_node))
+    result = plan(geometry, request, node_from_args(args.node_memory, args.gpus_per_node, args.qualified_gbps))
     sys.stdout.write(result.to_json() + "\n" if args.output == "json" else format_plan(result))
     return 0
 
@@ -112,6 +113,13 @@ def format_plan(p: Plan) -> str:
             ("/dev/shm", format_bytes(pod.shm_bytes)),
             ("process reserve", format_bytes(pod.process_reserve_bytes)),
             ("GPUs", str(pod.gpus)),
+        ])
+    if p.transfer is not None:
+        t = p.transfer
+        lines += _rows("Transfer (qualified node)", [
+            ("GPU<->CPU", f"{t.qualified_gbps:.1f} GB/s"),
+            ("block reload", f"{t.block_reload_us:.0f} us"),
+            ("reload rate", f"{t.reload_tokens_per_s:,.0f} tokens/s"),
         ])
     lines += ["vLLM", "  args  " + " ".join(_quote(a) for a in p.args)]
     lines += [f"  env   {k}={v}" for k, v in p.env.items()] + [""]

@@ -39,6 +39,7 @@ NODE_RESERVE_MIN = 4 * GiB
 NODE_RESERVE_FRACTION = 0.05
 PAGE_ALIGNMENT = 4096  # vLLM aligns each CPU chunk to the page size
 SMALL_BLOCK_WARNING = 1 * MiB  # below this DMA runs well under the link's speed
+SLOW_LINK_GBPS = 10.0  # a qualified rate under this rarely beats recomputing the prefill
 ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the share
 
 
@@ -102,6 +103,15 @@ class NodePlan:
 
 
 @dataclass(frozen=True)
+class TransferPlan:
+    """What the node's qualified copy rate means for this model (present when the node was qualified)."""
+
+    qualified_gbps: float  # GPU<->pinned CPU, one direction, at ~the plan's block size (1e9 B/s)
+    block_reload_us: float  # one KV block (one rank) back from CPU
+    reload_tokens_per_s: float  # tokens of KV one replica can reload per second (ranks load in parallel)
+
+
+@dataclass(frozen=True)
 class Plan:
     layout: KVLayout
     node: NodePlan | None
@@ -110,6 +120,7 @@ class Plan:
     args: list[str]
     env: dict[str, str]
     warnings: list[str]
+    transfer: TransferPlan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         layout = self.layout
@@ -130,7 +141,7 @@ class Plan:
             "vllm": {"args": list(self.args), "env": dict(self.env)},
             "warnings": list(self.warnings),
         }
-        for name in ("node", "pool", "pod"):
+        for name in ("node", "pool", "pod", "transfer"):
             part = getattr(self, name)
             if part is not None:
                 out[name] = asdict(part)
@@ -283,6 +294,11 @@ def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | N
     if node is not None and node_facts is not None and node.replicas_per_node * request.tensor_parallel_size < node_facts.gpus:
         idle = node_facts.gpus - node.replicas_per_node * request.tensor_parallel_size
         out.append(f"{idle} of {node_facts.gpus} GPUs on node {node.name} stay idle with this plan")
+    if node_facts is not None and node_facts.dma_gbps is not None and node_facts.dma_gbps < SLOW_LINK_GBPS:
+        out.append(
+            f"node {node_facts.name} qualified at {node_facts.dma_gbps:.1f} GB/s GPU<->CPU (under {SLOW_LINK_GBPS:.0f}): "
+            "reloading KV may be slower than recomputing it"
+        )
     if pool is not None and pool.tokens < 16_384:
         out.append(f"the pool holds only {pool.tokens} tokens: offloading will rarely hit")
     return out
@@ -305,4 +321,9 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     if request.offload.enabled and request.offload.layout == "contiguous":
         env[api.ENV_KV_CACHE_LAYOUT] = api.CONTIGUOUS_LAYOUT
     args = engine_args(layout, request.offload, pool)
-    return Plan(layout, node_plan, pool, pod, args, env, _warnings(layout, node_plan, node, pool, request))
+    transfer = None
+    if node is not None and node.dma_gbps and pool is not None:
+        rate = node.dma_gbps * 1e9
+        transfer = TransferPlan(node.dma_gbps, layout.block_bytes / rate * 1e6,
+                                rate * layout.block_size / layout.block_bytes)
+    return Plan(layout, node_plan, pool, pod, args, env, _warnings(layout, node_plan, node, pool, request), transfer)

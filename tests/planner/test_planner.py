@@ -167,3 +167,14 @@ def test_warnings():
     assert any("DMA" in w for w in small.warnings)
     idle = plan(LLAMA_8B, ServingRequest(replicas_per_node=2), H100_NODE)
     assert any("6 of 8 GPUs" in w for w in idle.warnings)
+
+
+def test_qualified_node_gets_transfer_estimates_and_slow_link_warning():
+    fast = plan(LLAMA_8B, request(), NodeFacts(2 * 2**40, 8, "qualified", dma_gbps=52.4))
+    # 2 MiB per 16-token block at 52.4 GB/s: 40 us per block, ~400k tokens/s of reloaded KV
+    assert fast.transfer.block_reload_us == pytest.approx(2 * 2**20 / 52.4e9 * 1e6)
+    assert fast.transfer.reload_tokens_per_s == pytest.approx(52.4e9 / (128 * 1024))
+    assert not any("qualified at" in w for w in fast.warnings)
+    slow = plan(LLAMA_8B, request(), NodeFacts(2 * 2**40, 8, "slow", dma_gbps=3.0))
+    assert any("qualified at 3.0 GB/s" in w for w in slow.warnings)
+    assert plan(LLAMA_8B, request(), H100_NODE).transfer is None
