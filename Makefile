@@ -45,5 +45,8 @@ lint: setup
 images:
 	@bash images/build.sh
 
+dashboards: setup
+	$(BIN)/python -m spillway.observability
+
 clean:
 	rm -rf $(VENV)

@@ -20,6 +20,9 @@ LABEL_MODELSERVER = f"{GROUP}/modelserver"
 # at 2 MiB blocks, one direction (CPU->GPU, the reload path), and the JSON of the full table.
 ANNOTATION_QUALIFIED_DMA_GBPS = f"{GROUP}/qualified-dma-gbps"
 ANNOTATION_QUALIFICATION = f"{GROUP}/qualification"
+# Gauge (label `node`) carrying ANNOTATION_QUALIFIED_DMA_GBPS to Prometheus, meant to be exported by the
+# operator. The DMA alert compares against it where present and against a fixed floor elsewhere.
+METRIC_NODE_QUALIFIED_DMA_GBPS = "spillway_node_qualified_dma_gbps"
 
 DEFAULT_VLLM_IMAGE = "ghcr.io/spillway-dev/spillway-vllm:0.1.0-vllm0.33.0"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/spillway-dev/spillway-operator:0.1.0"

@@ -80,3 +80,12 @@ class Metric:
     REQUESTS_WAITING = "vllm:num_requests_waiting"
     GPU_CACHE_USAGE = "vllm:kv_cache_usage_perc"
     CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: num_gpu_blocks, block_size, enable_prefix_caching, ...
+
+
+class OffloadConfigInfoLabel:
+    """Labels of vllm:kv_offload_config_info for the CPU tier (vLLM 0.33+: CPUOffloadingInfo)."""
+
+    NUM_CHUNKS = "cpu_num_chunks"
+    BLOCKS_PER_CHUNK = "cpu_blocks_per_chunk"
+    SIZE_BYTES = "cpu_kv_cache_size_bytes"
+    SIZE_TOKENS = "cpu_kv_cache_size_tokens"  # KV tokens the pool holds for requests of max_model_len

@@ -1,0 +1,208 @@
+"""Alerts that say when offloading stops paying, each with its runbook.
+
+Thresholds live in `Thresholds`; `python -m spillway.observability --help` lists the
+flags that override them when regenerating the rules files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spillway_connector import names as connector
+
+from spillway import k8s_names
+from spillway.vllm_api import Metric
+
+from . import recording as rec
+from .promql import CONTAINER, NAMESPACE, NODE, POD, POD_KEY, by, eq, selector
+
+# cAdvisor (kubelet) and kube-state-metrics series the alerts join with.
+CONTAINER_WORKING_SET = "container_memory_working_set_bytes"
+CONTAINER_LIMITS = "kube_pod_container_resource_limits"
+POD_INFO = "kube_pod_info"
+
+SEVERITY = "severity"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    allocation_failures_per_s: float = 0.0  # any sustained failure
+    hit_ratio_collapse_fraction: float = 0.5  # hit rate below this fraction of its 6h baseline
+    hit_ratio_min_queried_tokens_per_s: float = 100.0  # "under load"
+    dma_fraction_of_qualified: float = 0.5
+    dma_floor_gbps: float = 5.0  # nodes with no qualified figure
+    preemptions_per_s: float = 0.1  # a storm: 6 a minute or more
+    reloads_fraction_of_preemptions: float = 0.1
+    memory_limit_fraction: float = 0.9
+
+
+DEFAULT = Thresholds()
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    duration: str
+    severity: str
+    summary: str
+    description: str
+    runbook: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _on(*labels: str) -> str:
+    return f"on ({', '.join(labels)})"
+
+
+def allocation_failures(t: Thresholds) -> Alert:
+    return Alert(
+        name="SpillwayOffloadAllocationFailures",
+        expr=f"{rec.ALLOCATION_FAILURES_RATE} > {t.allocation_failures_per_s:g}",
+        duration="10m",
+        severity="warning",
+        summary="CPU pool of {{ $labels.namespace }}/{{ $labels.pod }} refuses KV stores",
+        description=(
+            "{{ $labels.pod }} ({{ $labels.model_name }}) failed {{ $value | humanize }} KV store allocations "
+            "per second for 10 minutes: every block of the CPU pool was in use or in flight, so evicted GPU "
+            "blocks were dropped instead of offloaded and will be recomputed."
+        ),
+        runbook=(
+            "1. Open the Spillway KV offload dashboard, row 'CPU pool', for this pod: resident fraction near 1 "
+            "and high store bytes/s mean the pool is too small for the working set.\n"
+            "2. Raise spec.offload.size of the ModelServer (or use `auto`), or lower max concurrency; check "
+            "`spillway plan` for what the node's memory allows.\n"
+            "3. If the pool is mostly empty yet allocations fail, stores are stuck in flight: check DMA "
+            "throughput on the same dashboard and the vLLM container log for transfer errors."
+        ),
+    )
+
+
+def hit_rate_collapse(t: Thresholds) -> Alert:
+    baseline = f"avg_over_time({rec.HIT_RATIO}[6h] offset 30m)"
+    expr = (
+        f"{rec.HIT_RATIO}\n  < {t.hit_ratio_collapse_fraction:g} * {baseline}\n"
+        f"and {_on(*POD_KEY)}\n  {rec.QUERIED_TOKENS_RATE} > {t.hit_ratio_min_queried_tokens_per_s:g}"
+    )
+    return Alert(
+        name="SpillwayOffloadHitRateCollapse",
+        expr=expr,
+        duration="15m",
+        severity="warning",
+        summary="CPU pool hit rate of {{ $labels.namespace }}/{{ $labels.pod }} collapsed under load",
+        description=(
+            "{{ $labels.pod }} ({{ $labels.model_name }}) finds {{ $value | humanizePercentage }} of looked-up "
+            f"tokens in its CPU pool, less than {t.hit_ratio_collapse_fraction:g} of its 6-hour average, while "
+            f"looking up more than {t.hit_ratio_min_queried_tokens_per_s:g} tokens/s. Prompts that used to "
+            "reload now recompute: TTFT rises and GPU time is wasted."
+        ),
+        runbook=(
+            "1. Dashboard row 'CPU pool': resident fraction at 1 with rising allocation failures means the "
+            "working set outgrew the pool; raise spec.offload.size.\n"
+            "2. If the traffic changed (new prompts, no shared prefixes), the collapse is the workload's and "
+            "offloading has little left to save; compare prompt tokens/s and TTFT with the baseline.\n"
+            "3. A restart of the pod empties the pool; the rate recovers as prompts repeat."
+        ),
+    )
+
+
+def dma_throughput_low(t: Thresholds) -> Alert:
+    qualified = k8s_names.METRIC_NODE_QUALIFIED_DMA_GBPS
+    reload = selector(rec.DMA_GBPS_MEAN, eq("direction", rec.LOAD))
+    node_of_pod = f"max {by(NAMESPACE, POD, NODE)} ({POD_INFO})"
+    with_node = f"({reload} * {_on(NAMESPACE, POD)} group_left ({NODE}) {node_of_pod})"
+    expr = (
+        f"{with_node}\n  < {_on(NODE)} group_left () ({t.dma_fraction_of_qualified:g} * max {by(NODE)} ({qualified}))\n"
+        f"or\n({with_node} unless {_on(NODE)} {qualified}) < {t.dma_floor_gbps:g}\n"
+        f"or\n({reload} unless {_on(NAMESPACE, POD)} {POD_INFO}) < {t.dma_floor_gbps:g}"
+    )
+    return Alert(
+        name="SpillwayDMAThroughputLow",
+        expr=expr,
+        duration="15m",
+        severity="warning",
+        summary="KV reloads of {{ $labels.namespace }}/{{ $labels.pod }} copy far below the node's qualified rate",
+        description=(
+            "CPU->GPU copies of {{ $labels.pod }} ({{ $labels.model_name }}) on node {{ $labels.node }} run at "
+            "{{ $value | humanize }} GB/s, below "
+            f"{t.dma_fraction_of_qualified:g} x the node's qualified figure ({qualified}, from the node "
+            f"annotation {k8s_names.ANNOTATION_QUALIFIED_DMA_GBPS}), or below {t.dma_floor_gbps:g} GB/s where "
+            "the node has no qualified figure. Reloads that slow can cost more than recomputing."
+        ),
+        runbook=(
+            "1. Re-run `spillway qualify` on the node: a lower figure than the annotation points at the node "
+            "(PCIe link width/speed, a GPU in a slow slot, IOMMU settings).\n"
+            "2. Check that the pool is pinned: the vLLM log reports registering the CPU offload region; "
+            "unpinned host memory copies at a fraction of the DMA rate.\n"
+            "3. Check NUMA placement: the pool's memory should sit on the GPU's socket.\n"
+            "4. Small transfers are latency-bound: the dashboard's p50 vs mean and the transfer size tell "
+            "whether larger offload block sizes would help."
+        ),
+    )
+
+
+def preemption_storm_without_reloads(t: Thresholds) -> Alert:
+    expr = (
+        f"{rec.PREEMPTIONS_RATE} > {t.preemptions_per_s:g}\n"
+        f"unless {_on(*POD_KEY)}\n"
+        f"  {rec.PREEMPTED_RELOADS_RATE} > {t.reloads_fraction_of_preemptions:g} * {rec.PREEMPTIONS_RATE}"
+    )
+    return Alert(
+        name="SpillwayPreemptionStormWithoutReloads",
+        expr=expr,
+        duration="10m",
+        severity="warning",
+        summary="{{ $labels.namespace }}/{{ $labels.pod }} preempts requests and offloading does not bring them back",
+        description=(
+            "{{ $labels.pod }} ({{ $labels.model_name }}) preempts {{ $value | humanize }} requests/s, and fewer "
+            f"than {t.reloads_fraction_of_preemptions:g} of them resume from the CPU pool: preempted requests "
+            "recompute their KV, so offloading is not helping."
+        ),
+        runbook=(
+            "1. Dashboard row 'Preemption': if reloads stay at 0, check that the pod runs the Spillway connector "
+            "(kv_offload metrics present) and that stores succeed (row 'CPU pool', allocation failures).\n"
+            "2. If the pool is full, preempted requests' KV was evicted before they resumed: raise "
+            "spec.offload.size.\n"
+            "3. Preemption itself means GPU KV cache is short: lower max concurrency or max model length, or "
+            "add GPUs."
+        ),
+    )
+
+
+def pool_near_memory_limit(t: Thresholds) -> Alert:
+    container = eq(CONTAINER, k8s_names.CONTAINER_VLLM)
+    key = (NAMESPACE, POD, CONTAINER)
+    used = f"max {by(*key)} ({selector(CONTAINER_WORKING_SET, container)})"
+    limit = f"max {by(*key)} ({selector(CONTAINER_LIMITS, container, eq('resource', 'memory'))})"
+    # Pods with a CPU pool: vLLM's pool gauge, or the connector's where vLLM's is absent.
+    offloading = f"group {by(NAMESPACE, POD)} ({Metric.OFFLOAD_CPU_USAGE} or {connector.POOL_CAPACITY_CHUNKS})"
+    expr = f"{used}\n/ {_on(*key)}\n{limit}\n> {t.memory_limit_fraction:g}\nand {_on(NAMESPACE, POD)} {offloading}"
+    return Alert(
+        name="SpillwayOffloadPoolNearMemoryLimit",
+        expr=expr,
+        duration="5m",
+        severity="critical",
+        summary="{{ $labels.namespace }}/{{ $labels.pod }} uses {{ $value | humanizePercentage }} of its memory limit",
+        description=(
+            "The vLLM container of {{ $labels.pod }} holds a CPU KV pool in shared memory, which counts against "
+            f"its memory limit; its working set is above {t.memory_limit_fraction:g} of the limit. Past the "
+            "limit the kernel kills the container and the pool's contents are lost."
+        ),
+        runbook=(
+            "1. Compare the pool size (dashboard row 'CPU pool', pool plan) with the limit: "
+            "`kubectl get pod POD -o jsonpath='{.spec.containers[0].resources.limits.memory}'`.\n"
+            "2. Regenerate the plan with `spillway plan` for the node and apply a smaller spec.offload.size, or "
+            "raise the limit if the node has the memory.\n"
+            "3. Other memory in the container (tokenizer, API server, request queues) grows with concurrency; "
+            "leave headroom beyond the pool."
+        ),
+    )
+
+
+def alerts(t: Thresholds = DEFAULT) -> list[Alert]:
+    return [
+        allocation_failures(t),
+        hit_rate_collapse(t),
+        dma_throughput_low(t),
+        preemption_storm_without_reloads(t),
+        pool_near_memory_limit(t),
+    ]
