@@ -20,6 +20,8 @@ LABEL_MODELSERVER = f"{GROUP}/modelserver"
 # at 2 MiB blocks, one direction (CPU->GPU, the reload path), and the JSON of the full table.
 ANNOTATION_QUALIFIED_DMA_GBPS = f"{GROUP}/qualified-dma-gbps"
 ANNOTATION_QUALIFICATION = f"{GROUP}/qualification"
+# Set with them; the qualification DaemonSet only schedules on GPU nodes without this label.
+LABEL_QUALIFIED = f"{GROUP}/qualified"
 # Gauge (label `node`) carrying ANNOTATION_QUALIFIED_DMA_GBPS to Prometheus, meant to be exported by the
 # operator. The DMA alert compares against it where present and against a fixed floor elsewhere.
 METRIC_NODE_QUALIFIED_DMA_GBPS = "spillway_node_qualified_dma_gbps"
