@@ -62,9 +62,9 @@ def allocation_failures(t: Thresholds) -> Alert:
         severity="warning",
         summary="CPU pool of {{ $labels.namespace }}/{{ $labels.pod }} refuses KV stores",
         description=(
-            "{{ $labels.pod }} ({{ $labels.model_name }}) failed {{ $value | humanize }} KV store allocations "
-            "per second for 10 minutes: every block of the CPU pool was in use or in flight, so evicted GPU "
-            "blocks were dropped instead of offloaded and will be recomputed."
+            "{{ $labels.pod }} ({{ $labels.model_name }}) failed {{ printf \"%.2f\" $value }} KV store allocations "
+            "per second for 10 minutes: the CPU pool had no free or evictable chunk, so KV that should have "
+            "been offloaded was not and is recomputed when the GPU drops it."
         ),
         runbook=(
             "1. Open the Spillway KV offload dashboard, row 'CPU pool', for this pod: resident fraction near 1 "
@@ -122,11 +122,11 @@ def dma_throughput_low(t: Thresholds) -> Alert:
         severity="warning",
         summary="KV reloads of {{ $labels.namespace }}/{{ $labels.pod }} copy far below the node's qualified rate",
         description=(
-            "CPU->GPU copies of {{ $labels.pod }} ({{ $labels.model_name }}) on node {{ $labels.node }} run at "
-            "{{ $value | humanize }} GB/s, below "
+            "CPU->GPU copies of {{ $labels.pod }} ({{ $labels.model_name }}){{ with $labels.node }} on node "
+            "{{ . }}{{ end }} run at {{ printf \"%.2f\" $value }} GB/s, below "
             f"{t.dma_fraction_of_qualified:g} x the node's qualified figure ({qualified}, from the node "
             f"annotation {k8s_names.ANNOTATION_QUALIFIED_DMA_GBPS}), or below {t.dma_floor_gbps:g} GB/s where "
-            "the node has no qualified figure. Reloads that slow can cost more than recomputing."
+            "the node has none. Reloads that slow can cost more than recomputing."
         ),
         runbook=(
             "1. Re-run `spillway qualify` on the node: a lower figure than the annotation points at the node "
@@ -153,7 +153,7 @@ def preemption_storm_without_reloads(t: Thresholds) -> Alert:
         severity="warning",
         summary="{{ $labels.namespace }}/{{ $labels.pod }} preempts requests and offloading does not bring them back",
         description=(
-            "{{ $labels.pod }} ({{ $labels.model_name }}) preempts {{ $value | humanize }} requests/s, and fewer "
+            "{{ $labels.pod }} ({{ $labels.model_name }}) preempts {{ printf \"%.2f\" $value }} requests/s, and fewer "
             f"than {t.reloads_fraction_of_preemptions:g} of them resume from the CPU pool: preempted requests "
             "recompute their KV, so offloading is not helping."
         ),

@@ -1,0 +1,147 @@
+"""The committed dashboards and rule files: current, well-formed, and naming only known metrics."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from obs_files import (
+    ALERT_TESTS,
+    CHART_FILES,
+    DASHBOARD_FILES,
+    alerting_rules,
+    dashboard_panels,
+    load_boards,
+    query_panels,
+    recording_rules,
+)
+from spillway import k8s_names
+from spillway.observability import __main__ as generator
+from spillway.observability import alerts, dashboards, recording
+from spillway.vllm_api import Metric
+from spillway_connector import names as connector
+
+# Series names as they appear in PromQL: vLLM's, the connector's, ours, cAdvisor's, kube-state-metrics'.
+SERIES = re.compile(r"\b(?:vllm:|spillway:|spillway_pod:|spillway_node_|kube_|container_)[A-Za-z0-9_:]*")
+SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
+
+
+def known_series() -> set[str]:
+    bare = {value for key, value in vars(Metric).items() if key.isupper()}
+    bare |= set(connector.ALL)
+    bare |= {k8s_names.METRIC_NODE_QUALIFIED_DMA_GBPS, alerts.CONTAINER_WORKING_SET, alerts.CONTAINER_LIMITS,
+             alerts.POD_INFO}
+    exported = {name + suffix for name in bare for suffix in SUFFIXES}
+    return exported | {rule.record for rule in recording.rules()}
+
+
+def test_committed_files_match_the_generator():
+    stale = generator.stale(CHART_FILES, generator.generated())
+    assert not stale, f"stale generated files {stale}: run `make dashboards` and commit them"
+
+
+def test_generator_check_mode_reports_a_stale_file(tmp_path):
+    files = generator.generated()
+    for relative, content in files.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(content)
+    assert generator.main(["--check", "--out", str(tmp_path)]) == 0
+    first = next(iter(files))
+    (tmp_path / first).write_text(files[first] + " ")
+    assert generator.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+def test_threshold_flags_reach_the_alerts(tmp_path):
+    assert generator.main(["--out", str(tmp_path), "--dma-floor-gbps", "7.5"]) == 0
+    text = (tmp_path / generator.RULES_DIR / generator.ALERTS_FILE).read_text()
+    assert "< 7.5" in text and "below 7.5 GB/s" in text
+
+
+def test_every_row_opens_with_a_description():
+    for name, board in load_boards().items():
+        panels = board["panels"]
+        rows = [i for i, p in enumerate(panels) if p["type"] == "row"]
+        assert rows, name
+        for i in rows:
+            following = panels[i + 1]
+            assert following["type"] == "text" and len(following["options"]["content"]) > 80, panels[i]["title"]
+
+
+def test_every_query_panel_is_described_and_filtered():
+    for name, board in load_boards().items():
+        variables = {v["name"] for v in board["templating"]["list"]}
+        assert {dashboards.NAMESPACE_VAR, dashboards.MODEL_VAR, dashboards.POD_VAR, dashboards.DATASOURCE_VAR} <= variables
+        for panel in query_panels(board):
+            assert panel.get("description"), (name, panel["title"])
+            assert panel["datasource"]["uid"] == f"${{{dashboards.DATASOURCE_VAR}}}"
+            for target in panel["targets"]:
+                for matcher in dashboards.FILTER:
+                    assert matcher in target["expr"], (panel["title"], target["expr"])
+
+
+def test_panel_ids_are_unique_and_fit_the_grid():
+    for name, board in load_boards().items():
+        ids = [p["id"] for p in dashboard_panels(board)]
+        assert len(ids) == len(set(ids)), name
+        for panel in dashboard_panels(board):
+            grid = panel["gridPos"]
+            assert grid["x"] + grid["w"] <= 24 and grid["h"] > 0, panel.get("title")
+
+
+def test_product_questions_have_panels():
+    """Per pod: bytes each way, DMA p50/p99/mean, hit rate, preemptions vs reloads, pool, TTFT, throughput."""
+    board = load_boards()[DASHBOARD_FILES[0].name]
+    exprs = " ".join(t["expr"] for p in query_panels(board) for t in p["targets"])
+    for record in (recording.OFFLOAD_BYTES_RATE, recording.DMA_GBPS_MEAN, recording.DMA_GBPS_P50,
+                   recording.DMA_GBPS_P99, recording.HIT_RATIO, recording.PREEMPTIONS_RATE,
+                   recording.PREEMPTED_RELOADS_RATE, recording.ALLOCATION_FAILURES_RATE, recording.TTFT_P99,
+                   recording.GENERATION_TOKENS_RATE, Metric.OFFLOAD_CONFIG_INFO, Metric.OFFLOAD_CPU_USAGE):
+        assert record in exprs, record
+
+
+@pytest.mark.parametrize("source", ["dashboards", "rules", "alert tests"])
+def test_expressions_name_only_known_series(source):
+    known = known_series()
+    if source == "dashboards":
+        texts = [t["expr"] for b in load_boards().values() for p in query_panels(b) for t in p["targets"]]
+        texts += [v.get("query", "") for b in load_boards().values() for v in b["templating"]["list"]]
+    elif source == "rules":
+        texts = [r["expr"] for r in recording_rules() + alerting_rules()]
+    else:
+        texts = [ALERT_TESTS.read_text()]
+    used = {name for text in texts for name in SERIES.findall(text)}
+    assert used and used <= known, sorted(used - known)
+
+
+def test_dashboards_read_only_recorded_series_that_exist():
+    recorded = {rule["record"] for rule in recording_rules()}
+    for board in load_boards().values():
+        for panel in query_panels(board):
+            for target in panel["targets"]:
+                for name in re.findall(r"\bspillway_pod:[A-Za-z0-9_:]+", target["expr"]):
+                    assert name in recorded, (panel["title"], name)
+
+
+def test_alerts_carry_summary_description_runbook_and_severity():
+    rules = alerting_rules()
+    assert {r["alert"] for r in rules} == {a.name for a in alerts.alerts()}
+    for rule in rules:
+        assert set(rule["annotations"]) == {"summary", "description", "runbook"}, rule["alert"]
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["for"]
+
+
+def test_every_alert_has_firing_and_quiet_unit_tests():
+    """alerts_test.yaml: each alert fires for some pod and stays quiet for another of the same test."""
+    tests = yaml.safe_load(ALERT_TESTS.read_text())["tests"]
+    for alert in alerts.alerts():
+        fired, quiet = False, False
+        for test in tests:
+            cases = [c for c in test.get("alert_rule_test", []) if c["alertname"] == alert.name]
+            if not cases:
+                continue
+            pods = {m.group(1) for s in test["input_series"] for m in [re.search(r'pod="([^"]+)"', s["series"])] if m}
+            firing = {a["exp_labels"]["pod"] for c in cases for a in c.get("exp_alerts") or []}
+            fired |= bool(firing)
+            quiet |= bool(pods - firing) or any(not c.get("exp_alerts") for c in cases)
+        assert fired and quiet, alert.name
