@@ -1,0 +1,235 @@
+"""Facts the planner needs, read from Kubernetes objects: GPU nodes -> NodeFacts, and a model's geometry.
+
+Pure functions over plain dicts (the JSON of Node objects), so the operator, `spillway render`
+and the tests share them. The only I/O is `fetch_hub_config`, used when the operator allows it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from . import k8s_names as names
+from .errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes
+from .geometry import ModelGeometry, catalog_config, geometry_from_config
+from .planner import NodeFacts
+from .quantity import format_bytes, parse_bytes
+from .spec import ModelServerSpec
+
+# Taints the node lifecycle controller sets and lifts by itself: a node that is briefly NotReady
+# or under pressure stays in the pool (pods tolerate these for a while by default).
+LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
+SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """What the planner and the eligibility rules read from one Node."""
+
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[Mapping[str, Any], ...]
+    allocatable_memory: int
+    gpus: int
+    dma_gbps: float | None
+
+    def facts(self) -> NodeFacts:
+        return NodeFacts(self.allocatable_memory, self.gpus, self.name, self.dma_gbps)
+
+
+def _gpu_count(status: Mapping[str, Any]) -> int:
+    for part in ("allocatable", "capacity"):
+        value = (status.get(part) or {}).get(names.GPU_RESOURCE)
+        if value is not None:
+            try:
+                return int(parse_bytes(value, names.GPU_RESOURCE))
+            except InvalidSpec:
+                return 0
+    return 0
+
+
+def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
+    """A Node's summary, or None when it has no GPUs or no readable allocatable memory."""
+    meta = node.get("metadata") or {}
+    status = node.get("status") or {}
+    gpus = _gpu_count(status)
+    memory = (status.get("allocatable") or {}).get("memory") or (status.get("capacity") or {}).get("memory")
+    if gpus < 1 or memory is None:
+        return None
+    try:
+        memory_bytes = parse_bytes(memory, "node memory")
+    except InvalidSpec:
+        return None
+    dma = (meta.get("annotations") or {}).get(names.ANNOTATION_QUALIFIED_DMA_GBPS)
+    try:
+        dma_gbps = float(dma) if dma is not None else None
+    except ValueError:
+        dma_gbps = None
+    taints = tuple(t for t in ((node.get("spec") or {}).get("taints") or []) if isinstance(t, Mapping))
+    return NodeSummary(str(meta.get("name", "node")), dict(meta.get("labels") or {}), taints,
+                       memory_bytes, gpus, dma_gbps)
+
+
+def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None) -> dict:
+    """A Node object with the given allocatable memory and GPUs (for `spillway render`)."""
+    allocatable = {"memory": memory, names.GPU_RESOURCE: str(gpus)}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(labels or {})},
+            "status": {"capacity": dict(allocatable), "allocatable": allocatable}}
+
+
+# -- scheduling rules (the subset that decides where a replica may land) -------------------------------
+
+def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    if toleration.get("operator", "Equal") == "Exists":
+        return not key or key == taint.get("key")
+    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def tolerated(node: NodeSummary, tolerations: Iterable[Mapping[str, Any]]) -> bool:
+    tolerations = list(tolerations)
+    for taint in node.taints:
+        if taint.get("effect") not in SCHEDULING_EFFECTS:
+            continue
+        if str(taint.get("key", "")).startswith(LIFECYCLE_TAINT_PREFIX):
+            continue
+        if not any(_tolerates(t, taint) for t in tolerations):
+            return False
+    return True
+
+
+def _expression_matches(expr: Mapping[str, Any], values_of: Callable[[str], str | None]) -> bool:
+    value = values_of(str(expr.get("key", "")))
+    operator = expr.get("operator")
+    wanted = [str(v) for v in (expr.get("values") or [])]
+    if operator == "In":
+        return value is not None and value in wanted
+    if operator == "NotIn":
+        return value is None or value not in wanted
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt"):
+        try:
+            number, bound = int(value or ""), int(wanted[0])
+        except (ValueError, IndexError):
+            return False
+        return number > bound if operator == "Gt" else number < bound
+    raise InvalidSpec(f"spec.affinity: node selector operator {operator!r} is not one of In, NotIn, Exists, "
+                      "DoesNotExist, Gt, Lt")
+
+
+def affinity_allows(node: NodeSummary, affinity: Mapping[str, Any] | None) -> bool:
+    required = (((affinity or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return True
+    for term in terms:
+        labels_ok = all(_expression_matches(e, node.labels.get) for e in term.get("matchExpressions") or [])
+        fields = {"metadata.name": node.name}
+        fields_ok = all(_expression_matches(e, fields.get) for e in term.get("matchFields") or [])
+        if labels_ok and fields_ok and (term.get("matchExpressions") or term.get("matchFields")):
+            return True
+    return False
+
+
+def eligible_nodes(nodes: Iterable[NodeSummary], spec: ModelServerSpec) -> list[NodeSummary]:
+    """GPU nodes a replica of `spec` may be scheduled on, sorted by name; NoEligibleNodes when none."""
+    gpu_nodes = list(nodes)
+    selected = [n for n in gpu_nodes if all(n.labels.get(k) == v for k, v in spec.node_selector.items())]
+    allowed = [n for n in selected if tolerated(n, spec.tolerations) and affinity_allows(n, spec.affinity)]
+    tp = spec.tensor_parallel_size
+    big_enough = [n for n in allowed if n.gpus >= tp]
+    if big_enough:
+        return sorted(big_enough, key=lambda n: n.name)
+    if not gpu_nodes:
+        why = f"no node has {names.GPU_RESOURCE} capacity"
+    elif not selected:
+        why = (f"none of the {len(gpu_nodes)} GPU nodes matches nodeSelector "
+               f"{json.dumps(dict(spec.node_selector), sort_keys=True)}")
+    elif not allowed:
+        why = (f"{len(selected)} GPU nodes match nodeSelector but none is allowed by the tolerations and "
+               "node affinity (untolerated NoSchedule/NoExecute taints or required affinity)")
+    else:
+        most = max(n.gpus for n in allowed)
+        why = (f"tensorParallelSize {tp} needs {tp} GPUs on one node; the {len(allowed)} eligible nodes "
+               f"have at most {most}")
+    raise NoEligibleNodes(why)
+
+
+def nodes_fingerprint(nodes: Iterable[NodeSummary]) -> str:
+    """A short hash of the facts planning reads: it changes exactly when a re-plan could change."""
+    facts = sorted((n.name, n.allocatable_memory, n.gpus, n.dma_gbps) for n in nodes)
+    return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
+
+
+def describe(node: NodeSummary) -> str:
+    return f"{node.name} ({format_bytes(node.allocatable_memory)} allocatable, {node.gpus} GPUs)"
+
+
+# -- model geometry ----------------------------------------------------------------------------------
+
+def looks_like_hub_id(model: str) -> bool:
+    return "://" not in model and not model.startswith(("/", ".")) and model.count("/") == 1
+
+
+def fetch_hub_config(model: str, revision: str | None, token: str | None, endpoint: str,
+                     timeout: float = 20.0) -> dict[str, Any]:
+    """GET <endpoint>/<model>/resolve/<revision>/config.json; ModelGeometryUnknown on any failure."""
+    url = (f"{endpoint.rstrip('/')}/{urllib.parse.quote(model)}/resolve/"
+           f"{urllib.parse.quote(revision or 'main', safe='')}/config.json")
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise ModelGeometryUnknown(f"{model}: the hub answered {exc.code} for {url}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ModelGeometryUnknown(f"{model}: cannot reach the hub at {url}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ModelGeometryUnknown(f"{model}: {url} is not JSON: {exc.msg}") from exc
+
+
+ConfigMapReader = Callable[[str, str], "str | None"]  # (name, key) -> config.json text, None when absent
+HubFetcher = Callable[[str, "str | None"], "dict[str, Any]"]  # (model, revision) -> config.json
+
+
+def model_geometry(spec: ModelServerSpec, read_config_map: ConfigMapReader | None = None,
+                   fetch_hub: HubFetcher | None = None) -> ModelGeometry:
+    """Geometry from spec.modelConfig (inline or ConfigMap), the catalog, or the hub when allowed."""
+    source = spec.model_config
+    if source is not None and source.inline is not None:
+        return geometry_from_config(source.inline, spec.model)
+    if source is not None and source.config_map is not None:
+        ref = source.config_map
+        if read_config_map is None:
+            raise ModelGeometryUnknown(f"{spec.model}: modelConfig.configMapRef {ref.name} cannot be read here; "
+                                       "pass the config.json with --model-config")
+        text = read_config_map(ref.name, ref.key)
+        if text is None:
+            raise ModelGeometryUnknown(f"{spec.model}: ConfigMap {ref.name} with key {ref.key} not found")
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ModelGeometryUnknown(
+                f"{spec.model}: ConfigMap {ref.name} key {ref.key}: malformed JSON at line {exc.lineno}: {exc.msg}"
+            ) from exc
+        return geometry_from_config(config, spec.model)
+    found = catalog_config(spec.model)
+    if found is not None:
+        return geometry_from_config(found, spec.model)
+    if fetch_hub is not None and looks_like_hub_id(spec.model):
+        return geometry_from_config(fetch_hub(spec.model, spec.revision), spec.model)
+    raise ModelGeometryUnknown(
+        f"model {spec.model!r} is not in Spillway's catalog and the operator does not fetch from the hub: "
+        "set spec.modelConfig (inline config.json or a ConfigMap reference)"
+    )

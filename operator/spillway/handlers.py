@@ -1,0 +1,259 @@
+"""The ModelServer operator: kopf handlers around manifests.desired().
+
+Run: `kopf run --standalone --all-namespaces -m spillway.handlers`.
+
+- ModelServer created/changed/resumed -> read facts (GPU nodes from an in-memory index, the
+  model's geometry), plan with the pure core, apply Deployment/Service/PodMonitor, write status.
+- A GPU node added/removed/resized -> the ModelServers whose eligible nodes changed are re-planned
+  (the Node watcher stamps them with the new fingerprint; kopf sees the change and reconciles).
+- A Deployment's status changes -> the ModelServer's Ready condition follows.
+- Bad input (a SpillwayError) -> conditions + a Warning event; nothing new is deployed and the
+  handler returns normally, so the operator never crash-loops and never retries the same mistake.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+from typing import Any, Iterable, Mapping
+
+import kopf
+import kubernetes
+
+from . import k8s_names as names
+from .controller import conditions as cond
+from .controller.kube import ApiError, Kube, path
+from .errors import ModelGeometryUnknown, NoEligibleNodes, SpillwayError
+from .facts import NodeSummary, eligible_nodes, fetch_hub_config, nodes_fingerprint, summarize_node
+from .manifests import Desired, desired, error_line, selector, status_plan
+from .spec import parse_spec
+
+GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
+RETRY_SECONDS = 30  # a referenced ConfigMap or the hub may appear later; API errors are retried too
+
+_kube: Kube | None = None
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def kube() -> Kube:
+    global _kube
+    if _kube is None:
+        try:
+            kubernetes.config.load_incluster_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()
+        _kube = Kube()
+    return _kube
+
+
+def _lock(namespace: str, name: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault((namespace, name), threading.Lock())
+
+
+def _ms_path(namespace: str, name: str, subresource: str | None = None) -> str:
+    return path(names.API_VERSION, PLURAL, namespace, name, subresource)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # kopf's bookkeeping in annotations under its own prefix (a status field would be pruned by the schema).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.KOPF_ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.KOPF_ANNOTATION_PREFIX)
+    settings.persistence.finalizer = names.FINALIZER
+    # Post our own events (and warnings), not one per handler run.
+    settings.posting.level = logging.WARNING
+    kube()
+
+
+# -- facts kept in memory --------------------------------------------------------------------------------
+
+@kopf.index("", "v1", "nodes")
+def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeSummary] | None:
+    summary = summarize_node(body)
+    return {name: summary} if summary is not None else None
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def modelservers(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    return {(namespace, name): {
+        "spec": body.get("spec"),
+        "fingerprint": (body.get("status") or {}).get("nodesFingerprint"),
+        "trigger": annotations.get(names.ANNOTATION_NODES_CHANGED),
+    }}
+
+
+def _all_nodes(index: kopf.Index) -> list[NodeSummary]:
+    return [summary for store in index.values() for summary in store]
+
+
+def eligible_fingerprint(spec: Any, nodes: Iterable[NodeSummary]) -> str | None:
+    """Fingerprint of the nodes a spec may use ([] when none); None for a spec that does not parse."""
+    try:
+        parsed = parse_spec(spec)
+    except SpillwayError:
+        return None
+    try:
+        return nodes_fingerprint(eligible_nodes(nodes, parsed))
+    except NoEligibleNodes:
+        return nodes_fingerprint([])
+    except SpillwayError:
+        return None
+
+
+@kopf.on.event("", "v1", "nodes")
+def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, logger: logging.Logger, **_: Any) -> None:
+    nodes = _all_nodes(gpu_nodes)
+    for (namespace, name), store in list(modelservers.items()):
+        for entry in store:
+            fingerprint = eligible_fingerprint(entry["spec"], nodes)
+            if fingerprint is None or fingerprint in (entry["fingerprint"], entry["trigger"]):
+                continue
+            logger.info(f"eligible GPU nodes of {namespace}/{name} changed: re-planning")
+            try:
+                kube().merge_patch(_ms_path(namespace, name),
+                                   {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+
+
+# -- reconcile -------------------------------------------------------------------------------------------
+
+def _config_map_reader(namespace: str):
+    def read(name: str, key: str) -> str | None:
+        found = kube().get(path("v1", "ConfigMap", namespace, name))
+        return None if found is None else (found.get("data") or {}).get(key)
+    return read
+
+
+def _hub_fetcher(namespace: str, spec: Mapping[str, Any]):
+    if os.environ.get(names.ENV_ALLOW_HUB_FETCH, "").lower() != "true":
+        return None
+    endpoint = os.environ.get(names.ENV_HUB_ENDPOINT) or names.DEFAULT_HUB_ENDPOINT
+
+    def fetch(model: str, revision: str | None) -> dict[str, Any]:
+        token = None
+        ref = (spec or {}).get("hfTokenSecretRef")
+        if isinstance(ref, Mapping) and ref.get("name"):
+            secret = kube().get(path("v1", "Secret", namespace, ref["name"]))
+            encoded = ((secret or {}).get("data") or {}).get(ref.get("key") or "token")
+            token = base64.b64decode(encoded).decode().strip() if encoded else None
+        return fetch_hub_config(model, revision, token, endpoint)
+    return fetch
+
+
+def _pod_monitors_wanted() -> bool:
+    if os.environ.get(names.ENV_POD_MONITORS, "auto").lower() == "false":
+        return False
+    return kube().serves(names.PODMONITOR_GROUP, names.PODMONITOR_VERSION, names.PODMONITOR_PLURAL)
+
+
+def _event(body: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
+    kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=message[:1000])
+
+
+def _deployment(namespace: str, name: str) -> dict[str, Any] | None:
+    return kube().get(path("apps/v1", "Deployment", namespace, name))
+
+
+def _write_status(namespace: str, name: str, old_status: Mapping[str, Any], update: dict[str, Any]) -> None:
+    old_plan = old_status.get("plan") or {}
+    if "plan" in update:  # a merge patch keeps keys it does not name: null the ones the new plan lacks
+        update["plan"] = {**{k: None for k in old_plan if k not in update["plan"]}, **update["plan"]}
+    kube().merge_patch(_ms_path(namespace, name, "status"), {"status": update})
+
+
+def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging.Logger) -> None:
+    meta = body.get("metadata") or {}
+    namespace, name = meta.get("namespace") or "default", meta["name"]
+    generation = meta.get("generation")
+    status = body.get("status") or {}
+    old_planned = cond.find(status.get("conditions"), cond.PLANNED)
+    update: dict[str, Any] = {"selector": ",".join(f"{k}={v}" for k, v in selector(name).items())}
+    if generation is not None:
+        update["observedGeneration"] = generation
+    fingerprint = eligible_fingerprint(body.get("spec"), nodes)
+    if fingerprint is not None:
+        update["nodesFingerprint"] = fingerprint
+    try:
+        result: Desired | None = desired(body, nodes, _config_map_reader(namespace),
+                                         _hub_fetcher(namespace, body.get("spec") or {}), _pod_monitors_wanted())
+    except SpillwayError as exc:
+        result, error = None, exc
+        planned = cond.condition(cond.PLANNED, False, exc.reason, error_line(exc), generation)
+        logger.warning(f"{exc.reason}: {error_line(exc)}")
+        if old_planned is None or old_planned.get("message") != planned["message"]:
+            _event(body, exc.reason, planned["message"], warning=True)
+    else:
+        error = None
+        summary = result.summary()
+        planned = cond.condition(cond.PLANNED, True, cond.REASON_PLANNED, summary, generation)
+        if old_planned is None or old_planned.get("message") != summary:
+            _event(body, "Replanned" if old_planned is not None else "Planned", summary)
+        for obj in result.objects:
+            outcome = kube().apply(obj)
+            if outcome != "unchanged":
+                _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
+                logger.info(f"{outcome} {obj['kind']} {namespace}/{obj['metadata']['name']}")
+        update["plan"] = status_plan(result)
+    deployment = _deployment(namespace, name)
+    update["conditions"] = cond.merge(status.get("conditions"), [
+        planned, cond.ready_condition(deployment, generation), cond.degraded_condition(planned, deployment, generation),
+    ])
+    update.update(cond.ready_counts(deployment))
+    _write_status(namespace, name, status, update)
+    if isinstance(error, ModelGeometryUnknown) and (body.get("spec") or {}).get("modelConfig", {}).get("configMapRef"):
+        raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
+@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
+@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile")
+def on_modelserver(body: kopf.Body, namespace: str, name: str, gpu_nodes: kopf.Index, logger: logging.Logger,
+                   **_: Any) -> None:
+    with _lock(namespace, name):
+        try:
+            reconcile(body, _all_nodes(gpu_nodes), logger)
+        except ApiError as exc:
+            raise kopf.TemporaryError(str(exc), delay=RETRY_SECONDS) from exc
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def on_delete(namespace: str, name: str, logger: logging.Logger, **_: Any) -> None:
+    # Owner references let the garbage collector remove the Deployment, Service and PodMonitor.
+    logger.info(f"{namespace}/{name} deleted; its objects go with it (owner references)")
+    with _locks_guard:
+        _locks.pop((namespace, name), None)
+
+
+# -- readiness -------------------------------------------------------------------------------------------
+
+@kopf.on.event("apps", "v1", "deployments", labels={names.LABEL_MANAGED_BY: names.MANAGED_BY})
+def deployment_changed(body: kopf.Body, type: str | None, namespace: str, gpu_nodes: kopf.Index,
+                       logger: logging.Logger, **_: Any) -> None:
+    owner = ((body.get("metadata") or {}).get("labels") or {}).get(names.LABEL_MODELSERVER)
+    if not owner:
+        return
+    with _lock(namespace, owner):
+        ms = kube().get(_ms_path(namespace, owner))
+        if ms is None or (ms.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        if type == "DELETED":
+            logger.info(f"Deployment {namespace}/{owner} was deleted: applying it again")
+            reconcile(ms, _all_nodes(gpu_nodes), logger)
+            return
+        status = ms.get("status") or {}
+        generation = (ms.get("metadata") or {}).get("generation")
+        planned = cond.find(status.get("conditions"), cond.PLANNED)
+        deployment = dict(body)
+        old_ready = cond.find(status.get("conditions"), cond.READY)
+        ready = cond.ready_condition(deployment, generation)
+        update = {"conditions": cond.merge(status.get("conditions"), [
+            ready, cond.degraded_condition(planned, deployment, generation)]), **cond.ready_counts(deployment)}
+        if old_ready is None or old_ready.get("status") != ready["status"]:
+            _event(ms, ready["reason"], ready["message"])
+        _write_status(namespace, owner, status, update)

@@ -1,0 +1,260 @@
+"""A ModelServer + node facts + model geometry -> the plan and the objects the operator applies.
+
+`desired()` is the one code path shared by the operator (handlers.py) and `spillway render`:
+check the spec, find the eligible GPU nodes, plan for the smallest of them with the pure
+planner, and render a Deployment, a Service and (optionally) a PodMonitor.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from . import k8s_names as names
+from . import vllm_api as api
+from .errors import InvalidSpec, SpillwayError
+from .facts import ConfigMapReader, HubFetcher, NodeSummary, describe, eligible_nodes, model_geometry
+from .planner import Plan, plan
+from .quantity import format_bytes, to_quantity
+from .spec import ModelServerSpec, parse_spec
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+STARTUP_SECONDS = 1800  # model download + load + CUDA graphs of a large model
+TERMINATION_GRACE_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class Desired:
+    spec: ModelServerSpec
+    plan: Plan
+    node: NodeSummary  # the node the plan was made for: the smallest eligible one
+    eligible: tuple[NodeSummary, ...]
+    objects: tuple[dict[str, Any], ...]
+
+    def summary(self) -> str:
+        """One line for conditions and events."""
+        pool, pod = self.plan.pool, self.plan.pod
+        assert pod is not None
+        offload = (f"offload pool {format_bytes(pool.bytes)} ({pool.tokens:,} tokens) per replica"
+                   if pool is not None else "offload disabled")
+        others = len(self.eligible) - 1
+        where = f"node {describe(self.node)}" + (f", the smallest of {len(self.eligible)} eligible nodes"
+                                                 if others else "")
+        return (f"{offload}, memory limit {format_bytes(pod.memory_limit_bytes)}, /dev/shm "
+                f"{format_bytes(pod.shm_bytes)}; planned for {where}")
+
+
+def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSummary]) -> tuple[Plan, NodeSummary]:
+    """Plan one replica for every eligible node and keep the smallest pod: it fits wherever it lands.
+
+    A node the request does not fit on fails the whole plan (its error names that node's numbers).
+    """
+    request = spec.serving_request()
+    plans = [(plan(geometry, request, node.facts()), node) for node in eligible]
+    return min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
+
+
+def desired(body: Mapping[str, Any], nodes: Iterable[NodeSummary], read_config_map: ConfigMapReader | None = None,
+            fetch_hub: HubFetcher | None = None, pod_monitor: bool = False) -> Desired:
+    """Everything the operator applies for one ModelServer; raises a SpillwayError on bad input."""
+    meta = body.get("metadata") or {}
+    name = meta.get("name")
+    if not isinstance(name, str) or not DNS_LABEL.match(name) or len(name) > 63:
+        raise InvalidSpec(f"metadata.name {name!r} must be a DNS label (lowercase letters, digits, '-', "
+                          "at most 63 characters): it names the Service")
+    spec = parse_spec(body.get("spec"))
+    geometry = model_geometry(spec, read_config_map, fetch_hub)
+    eligible = eligible_nodes(nodes, spec)
+    result, node = plan_for_nodes(geometry, spec, eligible)
+    objects = render(body, spec, result, pod_monitor)
+    return Desired(spec, result, node, tuple(eligible), tuple(objects))
+
+
+# -- objects ---------------------------------------------------------------------------------------
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        names.LABEL_NAME: names.APP_NAME,
+        names.LABEL_INSTANCE: name,
+        names.LABEL_COMPONENT: names.COMPONENT_VLLM,
+        names.LABEL_MANAGED_BY: names.MANAGED_BY,
+        names.LABEL_MODELSERVER: name,
+    }
+
+
+def selector(name: str) -> dict[str, str]:
+    return {names.LABEL_MODELSERVER: name, names.LABEL_COMPONENT: names.COMPONENT_VLLM}
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    meta = body.get("metadata") or {}
+    if not meta.get("uid"):
+        return None
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    out: dict[str, Any] = {"name": meta["name"], "namespace": meta.get("namespace") or "default",
+                           "labels": labels(meta["name"])}
+    owner = owner_reference(body)
+    if owner is not None:
+        out["ownerReferences"] = [owner]
+    return out
+
+
+def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
+    """Stamp the object with a hash of its content: the operator skips writes whose hash is unchanged."""
+    digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+    obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_APPLIED_HASH] = digest
+    return obj
+
+
+def vllm_args(spec: ModelServerSpec, result: Plan) -> list[str]:
+    args = [spec.model, *result.args, api.FLAG_HOST, "0.0.0.0", api.FLAG_PORT, str(api.SERVER_PORT)]
+    if spec.revision:
+        args += [api.FLAG_REVISION, spec.revision]
+    if spec.served_model_name:
+        args += [api.FLAG_SERVED_MODEL_NAME, spec.served_model_name]
+    return args + list(spec.extra_args)
+
+
+def vllm_env(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(result.env.items())]
+    if spec.hf_token_secret is not None:
+        ref = spec.hf_token_secret
+        env.append({"name": api.ENV_HF_TOKEN,
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env + [dict(item) for item in spec.env]
+
+
+def _probe(period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+    return {"httpGet": {"path": api.HEALTH_PATH, "port": names.PORT_NAME_HTTP}, "periodSeconds": period,
+            "timeoutSeconds": timeout, "failureThreshold": failures}
+
+
+def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
+    pod = result.pod
+    assert pod is not None
+    memory = to_quantity(pod.memory_limit_bytes, "Mi")
+    gpus = str(pod.gpus)
+    requests = {**spec.resources.get("requests", {}), "memory": to_quantity(pod.memory_request_bytes, "Mi"),
+                names.GPU_RESOURCE: gpus}
+    limits = {**spec.resources.get("limits", {}), "memory": memory, names.GPU_RESOURCE: gpus}
+    out: dict[str, Any] = {
+        "name": names.CONTAINER_VLLM,
+        "image": spec.image,
+        "command": ["vllm", "serve"],
+        "args": vllm_args(spec, result),
+        "env": vllm_env(spec, result),
+        "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": api.SERVER_PORT, "protocol": "TCP"}],
+        "resources": {"requests": requests, "limits": limits},
+        "volumeMounts": [{"name": names.VOLUME_SHM, "mountPath": api.SHM_DIR}],
+        "startupProbe": _probe(10, STARTUP_SECONDS // 10),
+        "readinessProbe": _probe(5, 3),
+        "livenessProbe": _probe(10, 6),
+    }
+    if spec.image_pull_policy:
+        out["imagePullPolicy"] = spec.image_pull_policy
+    return out
+
+
+def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
+    name = body["metadata"]["name"]
+    pod = result.pod
+    assert pod is not None
+    pod_spec: dict[str, Any] = {
+        "containers": [container(spec, result)],
+        # The offload pool lives in /dev/shm (an mmap pinned for DMA): a memory-backed emptyDir sized by the
+        # plan, whose pages count against the container's memory limit.
+        "volumes": [{"name": names.VOLUME_SHM, "emptyDir": {"medium": "Memory",
+                                                            "sizeLimit": to_quantity(pod.shm_bytes, "Mi")}}],
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.affinity:
+        pod_spec["affinity"] = dict(spec.affinity)
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
+    return with_hash({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(body),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector(name)},
+            # Replace pods one at a time without a surge: a surge pod would need GPUs and memory nobody has.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {"metadata": {"labels": labels(name)}, "spec": pod_spec},
+        },
+    })
+
+
+def service(body: Mapping[str, Any]) -> dict[str, Any]:
+    name = body["metadata"]["name"]
+    return with_hash({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(body),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(name),
+            "ports": [{"name": names.PORT_NAME_HTTP, "port": api.SERVER_PORT, "targetPort": names.PORT_NAME_HTTP,
+                       "protocol": "TCP"}],
+        },
+    })
+
+
+def pod_monitor(body: Mapping[str, Any]) -> dict[str, Any]:
+    name = body["metadata"]["name"]
+    return with_hash({
+        "apiVersion": f"{names.PODMONITOR_GROUP}/{names.PODMONITOR_VERSION}",
+        "kind": names.PODMONITOR_KIND,
+        "metadata": _metadata(body),
+        "spec": {
+            "selector": {"matchLabels": selector(name)},
+            "podMetricsEndpoints": [{"port": names.PORT_NAME_HTTP, "path": api.METRICS_PATH}],
+        },
+    })
+
+
+def render(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, with_pod_monitor: bool) -> list[dict]:
+    objects = [deployment(body, spec, result), service(body)]
+    if with_pod_monitor:
+        objects.append(pod_monitor(body))
+    return objects
+
+
+# -- status ----------------------------------------------------------------------------------------
+
+def status_plan(result: Desired) -> dict[str, Any]:
+    """The plan as ModelServer.status.plan (what `kubectl get ms` shows)."""
+    p, pool, pod = result.plan, result.plan.pool, result.plan.pod
+    assert pod is not None and p.node is not None
+    out: dict[str, Any] = {
+        "offloadBytes": pool.bytes if pool else 0,
+        "offloadGiB": round(pool.gib, 2) if pool else 0,
+        "blockBytes": p.layout.block_bytes,
+        "cpuBlocks": pool.blocks if pool else 0,
+        "cachedTokens": pool.tokens if pool else 0,
+        "memoryLimit": to_quantity(pod.memory_limit_bytes, "Mi"),
+        "shmSize": to_quantity(pod.shm_bytes, "Mi"),
+        "plannedNode": result.node.name,
+        "eligibleNodes": len(result.eligible),
+        "replicasPerNode": p.node.replicas_per_node,
+        "warnings": list(p.warnings),
+    }
+    if result.node.dma_gbps is not None:
+        out["qualifiedDmaGBps"] = result.node.dma_gbps
+    return out
+
+
+def error_line(exc: SpillwayError) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

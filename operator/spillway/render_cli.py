@@ -1,0 +1,98 @@
+"""`spillway render`: print the objects the operator would apply for a ModelServer, offline.
+
+Same code path as the operator (manifests.desired); the cluster's nodes are described with
+--node-memory/--gpus-per-node or read from a file of Node objects (`kubectl get nodes -o yaml`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import k8s_names as names
+from .errors import InvalidSpec
+from .facts import NodeSummary, summarize_node, synthetic_node
+from .manifests import Desired, desired
+from .spec import parse_spec
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("render", help="print the Deployment/Service/PodMonitor the operator applies "
+                                             "for a ModelServer")
+    p.add_argument("-f", "--filename", required=True, help="ModelServer YAML/JSON ('-' reads stdin)")
+    p.add_argument("--node-memory", help="allocatable memory of the GPU nodes, e.g. 2Ti")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node")
+    p.add_argument("--nodes", metavar="PATH", help="Node objects (kubectl get nodes -o yaml) instead of the two above")
+    p.add_argument("--model-config", metavar="PATH", help="config.json for a modelConfig.configMapRef")
+    p.add_argument("--pod-monitor", action="store_true", help="also render the PodMonitor (clusters with the "
+                                                              "Prometheus operator)")
+    p.add_argument("--output", "-o", default="yaml", choices=["yaml", "json"])
+    p.set_defaults(func=run)
+
+
+def _documents(path: str) -> list[dict[str, Any]]:
+    text = sys.stdin.read() if path == "-" else _read(path)
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise InvalidSpec(f"{path}: not YAML: {exc}") from exc
+    items: list[dict[str, Any]] = []
+    for doc in docs:
+        items.extend(doc.get("items", []) if isinstance(doc, dict) and doc.get("kind", "").endswith("List") else [doc])
+    return items
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise InvalidSpec(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def _model_servers(path: str) -> list[dict[str, Any]]:
+    found = [d for d in _documents(path)
+             if isinstance(d, dict) and d.get("kind") == names.KIND and d.get("apiVersion") == names.API_VERSION]
+    if not found:
+        raise InvalidSpec(f"{path} holds no {names.API_VERSION} {names.KIND}")
+    return found
+
+
+def _nodes(args: argparse.Namespace, body: dict[str, Any]) -> list[NodeSummary]:
+    if args.nodes:
+        nodes = [summarize_node(d) for d in _documents(args.nodes) if isinstance(d, dict) and d.get("kind") == "Node"]
+        return [n for n in nodes if n is not None]
+    if args.node_memory is None or args.gpus_per_node is None:
+        raise InvalidSpec("describe the GPU nodes: --node-memory and --gpus-per-node, or --nodes FILE")
+    # The described node carries the spec's nodeSelector labels: it stands for the pool the spec selects.
+    selector = parse_spec(body.get("spec")).node_selector
+    summary = summarize_node(synthetic_node(args.node_memory, args.gpus_per_node, labels=selector))
+    if summary is None:
+        raise InvalidSpec(f"--node-memory {args.node_memory} / --gpus-per-node {args.gpus_per_node} "
+                          "describe no GPU node")
+    return [summary]
+
+
+def render_one(args: argparse.Namespace, body: dict[str, Any]) -> Desired:
+    config_text = _read(args.model_config) if args.model_config else None
+    return desired(body, _nodes(args, body), read_config_map=lambda _name, _key: config_text,
+                   pod_monitor=args.pod_monitor)
+
+
+def run(args: argparse.Namespace) -> int:
+    results = [render_one(args, body) for body in _model_servers(args.filename)]
+    objects = [obj for result in results for obj in result.objects]
+    if args.output == "json":
+        sys.stdout.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n")
+        return 0
+    out = []
+    for result in results:
+        meta = result.objects[0]["metadata"]
+        out.append(f"# {names.KIND} {meta['namespace']}/{meta['name']}: {result.summary()}\n")
+        out += [f"# warning: {w}\n" for w in result.plan.warnings]
+    out.append(yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True))
+    sys.stdout.write("".join(out))
+    return 0

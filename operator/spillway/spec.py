@@ -1,0 +1,272 @@
+"""A ModelServer's spec -> checked, typed settings and the planner's ServingRequest.
+
+The CRD's schema rejects most bad input at the API server; this module checks it again
+(the operator must never crash on what the schema missed, or on objects written before
+a schema change) and adds the rules a schema cannot express. Every failure is an
+InvalidSpec naming the field and the value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import k8s_names as names
+from . import vllm_api as api
+from .errors import InvalidSpec
+from .geometry import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPE_BYTES
+from .planner import OffloadRequest, ServingRequest
+
+# Resources the plan sets; a spec may add others (cpu, ephemeral-storage, ...) but not these.
+PLANNED_RESOURCES = ("memory", names.GPU_RESOURCE)
+# Flags the operator writes from the plan and the spec's own fields.
+PLANNED_FLAGS = (
+    api.FLAG_TENSOR_PARALLEL_SIZE, api.FLAG_TENSOR_PARALLEL_SIZE_SHORT, api.FLAG_BLOCK_SIZE, api.FLAG_KV_CACHE_DTYPE,
+    api.FLAG_KV_OFFLOADING_BACKEND, api.FLAG_KV_OFFLOADING_SIZE, api.FLAG_KV_TRANSFER_CONFIG,
+    api.FLAG_PORT, api.FLAG_HOST, api.FLAG_REVISION, api.FLAG_SERVED_MODEL_NAME,
+)
+KV_CACHE_DTYPES = ("auto", *KV_CACHE_DTYPE_BYTES)
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+DEFAULT_SECRET_KEY = "token"
+DEFAULT_CONFIG_KEY = "config.json"
+
+
+@dataclass(frozen=True)
+class ObjectKeyRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class ModelConfigSource:
+    inline: Mapping[str, Any] | None = None
+    config_map: ObjectKeyRef | None = None
+
+
+@dataclass(frozen=True)
+class ModelServerSpec:
+    model: str
+    revision: str | None = None
+    served_model_name: str | None = None
+    model_config: ModelConfigSource | None = None
+    hf_token_secret: ObjectKeyRef | None = None
+    tensor_parallel_size: int = 1
+    replicas: int = 1
+    replicas_per_node: int | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    kv_cache_dtype: str = "auto"
+    image: str = names.DEFAULT_VLLM_IMAGE
+    image_pull_policy: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] | None = None
+    extra_args: tuple[str, ...] = ()
+    env: tuple[Mapping[str, Any], ...] = ()
+    offload: OffloadRequest = field(default_factory=OffloadRequest)
+
+    def serving_request(self) -> ServingRequest:
+        return ServingRequest(
+            tensor_parallel_size=self.tensor_parallel_size,
+            block_size=self.block_size,
+            kv_cache_dtype=self.kv_cache_dtype,
+            replicas_per_node=self.replicas_per_node,
+            offload=self.offload,
+        )
+
+
+# -- typed readers: each names the field it reads -----------------------------------------------------
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(f"{where} must be an object, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, minimum: int) -> int | None:
+    value = obj.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSpec(f"{where}.{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidSpec(f"{where}.{key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str, default: str | None = None,
+         choices: tuple[str, ...] | None = None) -> str | None:
+    value = obj.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidSpec(f"{where}.{key} must be a string, got {value!r}")
+    if choices is not None and value not in choices:
+        raise InvalidSpec(f"{where}.{key} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _bool(obj: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    value = obj.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidSpec(f"{where}.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidSpec(f"{where}.{key} must be a list, got {value!r}")
+    return value
+
+
+def _key_ref(value: Any, where: str, default_key: str) -> ObjectKeyRef:
+    ref = _mapping(value, where)
+    name = _str(ref, "name", where)
+    if not name:
+        raise InvalidSpec(f"{where}.name is required")
+    return ObjectKeyRef(name, _str(ref, "key", where, default_key) or default_key)
+
+
+# -- the spec --------------------------------------------------------------------------------------------
+
+def _offload(spec: Mapping[str, Any]) -> OffloadRequest:
+    where = "spec.offload"
+    off = _mapping(spec.get("offload"), where)
+    size = off.get("size", "auto")
+    if isinstance(size, bool) or not isinstance(size, (str, int, float)):
+        raise InvalidSpec(f"{where}.size must be auto, a fraction like \"0.5\" or a quantity like 200Gi; got {size!r}")
+    return OffloadRequest(
+        enabled=_bool(off, "enabled", where, True),
+        size=str(size).strip(),
+        eviction_policy=_str(off, "evictionPolicy", where, "lru", api.EVICTION_POLICIES),
+        layout=_str(off, "layout", where, "contiguous", ("contiguous", "default")),
+        offload_block_size=_int(off, "blockSize", where, None, 1),
+        connector=_str(off, "connector", where, "spillway", ("spillway", "native")),
+    )
+
+
+def _model_config(spec: Mapping[str, Any]) -> ModelConfigSource | None:
+    where = "spec.modelConfig"
+    if spec.get("modelConfig") is None:
+        return None
+    source = _mapping(spec["modelConfig"], where)
+    inline, ref = source.get("inline"), source.get("configMapRef")
+    if (inline is None) == (ref is None):
+        raise InvalidSpec(f"{where} takes exactly one of inline (a config.json object) or configMapRef")
+    if inline is not None:
+        return ModelConfigSource(inline=_mapping(inline, f"{where}.inline"))
+    return ModelConfigSource(config_map=_key_ref(ref, f"{where}.configMapRef", DEFAULT_CONFIG_KEY))
+
+
+def _resources(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    where = "spec.resources"
+    res = _mapping(spec.get("resources"), where)
+    out: dict[str, dict[str, Any]] = {}
+    for part in ("requests", "limits"):
+        values = dict(_mapping(res.get(part), f"{where}.{part}"))
+        planned = sorted(set(values) & set(PLANNED_RESOURCES))
+        if planned:
+            raise InvalidSpec(
+                f"{where}.{part} sets {', '.join(planned)}: Spillway plans memory and GPUs "
+                "(set offload.size and tensorParallelSize instead)"
+            )
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise InvalidSpec(f"{where}.{part}.{name} must be a quantity, got {value!r}")
+        if values:
+            out[part] = {k: str(v) for k, v in values.items()}
+    unknown = sorted(set(res) - {"requests", "limits"})
+    if unknown:
+        raise InvalidSpec(f"{where} takes requests and limits only, got {', '.join(unknown)}")
+    return out
+
+
+def _extra_args(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    args = _list(spec, "extraArgs", "spec")
+    for arg in args:
+        if not isinstance(arg, str):
+            raise InvalidSpec(f"spec.extraArgs must be strings, got {arg!r}")
+        flag = arg.split("=", 1)[0]
+        if flag in PLANNED_FLAGS:
+            raise InvalidSpec(
+                f"spec.extraArgs sets {flag}, which the operator writes from the plan or the spec "
+                "(tensorParallelSize, blockSize, kvCacheDtype, offload, revision, servedModelName)"
+            )
+    return tuple(args)
+
+
+def _env(spec: Mapping[str, Any], reserved: set[str]) -> tuple[Mapping[str, Any], ...]:
+    env = _list(spec, "env", "spec")
+    seen: set[str] = set()
+    for item in env:
+        entry = _mapping(item, "spec.env[]")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidSpec(f"spec.env entries need a name, got {item!r}")
+        if name in reserved:
+            raise InvalidSpec(f"spec.env sets {name}, which the operator writes from the plan or hfTokenSecretRef")
+        if name in seen:
+            raise InvalidSpec(f"spec.env sets {name} twice")
+        seen.add(name)
+    return tuple(env)
+
+
+def _tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    out = []
+    for item in _list(spec, "tolerations", "spec"):
+        toleration = _mapping(item, "spec.tolerations[]")
+        operator = toleration.get("operator", "Equal")
+        if operator not in ("Equal", "Exists"):
+            raise InvalidSpec(f"spec.tolerations[].operator must be Equal or Exists, got {operator!r}")
+        out.append(toleration)
+    return tuple(out)
+
+
+def parse_spec(spec: Any) -> ModelServerSpec:
+    """Check a ModelServer's .spec and return its settings, or raise InvalidSpec."""
+    spec = _mapping(spec, "spec")
+    model = spec.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise InvalidSpec(f"spec.model must name a model (a Hugging Face id or a path/URI), got {model!r}")
+    selector = _mapping(spec.get("nodeSelector"), "spec.nodeSelector")
+    for key, value in selector.items():
+        if not isinstance(value, str):
+            raise InvalidSpec(f"spec.nodeSelector.{key} must be a string, got {value!r}")
+    hf_token = spec.get("hfTokenSecretRef")
+    token_ref = _key_ref(hf_token, "spec.hfTokenSecretRef", DEFAULT_SECRET_KEY) if hf_token is not None else None
+    offload = _offload(spec)
+    reserved = {api.ENV_KV_CACHE_LAYOUT} | ({api.ENV_HF_TOKEN} if token_ref else set())
+    pull_secrets = []
+    for item in _list(spec, "imagePullSecrets", "spec"):
+        name = _mapping(item, "spec.imagePullSecrets[]").get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidSpec(f"spec.imagePullSecrets entries need a name, got {item!r}")
+        pull_secrets.append(name)
+    affinity = spec.get("affinity")
+    return ModelServerSpec(
+        model=model.strip(),
+        revision=_str(spec, "revision", "spec"),
+        served_model_name=_str(spec, "servedModelName", "spec"),
+        model_config=_model_config(spec),
+        hf_token_secret=token_ref,
+        tensor_parallel_size=_int(spec, "tensorParallelSize", "spec", 1, 1),
+        replicas=_int(spec, "replicas", "spec", 1, 0),
+        replicas_per_node=_int(spec, "replicasPerNode", "spec", None, 1),
+        block_size=_int(spec, "blockSize", "spec", DEFAULT_BLOCK_SIZE, 1),
+        kv_cache_dtype=_str(spec, "kvCacheDtype", "spec", "auto", KV_CACHE_DTYPES),
+        image=_str(spec, "image", "spec", names.DEFAULT_VLLM_IMAGE) or names.DEFAULT_VLLM_IMAGE,
+        image_pull_policy=_str(spec, "imagePullPolicy", "spec", None, PULL_POLICIES),
+        image_pull_secrets=tuple(pull_secrets),
+        resources=_resources(spec),
+        node_selector=dict(selector),
+        tolerations=_tolerations(spec),
+        affinity=_mapping(affinity, "spec.affinity") if affinity is not None else None,
+        extra_args=_extra_args(spec),
+        env=_env(spec, reserved),
+        offload=offload,
+    )
