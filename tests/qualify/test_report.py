@@ -1,0 +1,65 @@
+"""Table, JSON document, the Node patch and reading the annotation back."""
+from __future__ import annotations
+
+import json
+
+from spillway import k8s_names as names
+from spillway.qualify.measure import KiB, MiB, Row
+from spillway.qualify.report import SCHEMA, document, format_table, node_patch, qualified_rate, summary
+
+META = {"gpu": "NVIDIA H200", "measured_at": "2026-11-30T10:00:00Z"}
+
+
+def rows():
+    out = []
+    for b, c2g, g2c in ((64 * KiB, 16.0, 19.0), (1 * MiB, 47.0, 49.0), (4 * MiB, 53.0, 54.0)):
+        out += [Row("dma", "c2g", b, 1000, samples=[c2g, c2g - 1, c2g + 1]),
+                Row("dma", "g2c", b, 1000, samples=[g2c]),
+                Row("dma", "bidir", b, 1000, samples=[c2g + g2c])]
+    out.append(Row("kernel", "c2g", 1 * MiB, 1000, error="ImportError: no triton"))
+    return out
+
+
+def test_table_has_one_line_per_block_size_and_a_column_per_method_and_direction():
+    text = format_table(rows())
+    lines = text.splitlines()
+    assert lines[0].split() == ["block", "dma", "G2C", "dma", "C2G", "dma", "bidir", "kernel", "C2G"]
+    assert lines[2].startswith("64 KiB") and "16.0 ±12%" in lines[2]
+    assert lines[3].startswith("1 MiB") and "failed" in lines[3]
+    assert lines[4].startswith("4 MiB") and "107.0" in lines[4]
+
+
+def test_document_names_the_annotated_figure_and_keeps_every_row():
+    doc = document(rows(), META)
+    assert doc["schema"] == SCHEMA and doc["gpu"] == "NVIDIA H200"
+    assert doc["annotated"] == {"method": "dma", "direction": "c2g", "block_bytes": 2 * MiB, "gbps": 50.0}
+    assert len(doc["rows"]) == 10
+    json.dumps(doc)  # serialisable
+
+
+def test_node_patch_sets_label_rate_and_compact_table():
+    patch = node_patch(rows(), META)
+    meta = patch["metadata"]
+    assert meta["labels"] == {names.LABEL_QUALIFIED: "true"}
+    ann = meta["annotations"]
+    assert ann[names.ANNOTATION_QUALIFIED_DMA_GBPS] == "50.0"
+    table = json.loads(ann[names.ANNOTATION_QUALIFICATION])
+    assert table["sizes"] == [64 * KiB, 1 * MiB, 4 * MiB]
+    assert table["c2g"] == [16.0, 47.0, 53.0] and table["method"] == "dma"
+    assert len(ann[names.ANNOTATION_QUALIFICATION]) < 1024  # annotations share a 256 KiB budget per object
+
+
+def test_the_operator_reads_the_rate_at_its_own_block_size_back():
+    ann = node_patch(rows(), META)["metadata"]["annotations"]
+    assert qualified_rate(ann, 2 * MiB) == 50.0
+    assert qualified_rate(ann, 64 * KiB) == 16.0
+    assert qualified_rate({names.ANNOTATION_QUALIFIED_DMA_GBPS: "41.5"}, 2 * MiB) == 41.5
+    assert qualified_rate({names.ANNOTATION_QUALIFICATION: "not json", names.ANNOTATION_QUALIFIED_DMA_GBPS: "x"},
+                          2 * MiB) is None
+    assert qualified_rate({}, 2 * MiB) is None
+
+
+def test_summary_of_a_vllm_run_prefers_the_vllm_rows():
+    rs = rows() + [Row("vllm", "c2g", 2 * MiB, 1000, samples=[51.3])]
+    s = summary(rs, {**META, "vllm": "0.26.0"})
+    assert s["method"] == "vllm" and s["c2g"] == [51.3] and s["vllm"] == "0.26.0"
