@@ -1,8 +1,9 @@
 {{/* The Python module that holds the operator's kopf handlers (operator/spillway/). */}}
 {{- define "spillway.operatorModule" -}}spillway.handlers{{- end }}
 
-{{/* The vLLM pods' component label value and port name, as the operator writes them (operator/spillway/k8s_names.py). */}}
+{{/* Labels and port name of the vLLM pods the operator writes (operator/spillway/k8s_names.py). */}}
 {{- define "spillway.vllmComponent" -}}vllm{{- end }}
+{{- define "spillway.vllmManagedBy" -}}spillway-operator{{- end }}
 {{- define "spillway.vllmPortName" -}}http{{- end }}
 {{/* vLLM's OpenAI server port and paths (operator/spillway/vllm_api.py). */}}
 {{- define "spillway.vllmPort" -}}8000{{- end }}
@@ -91,9 +92,10 @@ app.kubernetes.io/component: operator
 {{- default .root.Release.Namespace .model.namespace }}
 {{- end }}
 
-{{/* Lowercase DNS-1123 label from a file name: "KV Offload_v2.json" -> "kv-offload-v2". */}}
+{{/* DNS-1123 label from a file name, without a "spillway-" prefix: "spillway-KV_offload.json" -> "kv-offload". */}}
 {{- define "spillway.fileSlug" -}}
-{{- base . | trimSuffix (ext .) | lower | regexReplaceAll "[^a-z0-9-]+" "-" | trimAll "-" | trunc 40 | trimSuffix "-" }}
+{{- $stem := base . | trimSuffix (ext .) | lower | trimPrefix "spillway-" }}
+{{- regexReplaceAll "[^a-z0-9-]+" $stem "-" | trimAll "-" | trunc 40 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "spillway.podSecurityContext" -}}

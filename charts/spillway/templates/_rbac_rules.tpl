@@ -1,29 +1,34 @@
 {{/*
-What the operator does in a watched namespace. kopf runs with --standalone (no peering objects)
-and discovers resources through /api and /apis (granted to every authenticated user), so it needs
-neither CustomResourceDefinitions nor Namespaces.
+What the operator does in a watched namespace: reconcile ModelServers (kopf patches them for its
+bookkeeping; the operator patches their status), server-side apply their Deployment and Service
+(garbage collection through owner references deletes them), watch the Deployments' readiness,
+read a spec.modelConfig ConfigMap, post Events.
+kopf runs with --standalone (no peering objects) and discovers resources through /api and /apis
+(readable by every authenticated user), so it needs neither CustomResourceDefinitions nor Namespaces.
 */}}
 {{- define "spillway.operatorRules" -}}
 - apiGroups: ["spillway.dev"]
   resources: ["modelservers"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["spillway.dev"]
   resources: ["modelservers/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-- apiGroups: ["monitoring.coreos.com"]
-  resources: ["podmonitors"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-# spec.modelConfig references a ConfigMap holding a model's config.json.
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.operator.hubFetch.enabled }}
+# Hub fetches authenticate with the ModelServer's spec.hfTokenSecretRef: get by name, never list.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}
