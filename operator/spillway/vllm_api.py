@@ -45,6 +45,17 @@ EXTRA_CPU_BYTES = "cpu_bytes_to_use"
 EXTRA_EVICTION_POLICY = "eviction_policy"
 EXTRA_OFFLOAD_BLOCK_SIZE = "block_size"
 EVICTION_POLICIES = ("lru", "arc")
+EXTRA_SPEC_NAME = "spec_name"  # out-of-tree OffloadingSpec class ...
+EXTRA_SPEC_MODULE_PATH = "spec_module_path"  # ... and its module
+# Keys of the --kv-transfer-config JSON object.
+KV_CONNECTOR_KEY = "kv_connector"
+KV_CONNECTOR_MODULE_PATH_KEY = "kv_connector_module_path"
+KV_ROLE_KEY = "kv_role"
+KV_ROLE_BOTH = "kv_both"
+KV_CONNECTOR_EXTRA_CONFIG_KEY = "kv_connector_extra_config"
+# Host-memory transfer backend for the CPU platform (spillway_connector.host_backend).
+HOST_OFFLOADING_SPEC = "HostOffloadingSpec"
+HOST_OFFLOADING_SPEC_MODULE = "spillway_connector.host_backend"
 
 # -- the pool's backing file ---------------------------------------------------
 SHM_DIR = "/dev/shm"

@@ -1,0 +1,100 @@
+"""Every difference between the supported vLLM versions, in one place.
+
+Importing this module checks the installed vLLM first and raises
+UnsupportedVLLMVersion (one clear line) on a version the connector was not built for.
+The rest of the package imports vLLM only through here.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import vllm
+
+from spillway_connector.versions import UnsupportedVLLMVersion, require_supported
+
+VLLM_VERSION: str = vllm.__version__
+VLLM_MINOR: tuple[int, int] = require_supported(VLLM_VERSION)
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+        OffloadPromMetrics,
+        _StatsKey,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+    from vllm.v1.kv_offload.base import (
+        BlockIDsLoadStoreSpec,
+        CanonicalKVCaches,
+        GPULoadStoreSpec,
+        LoadStoreSpec,
+        OffloadingWorker,
+        TransferResult,
+    )
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+except ImportError as error:  # a patched or partial vLLM build of a supported number
+    raise UnsupportedVLLMVersion(
+        f"spillway_connector cannot load vLLM {VLLM_VERSION}'s offloading classes ({error}); "
+        "install a supported vLLM release or use vLLM's own OffloadingConnector"
+    ) from error
+
+__all__ = [
+    "VLLM_EXPORTS_TRANSFER_COUNTERS",
+    "VLLM_MINOR",
+    "VLLM_VERSION",
+    "BlockIDsLoadStoreSpec",
+    "CPUOffloadingSpec",
+    "CanonicalKVCaches",
+    "GPULoadStoreSpec",
+    "KVConnectorRole",
+    "LoadStoreSpec",
+    "OffloadPromMetrics",
+    "OffloadingConnector",
+    "OffloadingConnectorStats",
+    "OffloadingWorker",
+    "TransferResult",
+    "pool_capacity_chunks",
+    "spec_pool_chunks",
+    "split_stats_payload",
+]
+
+# vllm:kv_offload_{load,store}_{bytes,time} exist in every supported minor, so the
+# connector's own byte/second counters stay off. A future minor without them flips this.
+VLLM_EXPORTS_TRANSFER_COUNTERS: bool = VLLM_MINOR >= (0, 26)
+
+
+def split_stats_payload(payload: dict[str, Any], names: frozenset[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split an OffloadingConnectorStats payload into (vLLM's part, the part named in `names`).
+
+    Each part keeps the payload's shape ({types: {...}, data: {...}} plus whatever else
+    the version carries, e.g. 0.33's config info, which stays with vLLM's part).
+    """
+    types = payload.get(_StatsKey.TYPES, {})
+    data = payload.get(_StatsKey.DATA, {})
+    ours_data = {name: values for name, values in data.items() if name in names}
+    if not ours_data:
+        return payload, {}
+    theirs = dict(payload)
+    theirs[_StatsKey.TYPES] = {name: kind for name, kind in types.items() if name not in names}
+    theirs[_StatsKey.DATA] = {name: values for name, values in data.items() if name not in names}
+    ours = {_StatsKey.TYPES: {name: types[name] for name in ours_data}, _StatsKey.DATA: ours_data}
+    return theirs, ours
+
+
+def stats_sections(payload: dict[str, Any]) -> tuple[dict[str, str], dict[str, dict[tuple, Any]]]:
+    """(metric name -> kind, metric name -> {label values -> value}) of a stats payload."""
+    return payload.get(_StatsKey.TYPES, {}), payload.get(_StatsKey.DATA, {})
+
+
+def spec_pool_chunks(spec: Any) -> int:
+    """Chunks in the CPU pool a CPUOffloadingSpec sized (0.26 calls them blocks)."""
+    return int(spec.num_chunks if hasattr(spec, "num_chunks") else spec.num_blocks)
+
+
+def pool_capacity_chunks(manager: Any) -> int | None:
+    """Chunks in the pool of vLLM's CPUOffloadingManager; None for another manager."""
+    for attribute in ("_num_chunks", "_num_blocks"):  # 0.32+, 0.26
+        value = getattr(manager, attribute, None)
+        if isinstance(value, int):
+            return value
+    return None

@@ -1,0 +1,123 @@
+"""SpillwayOffloadingConnector: vLLM's OffloadingConnector plus the metrics it lacks.
+
+Drop-in: same kv_connector_extra_config keys as OffloadingConnector (cpu_bytes_to_use,
+eviction_policy, block_size, spec_name/spec_module_path, ...); load it with
+  --kv-transfer-config '{"kv_connector": "SpillwayOffloadingConnector",
+    "kv_connector_module_path": "spillway_connector.connector", "kv_role": "kv_both",
+    "kv_connector_extra_config": {"cpu_bytes_to_use": ...}}'
+Its metrics travel in vLLM's own connector stats and appear on vLLM's /metrics with
+vLLM's engine labels (see spillway_connector.names and docs/connector.md).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from spillway_connector import names
+from spillway_connector.compat import (
+    VLLM_EXPORTS_TRANSFER_COUNTERS,
+    KVConnectorRole,
+    OffloadingConnector,
+    OffloadingConnectorStats,
+    pool_capacity_chunks,
+)
+from spillway_connector.metrics import SpillwayPromMetrics
+from spillway_connector.probes import PoolProbe, TransferProbe
+
+
+class PreemptionReloads:
+    """Counts preempted requests that resume from the CPU pool, the way vLLM's scheduler
+    counts external prefix-cache queries: a lookup is recorded when the request is admitted."""
+
+    def __init__(self) -> None:
+        self._queried: dict[str, int] = {}  # request id -> tokens its last lookup asked for
+        self._stats = OffloadingConnectorStats()
+
+    def looked_up(self, request: Any, num_computed_tokens: int) -> None:
+        if request.num_preemptions > 0:
+            self._queried[request.request_id] = request.num_tokens - num_computed_tokens
+
+    def admitted(self, request: Any, num_external_tokens: int) -> None:
+        queried = self._queried.pop(request.request_id, 0)
+        if queried <= 0:
+            return
+        self._stats.increase_counter(names.PREEMPTED_QUERIED_TOKENS, queried)
+        if num_external_tokens > 0:
+            self._stats.increase_counter(names.PREEMPTED_RELOAD_REQUESTS, 1)
+            self._stats.increase_counter(names.PREEMPTED_RELOAD_TOKENS, num_external_tokens)
+
+    def finished(self, request: Any) -> None:
+        self._queried.pop(request.request_id, None)
+
+    def take_stats(self) -> OffloadingConnectorStats:
+        stats, self._stats = self._stats, OffloadingConnectorStats()
+        return stats
+
+
+def _merge(first: Any, second: Any) -> Any:
+    if first is None or first.is_empty():
+        return second if second is not None and not second.is_empty() else first
+    if second is not None and not second.is_empty():
+        first.aggregate(second)
+    return first
+
+
+class SpillwayOffloadingConnector(OffloadingConnector):
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._reloads = PreemptionReloads()
+        self._pool: PoolProbe | None = None
+        self._transfers: TransferProbe | None = None
+        if self.connector_scheduler is not None:
+            manager = self.connector_scheduler.manager
+            self._pool = PoolProbe(manager, pool_capacity_chunks(manager))
+            self.connector_scheduler.manager = self._pool
+
+    # -- worker side --------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        super().register_kv_caches(kv_caches)
+        self._probe_transfers()
+
+    def register_cross_layers_kv_cache(self, *args: Any, **kwargs: Any) -> None:  # vLLM 0.26
+        super().register_cross_layers_kv_cache(*args, **kwargs)
+        self._probe_transfers()
+
+    def _probe_transfers(self) -> None:
+        worker = self.connector_worker
+        if worker is not None and worker.worker is not None and not isinstance(worker.worker, TransferProbe):
+            self._transfers = TransferProbe(worker.worker, count_bytes_and_seconds=not VLLM_EXPORTS_TRANSFER_COUNTERS)
+            worker.worker = self._transfers
+
+    # -- scheduler side -------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        matched = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if matched[0] is not None:
+            self._reloads.looked_up(request, num_computed_tokens)
+        return matched
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> Any:
+        result = super().update_state_after_alloc(request, blocks, num_external_tokens)
+        self._reloads.admitted(request, num_external_tokens)
+        return result
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        self._reloads.finished(request)
+        return super().request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        self._reloads.finished(request)
+        return super().request_finished_all_groups(request, block_ids)
+
+    # -- stats ----------------------------------------------------------------------
+    def get_kv_connector_stats(self) -> Any:
+        if self.connector_scheduler is None:
+            return self._transfers.take_stats() if self._transfers is not None else None
+        stats = _merge(super().get_kv_connector_stats(), self._reloads.take_stats())
+        if self._pool is not None:
+            pool_stats = OffloadingConnectorStats()
+            self._pool.record(pool_stats)
+            stats = _merge(stats, pool_stats)
+        return stats
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: Any, per_engine_labelvalues: Any):
+        return SpillwayPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

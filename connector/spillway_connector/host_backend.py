@@ -1,0 +1,172 @@
+"""Host-memory transfer backend for vLLM's offloading on the CPU platform.
+
+vLLM's CPUOffloadingSpec refuses to build its worker unless the KV cache lives on a
+CUDA/XPU device. HostOffloadingSpec keeps everything else of it — pool sizing from
+`cpu_bytes_to_use`, vLLM's real CPUOffloadingManager with its LRU/ARC policy, its
+metric definitions — and supplies a worker that copies KV pages between the
+engine's KV-cache tensors and a host buffer with torch index_select/index_copy_.
+With it the real scheduler, OffloadingConnector and CPU offloading manager run end
+to end on a CPU-only machine.
+
+Load it through kv_connector_extra_config: `"spec_name": "HostOffloadingSpec",
+"spec_module_path": "spillway_connector.host_backend"`; `kv_transfer_config()` and
+`cpu_offload_args()` build the whole --kv-transfer-config.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from spillway_connector.compat import (
+    BlockIDsLoadStoreSpec,
+    CanonicalKVCaches,
+    CPUOffloadingSpec,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    TransferResult,
+    spec_pool_chunks,
+)
+
+
+class HostOffloadingWorker(OffloadingWorker):
+    """Copies KV pages between the engine's KV-cache tensors and a host buffer.
+
+    Transfers run synchronously at submission (a host memcpy has no engine to queue
+    on); their results are handed out by the next get_finished(), as an async worker's
+    would be. The host buffer of tensor t has one row per GPU block slot:
+    row = chunk_id * blocks_per_chunk + block-within-chunk.
+    """
+
+    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int):
+        self._blocks_per_chunk = blocks_per_chunk
+        self._device_tensors: list[torch.Tensor] = []
+        self._host_tensors: list[torch.Tensor] = []
+        for canonical in kv_caches.tensors:
+            device = canonical.tensor.view(torch.int8).view((-1, canonical.page_size_bytes))
+            self._device_tensors.append(device)
+            self._host_tensors.append(
+                torch.zeros((num_chunks * blocks_per_chunk, canonical.page_size_bytes), dtype=torch.int8)
+            )
+        # Per KV-cache group: the tensors its layers live in (each copied once).
+        self._group_tensors: list[tuple[int, ...]] = [
+            tuple(dict.fromkeys(ref.tensor_idx for ref in refs)) for refs in kv_caches.group_data_refs
+        ]
+        self._finished: list[TransferResult] = []
+
+    # -- OffloadingWorker -------------------------------------------------------
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        self._finished.append(self._transfer(job_id, src_spec, dst_spec, to_host=True))
+        return True
+
+    def submit_load(
+        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec, expedited: bool = False
+    ) -> bool:
+        self._finished.append(self._transfer(job_id, dst_spec, src_spec, to_host=False))
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        finished, self._finished = self._finished, []
+        return finished
+
+    def wait(self, job_ids: set[int]) -> None:
+        return  # every submitted transfer has already completed
+
+    def shutdown(self) -> None:
+        self._finished.clear()
+        self._host_tensors.clear()
+        self._device_tensors.clear()
+
+    # -- copies -----------------------------------------------------------------
+    def host_rows(self, chunk_ids: np.ndarray, first_block_index: int, num_blocks: int) -> np.ndarray:
+        """Host-buffer rows of `num_blocks` consecutive blocks of a request, starting at
+        request block `first_block_index`, stored in the given chunks (the first chunk may
+        be entered part-way when a chunk spans several blocks)."""
+        per_chunk = self._blocks_per_chunk
+        skip = first_block_index % per_chunk
+        rows = (chunk_ids.astype(np.int64)[:, None] * per_chunk + np.arange(per_chunk, dtype=np.int64)).ravel()
+        return rows[skip : skip + num_blocks]
+
+    def _transfer(
+        self, job_id: int, device_spec: GPULoadStoreSpec, host_spec: LoadStoreSpec, to_host: bool
+    ) -> TransferResult:
+        assert isinstance(device_spec, GPULoadStoreSpec) and isinstance(host_spec, BlockIDsLoadStoreSpec)
+        started = time.perf_counter()
+        block_ids, chunk_ids = device_spec.block_ids, host_spec.block_ids
+        block_offset = chunk_offset = 0
+        num_bytes = 0
+        for group, (group_size, first_block_index) in enumerate(
+            zip(device_spec.group_sizes, device_spec.block_indices)
+        ):
+            if group_size == 0:
+                continue
+            skip = first_block_index % self._blocks_per_chunk
+            num_chunks = -(-(group_size + skip) // self._blocks_per_chunk)
+            device_rows = torch.from_numpy(block_ids[block_offset : block_offset + group_size].astype(np.int64))
+            host_rows = torch.from_numpy(
+                self.host_rows(chunk_ids[chunk_offset : chunk_offset + num_chunks], first_block_index, group_size)
+            )
+            for tensor_idx in self._group_tensors[group]:
+                device, host = self._device_tensors[tensor_idx], self._host_tensors[tensor_idx]
+                if to_host:
+                    host.index_copy_(0, host_rows, device.index_select(0, device_rows))
+                else:
+                    device.index_copy_(0, device_rows, host.index_select(0, host_rows))
+                num_bytes += group_size * device.shape[1]
+            block_offset += group_size
+            chunk_offset += num_chunks
+        assert block_offset == len(block_ids) and chunk_offset == len(chunk_ids), "spec sizes disagree"
+        return TransferResult(
+            job_id=job_id, success=True, transfer_size=num_bytes, transfer_time=time.perf_counter() - started
+        )
+
+
+class HostOffloadingSpec(CPUOffloadingSpec):
+    """vLLM's CPU offloading spec (pool sizing, CPUOffloadingManager, LRU/ARC, metrics)
+    with a host-memory worker, so it runs where the KV cache itself is in host memory."""
+
+    def __init__(self, config: Any):
+        super().__init__(config)
+        if getattr(config, "canonical_layout", False):
+            raise ValueError(f"{type(self).__name__} does not implement canonical_layout; leave it unset")
+        self._host_worker: HostOffloadingWorker | None = None
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._host_worker is None:
+            self._host_worker = HostOffloadingWorker(kv_caches, self.blocks_per_chunk, spec_pool_chunks(self))
+        return self._host_worker
+
+
+def kv_transfer_config(
+    cpu_bytes: int, eviction_policy: str = "lru", extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The --kv-transfer-config object that runs SpillwayOffloadingConnector with this
+    backend and a `cpu_bytes` pool. Needs the `spillway` package (dev/test environments)."""
+    from spillway import vllm_api as api
+
+    from spillway_connector.connector import SpillwayOffloadingConnector
+
+    extra_config = {
+        api.EXTRA_CPU_BYTES: int(cpu_bytes),
+        api.EXTRA_EVICTION_POLICY: eviction_policy,
+        api.EXTRA_SPEC_NAME: HostOffloadingSpec.__name__,
+        api.EXTRA_SPEC_MODULE_PATH: __name__,
+        **(extra or {}),
+    }
+    return {
+        api.KV_CONNECTOR_KEY: SpillwayOffloadingConnector.__name__,
+        api.KV_CONNECTOR_MODULE_PATH_KEY: SpillwayOffloadingConnector.__module__,
+        api.KV_ROLE_KEY: api.KV_ROLE_BOTH,
+        api.KV_CONNECTOR_EXTRA_CONFIG_KEY: extra_config,
+    }
+
+
+def cpu_offload_args(cpu_bytes: int, eviction_policy: str = "lru", extra: dict[str, Any] | None = None) -> list[str]:
+    """`vllm serve` arguments that enable offloading on the CPU platform with this backend."""
+    from spillway import vllm_api as api
+
+    return [api.FLAG_KV_TRANSFER_CONFIG, json.dumps(kv_transfer_config(cpu_bytes, eviction_policy, extra))]

@@ -1,0 +1,57 @@
+"""Names of the metrics the Spillway connector adds to vLLM's /metrics.
+
+Dependency-free on purpose: dashboards, alerts, the load test and the operator
+import these without vLLM. Names are as exported, without the `_total`,
+`_bucket`, `_sum` or `_count` suffixes that Prometheus clients append.
+Every metric also carries vLLM's own engine labels (`model_name`, `engine`).
+"""
+from __future__ import annotations
+
+PREFIX = "spillway:"
+
+# -- preempted requests served from the CPU pool (counters) --------------------
+# vLLM keeps these apart from vllm:external_prefix_cache_* and never exports them.
+PREEMPTED_RELOAD_REQUESTS = "spillway:kv_offload_preempted_reload_requests"
+PREEMPTED_RELOAD_TOKENS = "spillway:kv_offload_preempted_reload_tokens"
+PREEMPTED_QUERIED_TOKENS = "spillway:kv_offload_preempted_queried_tokens"
+
+# -- transfers ------------------------------------------------------------------
+# Histogram of each finished transfer's bytes / seconds, in GB/s (1e9 bytes/s).
+TRANSFER_THROUGHPUT = "spillway:kv_offload_transfer_throughput_gbps"
+# Counters, exported only on a vLLM that lacks vllm:kv_offload_{load,store}_{bytes,time}.
+TRANSFER_BYTES = "spillway:kv_offload_transfer_bytes"
+TRANSFER_SECONDS = "spillway:kv_offload_transfer_seconds"
+
+# -- the CPU pool -----------------------------------------------------------------
+POOL_CAPACITY_CHUNKS = "spillway:kv_offload_pool_capacity_chunks"  # gauge
+POOL_RESIDENT_CHUNKS = "spillway:kv_offload_pool_resident_chunks"  # gauge: chunks holding KV
+POOL_EVICTED_CHUNKS = "spillway:kv_offload_pool_evicted_chunks"  # counter
+
+# -- labels -------------------------------------------------------------------------
+LABEL_DIRECTION = "direction"
+DIRECTION_LOAD = "load"  # CPU pool -> GPU
+DIRECTION_STORE = "store"  # GPU -> CPU pool
+DIRECTIONS = (DIRECTION_LOAD, DIRECTION_STORE)
+
+# Histogram buckets of TRANSFER_THROUGHPUT, GB/s: host memcpy on small pages up to
+# PCIe Gen5 x16 (~64 GB/s) and NVLink-C2C hosts.
+THROUGHPUT_BUCKETS_GBPS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 75.0, 100.0, 200.0)
+
+COUNTERS = (
+    PREEMPTED_RELOAD_REQUESTS,
+    PREEMPTED_RELOAD_TOKENS,
+    PREEMPTED_QUERIED_TOKENS,
+    TRANSFER_BYTES,
+    TRANSFER_SECONDS,
+    POOL_EVICTED_CHUNKS,
+)
+GAUGES = (POOL_CAPACITY_CHUNKS, POOL_RESIDENT_CHUNKS)
+HISTOGRAMS = (TRANSFER_THROUGHPUT,)
+ALL = COUNTERS + GAUGES + HISTOGRAMS
+# Metrics labelled by direction (besides vLLM's engine labels).
+BY_DIRECTION = (TRANSFER_THROUGHPUT, TRANSFER_BYTES, TRANSFER_SECONDS)
+
+
+def exported(name: str) -> str:
+    """The sample name a Prometheus scrape shows for a counter (`_total`) or other metric."""
+    return name + "_total" if name in COUNTERS else name

@@ -1,0 +1,30 @@
+"""Which vLLM versions the connector supports (dependency-free).
+
+The connector builds on vLLM's offloading classes, whose internals change between
+minor releases; it runs only on the minors it was built and tested against.
+"""
+from __future__ import annotations
+
+import re
+
+SUPPORTED_MINORS: tuple[tuple[int, int], ...] = ((0, 26), (0, 32), (0, 33))
+
+
+class UnsupportedVLLMVersion(ImportError):
+    """The installed vLLM is not one the connector supports."""
+
+
+def supported_list() -> str:
+    return ", ".join(f"{major}.{minor}" for major, minor in SUPPORTED_MINORS)
+
+
+def require_supported(version: str) -> tuple[int, int]:
+    """Return (major, minor) of `version`, or raise UnsupportedVLLMVersion with one clear line."""
+    match = re.match(r"^(\d+)\.(\d+)", version)
+    minor = (int(match.group(1)), int(match.group(2))) if match else None
+    if minor not in SUPPORTED_MINORS:
+        raise UnsupportedVLLMVersion(
+            f"spillway_connector supports vLLM {supported_list()}, but vLLM {version} is installed; "
+            "install a supported vLLM or use vLLM's own OffloadingConnector"
+        )
+    return minor
