@@ -1,15 +1,12 @@
 """Facts the planner needs, read from Kubernetes objects: GPU nodes -> NodeFacts, and a model's geometry.
 
 Pure functions over plain dicts (the JSON of Node objects), so the operator, `spillway render`
-and the tests share them. The only I/O is `fetch_hub_config`, used when the operator allows it.
+and the tests share them. The hub fetch itself is hub.py's, passed in by the operator when it allows it.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -180,23 +177,6 @@ def describe(node: NodeSummary) -> str:
 
 def looks_like_hub_id(model: str) -> bool:
     return "://" not in model and not model.startswith(("/", ".")) and model.count("/") == 1
-
-
-def fetch_hub_config(model: str, revision: str | None, token: str | None, endpoint: str,
-                     timeout: float = 20.0) -> dict[str, Any]:
-    """GET <endpoint>/<model>/resolve/<revision>/config.json; ModelGeometryUnknown on any failure."""
-    url = (f"{endpoint.rstrip('/')}/{urllib.parse.quote(model)}/resolve/"
-           f"{urllib.parse.quote(revision or 'main', safe='')}/config.json")
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        raise ModelGeometryUnknown(f"{model}: the hub answered {exc.code} for {url}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise ModelGeometryUnknown(f"{model}: cannot reach the hub at {url}: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ModelGeometryUnknown(f"{model}: {url} is not JSON: {exc.msg}") from exc
 
 
 ConfigMapReader = Callable[[str, str], "str | None"]  # (name, key) -> config.json text, None when absent

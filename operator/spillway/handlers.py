@@ -25,7 +25,8 @@ from . import k8s_names as names
 from .controller import conditions as cond
 from .controller.kube import ApiError, Kube, path
 from .errors import ModelGeometryUnknown, NoEligibleNodes, SpillwayError
-from .facts import NodeSummary, eligible_nodes, fetch_hub_config, nodes_fingerprint, summarize_node
+from .facts import NodeSummary, eligible_nodes, nodes_fingerprint, summarize_node
+from .hub import fetch_config
 from .manifests import Desired, desired, error_line, selector, status_plan
 from .spec import parse_spec
 
@@ -133,7 +134,6 @@ def _config_map_reader(namespace: str):
 def _hub_fetcher(namespace: str, spec: Mapping[str, Any]):
     if os.environ.get(names.ENV_ALLOW_HUB_FETCH, "").lower() != "true":
         return None
-    endpoint = os.environ.get(names.ENV_HUB_ENDPOINT) or names.DEFAULT_HUB_ENDPOINT
 
     def fetch(model: str, revision: str | None) -> dict[str, Any]:
         token = None
@@ -142,7 +142,7 @@ def _hub_fetcher(namespace: str, spec: Mapping[str, Any]):
             secret = kube().get(path("v1", "Secret", namespace, ref["name"]))
             encoded = ((secret or {}).get("data") or {}).get(ref.get("key") or "token")
             token = base64.b64decode(encoded).decode().strip() if encoded else None
-        return fetch_hub_config(model, revision, token, endpoint)
+        return fetch_config(model, revision or "main", token)
     return fetch
 
 

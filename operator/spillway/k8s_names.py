@@ -52,6 +52,4 @@ PODMONITOR_KIND = "PodMonitor"
 
 # Operator settings (environment of the operator process).
 ENV_ALLOW_HUB_FETCH = "SPILLWAY_ALLOW_HUB_FETCH"  # "true": fetch config.json of unknown model ids from the hub
-ENV_HUB_ENDPOINT = "HF_ENDPOINT"  # the Hugging Face hub's address (huggingface_hub's own variable)
 ENV_POD_MONITORS = "SPILLWAY_POD_MONITORS"  # "auto" (when the CRD exists, default) | "false"
-DEFAULT_HUB_ENDPOINT = "https://huggingface.co"

@@ -49,10 +49,16 @@ class Desired:
 def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSummary]) -> tuple[Plan, NodeSummary]:
     """Plan one replica for every eligible node and keep the smallest pod: it fits wherever it lands.
 
-    A node the request does not fit on fails the whole plan (its error names that node's numbers).
+    A node the request does not fit on fails the whole plan (its error names that node's numbers); nodes
+    are tried from the smallest memory per replica up, so the error names the node that limits the pool.
     """
     request = spec.serving_request()
-    plans = [(plan(geometry, request, node.facts()), node) for node in eligible]
+
+    def per_replica(node: NodeSummary) -> float:
+        return node.allocatable_memory / (spec.replicas_per_node or max(1, node.gpus // spec.tensor_parallel_size))
+
+    plans = [(plan(geometry, request, node.facts()), node) for node in sorted(eligible, key=lambda n: (per_replica(n),
+                                                                                                          n.name))]
     return min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
 
 

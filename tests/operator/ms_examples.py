@@ -1,0 +1,32 @@
+"""ModelServer and Node objects shared by the operator tests."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from spillway import k8s_names as names
+from spillway.facts import synthetic_node
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def modelserver(name: str = "llama", namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    body = {"apiVersion": names.API_VERSION, "kind": names.KIND,
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"model": LLAMA_8B}}
+    body["spec"].update(copy.deepcopy(spec))
+    return body
+
+
+def gpu_node(name: str, memory: str = "2Ti", gpus: int = 8, labels: dict | None = None,
+             taints: list | None = None, dma: str | None = None) -> dict[str, Any]:
+    node = synthetic_node(memory, gpus, name=name, labels=labels)
+    if taints:
+        node["spec"] = {"taints": taints}
+    if dma is not None:
+        node["metadata"]["annotations"] = {names.ANNOTATION_QUALIFIED_DMA_GBPS: dma}
+    return node
+
+
+def cpu_node(name: str, memory: str = "64Gi") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}},
+            "status": {"capacity": {"memory": memory, "cpu": "16"}, "allocatable": {"memory": memory, "cpu": "16"}}}

@@ -1,0 +1,112 @@
+"""Nodes -> NodeFacts, which nodes a replica may land on, and where a model's geometry comes from."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spillway import k8s_names as names
+from spillway.errors import ModelGeometryUnknown, NoEligibleNodes
+from spillway.facts import (affinity_allows, eligible_nodes, model_geometry, nodes_fingerprint, summarize_node,
+                            tolerated)
+from spillway.geometry import catalog_config
+from spillway.quantity import GiB
+from spillway.spec import parse_spec
+
+from ms_examples import LLAMA_8B, cpu_node, gpu_node
+
+
+def summaries(*nodes):
+    return [s for s in (summarize_node(n) for n in nodes) if s is not None]
+
+
+def test_summary_reads_allocatable_memory_gpus_and_qualified_dma():
+    node = summarize_node(gpu_node("a", memory="1536Gi", gpus=4, dma="52.5"))
+    assert (node.name, node.allocatable_memory, node.gpus, node.dma_gbps) == ("a", 1536 * GiB, 4, 52.5)
+    assert node.facts().dma_gbps == 52.5
+    assert summarize_node(cpu_node("cpu")) is None
+    assert summarize_node(gpu_node("bad", dma="fast")).dma_gbps is None
+
+
+def test_node_selector_taints_and_affinity_decide_eligibility():
+    nodes = summaries(
+        gpu_node("a100", labels={"pool": "a100"}),
+        gpu_node("h200", labels={"pool": "h200"}, taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+        gpu_node("flaky", labels={"pool": "h200"}, taints=[{"key": "node.kubernetes.io/unreachable",
+                                                            "effect": "NoExecute"}]),
+        gpu_node("soft", labels={"pool": "h200"}, taints=[{"key": "x", "effect": "PreferNoSchedule"}]),
+        cpu_node("cpu"),
+    )
+    pick = lambda **spec: [n.name for n in eligible_nodes(nodes, parse_spec({"model": LLAMA_8B, **spec}))]  # noqa
+    assert pick() == ["a100", "flaky", "soft"]  # the lifecycle taint does not take a node out of the pool
+    assert pick(nodeSelector={"pool": "h200"}) == ["flaky", "soft"]
+    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pick(nodeSelector={"pool": "h200"}, tolerations=tolerate) == ["flaky", "h200", "soft"]
+    required = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a100"]}]}]}}}
+    assert pick(affinity=required) == ["a100"]
+
+
+def test_toleration_and_affinity_rules():
+    node = summaries(gpu_node("n", labels={"gen": "9"}, taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}]))[0]
+    assert tolerated(node, [{"key": "k", "operator": "Equal", "value": "v"}])
+    assert not tolerated(node, [{"key": "k", "operator": "Equal", "value": "w"}])
+    assert not tolerated(node, [{"key": "k", "operator": "Exists", "effect": "NoExecute"}])
+    assert tolerated(node, [{"operator": "Exists"}])
+    term = lambda *exprs: {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {  # noqa: E731
+        "nodeSelectorTerms": [{"matchExpressions": list(exprs)}]}}}
+    assert affinity_allows(node, term({"key": "gen", "operator": "Gt", "values": ["8"]}))
+    assert not affinity_allows(node, term({"key": "gen", "operator": "Lt", "values": ["8"]}))
+    assert affinity_allows(node, term({"key": "zone", "operator": "DoesNotExist"}))
+    assert not affinity_allows(node, term({"key": "gen", "operator": "NotIn", "values": ["9"]}))
+    by_name = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}]}}}
+    assert affinity_allows(node, by_name)
+
+
+@pytest.mark.parametrize("nodes, spec, words", [
+    ([], {}, [f"no node has {names.GPU_RESOURCE}"]),
+    ([gpu_node("a", labels={"pool": "x"})], {"nodeSelector": {"pool": "y"}}, ["none of the 1 GPU nodes",
+                                                                              '"pool": "y"']),
+    ([gpu_node("a", taints=[{"key": "t", "effect": "NoSchedule"}])], {}, ["none is allowed by the tolerations"]),
+    ([gpu_node("a", gpus=4), gpu_node("b", gpus=2)], {"tensorParallelSize": 8},
+     ["tensorParallelSize 8 needs 8 GPUs", "at most 4"]),
+])
+def test_no_eligible_nodes_says_why(nodes, spec, words):
+    with pytest.raises(NoEligibleNodes) as raised:
+        eligible_nodes(summaries(*nodes), parse_spec({"model": LLAMA_8B, **spec}))
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_fingerprint_follows_planning_facts_only():
+    a = summaries(gpu_node("a", labels={"x": "1"}), gpu_node("b"))
+    relabeled = summaries(gpu_node("b"), gpu_node("a", labels={"x": "2"}))
+    resized = summaries(gpu_node("a", memory="1Ti"), gpu_node("b"))
+    assert nodes_fingerprint(a) == nodes_fingerprint(relabeled)
+    assert nodes_fingerprint(a) != nodes_fingerprint(resized)
+    assert nodes_fingerprint(a) != nodes_fingerprint(a[:1])
+
+
+def test_geometry_sources_in_order():
+    llama = catalog_config(LLAMA_8B)
+    inline = parse_spec({"model": "acme/x", "modelConfig": {"inline": {**llama, "num_hidden_layers": 7}}})
+    assert model_geometry(inline).num_layers == 7
+    from_cm = parse_spec({"model": "acme/x", "modelConfig": {"configMapRef": {"name": "cfg", "key": "c.json"}}})
+    reads = []
+    text = json.dumps({**llama, "num_hidden_layers": 9})
+    assert model_geometry(from_cm, lambda n, k: reads.append((n, k)) or text).num_layers == 9
+    assert reads == [("cfg", "c.json")]
+    with pytest.raises(ModelGeometryUnknown, match="ConfigMap cfg with key c.json not found"):
+        model_geometry(from_cm, lambda n, k: None)
+    with pytest.raises(ModelGeometryUnknown, match="malformed JSON at line 1"):
+        model_geometry(from_cm, lambda n, k: "{nope")
+    assert model_geometry(parse_spec({"model": LLAMA_8B})).num_layers == llama["num_hidden_layers"]
+    unknown = parse_spec({"model": "acme/private-70b", "revision": "v2"})
+    with pytest.raises(ModelGeometryUnknown, match="not in Spillway's catalog"):
+        model_geometry(unknown)
+    asked = []
+    hub = lambda model, rev: asked.append((model, rev)) or {**llama, "num_hidden_layers": 5}  # noqa: E731
+    assert model_geometry(unknown, fetch_hub=hub).num_layers == 5 and asked == [("acme/private-70b", "v2")]
+    with pytest.raises(ModelGeometryUnknown):  # a local path is never looked up on the hub
+        model_geometry(parse_spec({"model": "/models/llama"}), fetch_hub=hub)

@@ -1,0 +1,145 @@
+"""The objects the operator applies: planned numbers in the Deployment, smallest-node planning,
+and every object valid for Kubernetes 1.30 and 1.37 (kubernetes-validate --strict; the PodMonitor
+against the Prometheus Operator's own schema)."""
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+from cloudcoil.models.prometheus_operator.v1 import PodMonitor
+
+from spillway import k8s_names as names
+from spillway import vllm_api as api
+from spillway.errors import InvalidSpec, PoolDoesNotFit
+from spillway.facts import summarize_node
+from spillway.geometry import resolve_geometry
+from spillway.manifests import desired, status_plan
+from spillway.planner import NodeFacts, plan
+from spillway.quantity import parse_bytes
+
+from ms_examples import LLAMA_8B, gpu_node, modelserver
+
+KUBERNETES_VERSIONS = ("1.30", "1.37")
+
+
+def nodes(*bodies):
+    return [summarize_node(b) for b in bodies]
+
+
+def by_kind(result):
+    return {o["kind"]: o for o in result.objects}
+
+
+def test_deployment_carries_the_plan():
+    body = modelserver(uid="u-1", replicas=3, hfTokenSecretRef={"name": "hf"}, extraArgs=["--max-model-len=8192"],
+                       resources={"requests": {"cpu": "4"}}, env=[{"name": "EXTRA", "value": "1"}])
+    body["metadata"]["uid"] = "u-1"
+    result = desired(body, nodes(gpu_node("g", "1Ti", 8)))
+    expected = plan(resolve_geometry(LLAMA_8B), result.spec.serving_request(), NodeFacts(2**40, 8, "g"))
+    deployment, service = by_kind(result)["Deployment"], by_kind(result)["Service"]
+    pod = deployment["spec"]["template"]["spec"]
+    container, = pod["containers"]
+    assert container["command"] == ["vllm", "serve"] and container["args"][0] == LLAMA_8B
+    assert container["args"][1:1 + len(expected.args)] == expected.args
+    assert "--max-model-len=8192" == container["args"][-1]
+    config = json.loads(container["args"][container["args"].index(api.FLAG_KV_TRANSFER_CONFIG) + 1])
+    assert config["kv_connector_extra_config"][api.EXTRA_CPU_BYTES] == expected.pool.bytes
+    limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+    assert parse_bytes(limits["memory"]) == parse_bytes(requests["memory"]) == expected.pod.memory_limit_bytes
+    assert limits[names.GPU_RESOURCE] == "1" and requests["cpu"] == "4"
+    shm, = pod["volumes"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert parse_bytes(shm["emptyDir"]["sizeLimit"]) == expected.pod.shm_bytes
+    assert container["volumeMounts"] == [{"name": shm["name"], "mountPath": api.SHM_DIR}]
+    env = {e["name"]: e for e in container["env"]}
+    assert env[api.ENV_KV_CACHE_LAYOUT]["value"] == api.CONTIGUOUS_LAYOUT
+    assert env[api.ENV_HF_TOKEN]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
+    assert env["EXTRA"]["value"] == "1"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": api.HEALTH_PATH, "port": names.PORT_NAME_HTTP}
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    for obj in result.objects:
+        assert obj["metadata"]["ownerReferences"] == [{"apiVersion": names.API_VERSION, "kind": names.KIND,
+                                                       "name": "llama", "uid": "u-1", "controller": True,
+                                                       "blockOwnerDeletion": True}]
+    status = status_plan(result)
+    assert status["offloadBytes"] == expected.pool.bytes and status["cachedTokens"] == expected.pool.tokens
+    assert status["cpuBlocks"] == expected.pool.blocks and status["blockBytes"] == expected.layout.block_bytes
+    assert parse_bytes(status["memoryLimit"]) == expected.pod.memory_limit_bytes
+
+
+def test_plans_for_the_smallest_eligible_node():
+    pool = nodes(gpu_node("big", "2Ti", 8), gpu_node("small", "768Gi", 8), gpu_node("four", "1Ti", 4, dma="48"))
+    result = desired(modelserver(), pool)
+    assert result.node.name == "small"
+    limits = {n.name: plan(resolve_geometry(LLAMA_8B), result.spec.serving_request(), n.facts()).pod
+              .memory_limit_bytes for n in pool}
+    assert result.plan.pod.memory_limit_bytes == min(limits.values())
+    assert "smallest of 3 eligible nodes" in result.summary()
+
+
+def test_explicit_size_must_fit_every_eligible_node():
+    pool = nodes(gpu_node("big", "2Ti", 8), gpu_node("small", "512Gi", 8))
+    assert desired(modelserver(offload={"size": "20Gi"}), pool).plan.pool.bytes <= 20 * 2**30
+    with pytest.raises(PoolDoesNotFit, match="node small"):
+        desired(modelserver(offload={"size": "200Gi"}), pool)
+
+
+def test_disabled_offload_and_pod_monitor():
+    result = desired(modelserver(offload={"enabled": False}), nodes(gpu_node("g")), pod_monitor=True)
+    container = by_kind(result)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert api.FLAG_KV_TRANSFER_CONFIG not in container["args"]
+    assert status_plan(result)["offloadBytes"] == 0 and status_plan(result)["cachedTokens"] == 0
+    monitor = by_kind(result)[names.PODMONITOR_KIND]
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": names.PORT_NAME_HTTP, "path": api.METRICS_PATH}]
+    assert monitor["spec"]["selector"]["matchLabels"] == by_kind(result)["Service"]["spec"]["selector"]
+
+
+def test_name_must_be_a_dns_label():
+    with pytest.raises(InvalidSpec, match="DNS label"):
+        desired(modelserver(name="Llama_8B"), nodes(gpu_node("g")))
+
+
+def test_applied_hash_changes_with_content_only():
+    pool = nodes(gpu_node("g"))
+    first, again = desired(modelserver(), pool), desired(modelserver(), pool)
+    changed = desired(modelserver(replicas=2), pool)
+    hash_of = lambda r: r.objects[0]["metadata"]["annotations"][names.ANNOTATION_APPLIED_HASH]  # noqa: E731
+    assert hash_of(first) == hash_of(again) != hash_of(changed)
+
+
+VALIDATED = [
+    modelserver(),
+    modelserver(tensorParallelSize=2, replicas=2, nodeSelector={"pool": "h200"}, imagePullPolicy="IfNotPresent",
+                imagePullSecrets=[{"name": "regcred"}], tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
+                env=[{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                hfTokenSecretRef={"name": "hf", "key": "HF_TOKEN"}, revision="main", servedModelName="llama",
+                offload={"size": "0.5", "evictionPolicy": "arc", "blockSize": 64}),
+    modelserver(offload={"enabled": False}),
+]
+
+
+@pytest.mark.parametrize("body", VALIDATED, ids=["defaults", "everything", "no-offload"])
+def test_rendered_objects_validate_strictly(body):
+    body = json.loads(json.dumps(body))
+    body["metadata"]["uid"] = "0b8f5f5e-0000-4000-8000-000000000000"
+    result = desired(body, nodes(gpu_node("g", labels={"pool": "h200"})), pod_monitor=True)
+    for obj in result.objects:
+        if obj["kind"] == names.PODMONITOR_KIND:
+            # Strict: the model keeps every field (an unknown one would be dropped and break the equality).
+            parsed = PodMonitor.model_validate(obj)
+            assert parsed.model_dump(by_alias=True, exclude_none=True, mode="json") == obj
+            continue
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_strict_validation_catches_a_misspelt_field():
+    obj = by_kind(desired(modelserver(), nodes(gpu_node("g"))))["Deployment"]
+    obj["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[0], strict=True)

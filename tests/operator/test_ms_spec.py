@@ -1,0 +1,77 @@
+"""ModelServer spec -> checked settings: defaults, and one clear InvalidSpec per kind of mistake."""
+from __future__ import annotations
+
+import pytest
+
+from spillway import k8s_names as names
+from spillway import vllm_api as api
+from spillway.errors import InvalidSpec
+from spillway.geometry import DEFAULT_BLOCK_SIZE
+from spillway.spec import parse_spec
+
+from ms_examples import LLAMA_8B
+
+
+def test_defaults():
+    spec = parse_spec({"model": LLAMA_8B})
+    assert spec.tensor_parallel_size == 1 and spec.replicas == 1 and spec.replicas_per_node is None
+    assert spec.block_size == DEFAULT_BLOCK_SIZE
+    assert spec.image == names.DEFAULT_VLLM_IMAGE
+    assert spec.offload.enabled and spec.offload.size == "auto"
+    assert (spec.offload.eviction_policy, spec.offload.layout, spec.offload.connector) == ("lru", "contiguous",
+                                                                                           "spillway")
+
+
+def test_full_spec_maps_onto_the_serving_request():
+    spec = parse_spec({
+        "model": LLAMA_8B, "tensorParallelSize": 2, "replicasPerNode": 2, "blockSize": 32, "kvCacheDtype": "fp8",
+        "offload": {"size": "200Gi", "evictionPolicy": "arc", "layout": "default", "blockSize": 64,
+                    "connector": "native"},
+        "modelConfig": {"configMapRef": {"name": "cfg"}}, "hfTokenSecretRef": {"name": "hf"},
+    })
+    request = spec.serving_request()
+    assert (request.tensor_parallel_size, request.block_size, request.kv_cache_dtype, request.replicas_per_node) == (
+        2, 32, "fp8", 2)
+    assert request.offload.size == "200Gi" and request.offload.offload_block_size == 64
+    assert request.offload.eviction_policy == "arc" and request.offload.connector == "native"
+    assert spec.model_config.config_map.key == "config.json"
+    assert spec.hf_token_secret.key == "token"
+
+
+@pytest.mark.parametrize("spec, words", [
+    (None, ["spec.model"]),
+    (["model"], ["spec must be an object"]),
+    ({}, ["spec.model"]),
+    ({"model": "  "}, ["spec.model"]),
+    ({"model": LLAMA_8B, "tensorParallelSize": "2"}, ["tensorParallelSize", "integer", "'2'"]),
+    ({"model": LLAMA_8B, "tensorParallelSize": 0}, ["tensorParallelSize", ">= 1", "0"]),
+    ({"model": LLAMA_8B, "replicas": -1}, ["replicas", ">= 0"]),
+    ({"model": LLAMA_8B, "replicas": True}, ["replicas", "integer"]),
+    ({"model": LLAMA_8B, "offload": {"evictionPolicy": "fifo"}}, ["evictionPolicy", "lru, arc", "fifo"]),
+    ({"model": LLAMA_8B, "offload": {"enabled": "yes"}}, ["offload.enabled", "true or false"]),
+    ({"model": LLAMA_8B, "offload": {"size": ["1"]}}, ["offload.size"]),
+    ({"model": LLAMA_8B, "kvCacheDtype": "int4"}, ["kvCacheDtype", "int4"]),
+    ({"model": LLAMA_8B, "modelConfig": {}}, ["exactly one of inline"]),
+    ({"model": LLAMA_8B, "modelConfig": {"inline": {}, "configMapRef": {"name": "x"}}}, ["exactly one"]),
+    ({"model": LLAMA_8B, "modelConfig": {"configMapRef": {}}}, ["configMapRef.name is required"]),
+    ({"model": LLAMA_8B, "resources": {"limits": {"memory": "10Gi"}}}, ["resources.limits sets memory"]),
+    ({"model": LLAMA_8B, "resources": {"requests": {names.GPU_RESOURCE: 1}}}, [names.GPU_RESOURCE]),
+    ({"model": LLAMA_8B, "resources": {"claims": []}}, ["requests and limits only"]),
+    ({"model": LLAMA_8B, "extraArgs": [f"{api.FLAG_KV_TRANSFER_CONFIG}={{}}"]}, [api.FLAG_KV_TRANSFER_CONFIG]),
+    ({"model": LLAMA_8B, "extraArgs": [api.FLAG_TENSOR_PARALLEL_SIZE_SHORT, "4"]},
+     [api.FLAG_TENSOR_PARALLEL_SIZE_SHORT]),
+    ({"model": LLAMA_8B, "extraArgs": [3]}, ["extraArgs must be strings"]),
+    ({"model": LLAMA_8B, "env": [{"name": api.ENV_KV_CACHE_LAYOUT, "value": "x"}]}, [api.ENV_KV_CACHE_LAYOUT]),
+    ({"model": LLAMA_8B, "hfTokenSecretRef": {"name": "s"}, "env": [{"name": api.ENV_HF_TOKEN, "value": "x"}]},
+     [api.ENV_HF_TOKEN]),
+    ({"model": LLAMA_8B, "env": [{"name": "A"}, {"name": "A"}]}, ["sets A twice"]),
+    ({"model": LLAMA_8B, "nodeSelector": {"gpu": True}}, ["nodeSelector.gpu"]),
+    ({"model": LLAMA_8B, "tolerations": [{"operator": "Maybe"}]}, ["Equal or Exists"]),
+    ({"model": LLAMA_8B, "affinity": []}, ["spec.affinity must be an object"]),
+])
+def test_bad_specs_name_the_field_and_value(spec, words):
+    with pytest.raises(InvalidSpec) as raised:
+        parse_spec(spec)
+    assert raised.value.reason == "InvalidSpec"
+    for word in words:
+        assert word in str(raised.value)
