@@ -31,7 +31,8 @@ from .manifests import Desired, desired, error_line, selector, status_plan
 from .spec import parse_spec
 
 GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
-RETRY_SECONDS = 30  # a referenced ConfigMap or the hub may appear later; API errors are retried too
+# A referenced ConfigMap may appear later; API errors are retried too.
+RETRY_SECONDS = float(os.environ.get(names.ENV_RETRY_SECONDS) or 30)
 
 _kube: Kube | None = None
 _locks: dict[tuple[str, str], threading.Lock] = {}

@@ -1,0 +1,292 @@
+"""The real operator (`kopf run -m spillway.handlers`) against an emulated Kubernetes API over HTTP.
+
+Each test works in its own namespace with its own node pool (nodes carry a `pool` label the test's
+ModelServers select), so one operator process serves the whole module.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+
+import kubernetes
+import pytest
+
+from spillway import k8s_names as names
+from spillway.facts import summarize_node
+from spillway.geometry import catalog_config, kv_layout, resolve_geometry
+from spillway.manifests import desired
+from spillway.planner import plan
+from spillway.quantity import parse_bytes
+
+from ms_cluster import EmulatedCluster, Operator, eventually
+from ms_examples import LLAMA_8B, gpu_node, modelserver
+
+OPERATOR_ENV = {names.ENV_RETRY_SECONDS: "1"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with EmulatedCluster(tmp_path_factory.mktemp("kmock")) as emulated:
+        yield emulated
+
+
+@pytest.fixture(scope="module")
+def operator(cluster, tmp_path_factory):
+    running = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "kopf.log", OPERATOR_ENV).start()
+    yield running
+    alive = running.alive()
+    running.kill()
+    assert alive, "the operator died during the tests:\n" + running.output()[-5000:]
+
+
+class Api:
+    """The official client, one test's namespace and node pool."""
+
+    def __init__(self, cluster: EmulatedCluster):
+        client = cluster.client()
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.apps = kubernetes.client.AppsV1Api(client)
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.namespace = f"t-{uuid.uuid4().hex[:8]}"
+        self.pool = self.namespace  # kmock serves any namespace without a Namespace object (it cannot POST one)
+
+    def node(self, name: str, memory: str = "2Ti", gpus: int = 8, **kw) -> dict:
+        body = gpu_node(f"{self.pool}-{name}", memory, gpus, labels={"pool": self.pool}, **kw)
+        self.core.create_node(body)
+        return body
+
+    def modelserver(self, name: str = "llama", **spec) -> dict:
+        body = modelserver(name, self.namespace, **{"nodeSelector": {"pool": self.pool}, **spec})
+        self.custom.create_namespaced_custom_object(names.GROUP, names.VERSION, self.namespace, names.PLURAL, body)
+        return self.get(name)
+
+    def get(self, name: str = "llama") -> dict:
+        return self.custom.get_namespaced_custom_object(names.GROUP, names.VERSION, self.namespace, names.PLURAL, name)
+
+    def patch(self, patch: dict, name: str = "llama") -> dict:
+        return self.custom.patch_namespaced_custom_object(names.GROUP, names.VERSION, self.namespace, names.PLURAL,
+                                                         name, patch, _content_type="application/merge-patch+json")
+
+    def condition(self, type_: str, name: str = "llama") -> dict | None:
+        conditions = (self.get(name).get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == type_), None)
+
+    def deployment(self, name: str = "llama") -> dict | None:
+        try:
+            found = self.apps.read_namespaced_deployment(name, self.namespace, _preload_content=False)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return json.loads(found.data)
+
+    def deployments(self) -> list[dict]:
+        listed = self.apps.list_namespaced_deployment(self.namespace, _preload_content=False)
+        return json.loads(listed.data)["items"]
+
+    def services(self) -> list[dict]:
+        return json.loads(self.core.list_namespaced_service(self.namespace, _preload_content=False).data)["items"]
+
+    def events(self) -> list[tuple[str, str, str]]:
+        listed = json.loads(self.core.list_namespaced_event(self.namespace, _preload_content=False).data)["items"]
+        return [(e.get("type"), e.get("reason"), e.get("message")) for e in listed]
+
+
+@pytest.fixture()
+def api(cluster, operator):
+    return Api(cluster)
+
+
+def memory_limit(deployment: dict) -> int:
+    container, = deployment["spec"]["template"]["spec"]["containers"]
+    return parse_bytes(container["resources"]["limits"]["memory"])
+
+
+def planned_limit(ms: dict, *nodes: dict) -> int:
+    """The planner's own pod limit for the smallest of these nodes (computed here, not by the operator)."""
+    spec = desired(ms, [summarize_node(n) for n in nodes]).spec
+    limits = [plan(resolve_geometry(LLAMA_8B), spec.serving_request(), summarize_node(n).facts()).pod
+              .memory_limit_bytes for n in nodes]
+    return min(limits)
+
+
+def wait_planned(api: Api, name: str = "llama", generation: int | None = None) -> dict:
+    def planned():
+        ms = api.get(name)
+        status = ms.get("status") or {}
+        cond = next((c for c in status.get("conditions") or [] if c["type"] == "Planned"), None)
+        if cond and (generation is None or status.get("observedGeneration") == generation):
+            return ms
+        return None
+    return eventually(planned, what=f"{name} planned (generation {generation})")
+
+
+def test_create_applies_the_planned_deployment_and_service(api):
+    small = api.node("small", "768Gi", 8, dma="51.2")
+    big = api.node("big", "2Ti", 8)
+    created = api.modelserver(replicas=2)
+    ms = wait_planned(api, generation=1)
+    status = ms["status"]
+    planned = next(c for c in status["conditions"] if c["type"] == "Planned")
+    assert planned["status"] == "True" and planned["reason"] == "Planned"
+    assert "smallest of 2 eligible nodes" in planned["message"]
+    assert status["plan"]["plannedNode"] == small["metadata"]["name"]
+    assert status["plan"]["qualifiedDmaGBps"] == 51.2
+    deployment = eventually(api.deployment)
+    assert memory_limit(deployment) == planned_limit(created, small, big) == parse_bytes(status["plan"]["memoryLimit"])
+    assert deployment["spec"]["replicas"] == 2
+    owner, = deployment["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        names.KIND, "llama", created["metadata"]["uid"], True)
+    service, = api.services()
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["metadata"]["ownerReferences"] == deployment["metadata"]["ownerReferences"]
+    cond = {c["type"]: c for c in status["conditions"]}
+    assert cond["Ready"]["status"] == "False" and cond["Degraded"]["status"] == "False"
+    assert status["ready"] == "0/2" and status["plan"]["cachedTokens"] > 0
+    reasons = {reason for _, reason, _ in eventually(api.events)}
+    assert {"Planned", "Created"} <= reasons
+
+
+def test_spec_change_rolls_out(api):
+    node = api.node("a")
+    ms = api.modelserver()
+    wait_planned(api, generation=1)
+    before = eventually(api.deployment)
+    api.patch({"spec": {"offload": {"size": "50Gi"}, "replicas": 3}})
+    after_ms = wait_planned(api, generation=2)
+    after = eventually(lambda: (d := api.deployment()) and d["spec"]["replicas"] == 3 and d)
+    changed = {**ms, "spec": {**ms["spec"], "offload": {"size": "50Gi"}}}
+    assert memory_limit(after) == planned_limit(changed, node) < memory_limit(before)
+    assert after_ms["status"]["plan"]["offloadBytes"] <= 50 * 2**30
+    assert len(api.deployments()) == 1 and len(api.services()) == 1
+    assert any(reason == "Updated" for _, reason, _ in eventually(api.events))
+
+
+def test_node_pool_change_replans(api, cluster):
+    big = api.node("big", "2Ti", 8)
+    ms = api.modelserver()
+    wait_planned(api)
+    first = memory_limit(eventually(api.deployment))
+    assert first == planned_limit(ms, big)
+    small = api.node("small", "512Gi", 8)
+    eventually(lambda: memory_limit(api.deployment()) == planned_limit(ms, big, small), what="re-plan for small")
+    assert api.get()["status"]["plan"]["plannedNode"] == small["metadata"]["name"]
+    # A label the spec does not select on changes nothing the plan reads: no re-plan, no write.
+    patches = cluster.requests("PATCH", f"/namespaces/{api.namespace}/deployments/llama")
+    api.core.patch_node(small["metadata"]["name"], {"metadata": {"labels": {"rack": "7"}}})
+    api.core.delete_node(small["metadata"]["name"])
+    eventually(lambda: memory_limit(api.deployment()) == first, what="re-plan without the small node")
+    assert cluster.requests("PATCH", f"/namespaces/{api.namespace}/deployments/llama") == patches + 1
+
+
+def test_ready_follows_the_deployment(api):
+    api.node("a")
+    api.modelserver()
+    wait_planned(api)
+    eventually(api.deployment)
+    api.apps.patch_namespaced_deployment_status("llama", api.namespace, {"status": {"replicas": 1, "readyReplicas": 1}})
+    ready = eventually(lambda: (c := api.condition("Ready")) and c["status"] == "True" and c)
+    assert ready["reason"] == "ReplicasReady"
+    assert api.get()["status"]["ready"] == "1/1"
+    api.apps.patch_namespaced_deployment_status("llama", api.namespace, {"status": {"readyReplicas": 0, "conditions": [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+         "message": "ReplicaSet has timed out progressing."}]}})
+    degraded = eventually(lambda: (c := api.condition("Degraded")) and c["status"] == "True" and c)
+    assert degraded["reason"] == "RolloutFailed" and "timed out" in degraded["message"]
+
+
+def test_a_deleted_deployment_is_applied_again(api):
+    api.node("a")
+    api.modelserver()
+    wait_planned(api)
+    uid = eventually(api.deployment)["metadata"]["uid"]
+    api.apps.delete_namespaced_deployment("llama", api.namespace)
+    again = eventually(lambda: (d := api.deployment()) and d["metadata"]["uid"] != uid and d)
+    assert len(api.deployments()) == 1 and again["metadata"]["ownerReferences"][0]["name"] == "llama"
+
+
+def test_delete_leaves_collection_to_owner_references(api, operator):
+    api.node("a")
+    created = api.modelserver()
+    wait_planned(api)
+    deployment = eventually(api.deployment)
+    api.custom.delete_namespaced_custom_object(names.GROUP, names.VERSION, api.namespace, names.PLURAL, "llama")
+    # No finalizer: the ModelServer is gone at once; the garbage collector follows the controller references.
+    with pytest.raises(kubernetes.client.ApiException):
+        api.get()
+    for obj in (deployment, *api.services()):
+        owner, = obj["metadata"]["ownerReferences"]
+        assert owner["uid"] == created["metadata"]["uid"] and owner["controller"] and owner["blockOwnerDeletion"]
+    assert operator.alive()
+
+
+BAD = {
+    # reason: (spec, words the condition's message must contain)
+    "InvalidSpec": ({"tensorParallelSize": "two"}, ["tensorParallelSize", "'two'"]),
+    "ModelGeometryUnknown": ({"model": "acme/unknown-70b"}, ["acme/unknown-70b", "modelConfig"]),
+    "PoolDoesNotFit": ({"offload": {"size": "4Ti"}}, ["4Ti", "largest pool that fits is"]),
+    "NoEligibleNodes": ({"tensorParallelSize": 16}, ["tensorParallelSize 16 needs 16 GPUs", "at most 8"]),
+}
+
+
+@pytest.mark.parametrize("reason", BAD)
+def test_bad_input_gets_a_condition_and_deploys_nothing(api, operator, reason):
+    api.node("a", "1Ti", 8)
+    spec, words = BAD[reason]
+    api.modelserver(**spec)
+    ms = wait_planned(api)
+    cond = {c["type"]: c for c in ms["status"]["conditions"]}
+    assert (cond["Planned"]["status"], cond["Planned"]["reason"]) == ("False", reason)
+    for word in words:
+        assert word in cond["Planned"]["message"]
+    assert (cond["Degraded"]["status"], cond["Degraded"]["reason"]) == ("True", reason)
+    assert "nothing is deployed" in cond["Degraded"]["message"]
+    assert cond["Ready"]["reason"] == "NotDeployed"
+    assert api.deployments() == [] and api.services() == []
+    assert ("Warning", reason) in {(t, r) for t, r, _ in eventually(api.events)}
+    assert operator.alive()
+
+
+def test_no_gpu_nodes_at_all_then_one_arrives(api):
+    api.modelserver()
+    ms = wait_planned(api)
+    assert api.condition("Planned")["reason"] == "NoEligibleNodes"
+    assert ms["status"]["nodesFingerprint"]
+    api.node("late")
+    eventually(lambda: api.condition("Planned")["status"] == "True", what="planned once a node arrives")
+    assert eventually(api.deployment)
+
+
+def test_an_unsatisfiable_update_keeps_the_last_good_deployment(api):
+    api.node("a", "1Ti", 8)
+    api.modelserver()
+    wait_planned(api, generation=1)
+    good = eventually(api.deployment)
+    api.patch({"spec": {"offload": {"size": "900Gi"}}})
+    ms = wait_planned(api, generation=2)
+    cond = {c["type"]: c for c in ms["status"]["conditions"]}
+    assert (cond["Planned"]["status"], cond["Planned"]["reason"]) == ("False", "PoolDoesNotFit")
+    assert "the last applied plan keeps running" in cond["Degraded"]["message"]
+    assert api.deployment()["metadata"]["annotations"] == good["metadata"]["annotations"]
+    assert ms["status"]["plan"]["memoryLimit"] == good["spec"]["template"]["spec"]["containers"][0][
+        "resources"]["limits"]["memory"]
+
+
+def test_model_geometry_from_a_configmap_that_appears_later(api):
+    node = api.node("a")
+    config = {**catalog_config(LLAMA_8B), "num_hidden_layers": 16}
+    api.modelserver(model="acme/llama-16-layers", modelConfig={"configMapRef": {"name": "geometry"}})
+    ms = wait_planned(api)
+    assert api.condition("Planned")["reason"] == "ModelGeometryUnknown"
+    assert "ConfigMap geometry" in api.condition("Planned")["message"]
+    api.core.create_namespaced_config_map(api.namespace, {"metadata": {"name": "geometry"},
+                                                          "data": {"config.json": json.dumps(config)}})
+    eventually(lambda: api.condition("Planned")["status"] == "True", what="planned from the ConfigMap")
+    status = api.get()["status"]["plan"]
+    geometry = resolve_geometry(config=config, model_id="acme/llama-16-layers")
+    expected = plan(geometry, desired(ms, [summarize_node(node)], lambda n, k: json.dumps(config)).spec
+                    .serving_request(), summarize_node(node).facts())
+    assert status["blockBytes"] == expected.layout.block_bytes
+    assert status["blockBytes"] * 2 == kv_layout(resolve_geometry(LLAMA_8B)).block_bytes  # 16 of Llama's 32 layers
+    assert status["offloadBytes"] == expected.pool.bytes
