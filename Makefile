@@ -28,7 +28,7 @@ $(BIN)/helm: operator/tools/install_kube_binaries.py | $(STAMP)
 
 demo: setup
 	$(BIN)/spillway plan --model meta-llama/Llama-3.1-8B-Instruct --node-memory 2Ti --gpus-per-node 8 --offload-size auto
-	@if [ -f examples/modelserver.yaml ]; then echo; $(BIN)/spillway render -f examples/modelserver.yaml --node-memory 2Ti --gpus-per-node 8; fi
+	@if [ -f docs/examples/modelserver.yaml ]; then echo; $(BIN)/spillway render -f docs/examples/modelserver.yaml --node-memory 2Ti --gpus-per-node 8; fi
 
 test: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest tests

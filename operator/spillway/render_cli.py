@@ -78,8 +78,8 @@ def _nodes(args: argparse.Namespace, body: dict[str, Any]) -> list[NodeSummary]:
 
 def render_one(args: argparse.Namespace, body: dict[str, Any]) -> Desired:
     config_text = _read(args.model_config) if args.model_config else None
-    return desired(body, _nodes(args, body), read_config_map=lambda _name, _key: config_text,
-                   pod_monitor=args.pod_monitor)
+    reader = (lambda _name, _key: config_text) if config_text is not None else None
+    return desired(body, _nodes(args, body), read_config_map=reader, pod_monitor=args.pod_monitor)
 
 
 def run(args: argparse.Namespace) -> int:

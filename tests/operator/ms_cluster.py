@@ -144,6 +144,7 @@ class Operator:
     def start(self) -> "Operator":
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", **self.env)
         env.pop("KUBERNETES_SERVICE_HOST", None)
+        env.pop("HF_TOKEN", None)
         self.process = subprocess.Popen(
             [str(KOPF), "run", "--standalone", "--all-namespaces", "--verbose", "-m", "spillway.handlers"],
             cwd=REPO, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,73 @@
+"""`spillway render`: the operator's objects, offline, through the same code path."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from spillway import k8s_names as names
+from spillway.facts import summarize_node, synthetic_node
+from spillway.manifests import desired
+
+from ms_examples import gpu_node, modelserver
+from ms_crd_schema import REPO
+
+EXAMPLE = REPO / "docs" / "examples" / "modelserver.yaml"
+
+
+def spillway(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spillway.cli", "render", *args], input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_renders_the_example_like_the_operator():
+    done = spillway("-f", str(EXAMPLE), "--node-memory", "2Ti", "--gpus-per-node", "8")
+    assert done.returncode == 0, done.stderr
+    docs = list(yaml.safe_load_all(done.stdout))
+    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
+    body = yaml.safe_load(EXAMPLE.read_text())
+    node = summarize_node(synthetic_node("2Ti", 8, labels=body["spec"]["nodeSelector"]))
+    assert docs == [json.loads(json.dumps(o)) for o in desired(body, [node]).objects]
+    assert done.stdout.startswith(f"# {names.KIND} default/llama-8b: offload pool")
+
+
+def test_nodes_file_json_output_and_pod_monitor(tmp_path):
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        gpu_node("big", "2Ti", 8), gpu_node("small", "1Ti", 8)]}))
+    ms = tmp_path / "ms.yaml"
+    ms.write_text(yaml.safe_dump(modelserver()))
+    done = spillway("-f", str(ms), "--nodes", str(nodes), "--pod-monitor", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    items = json.loads(done.stdout)["items"]
+    assert [i["kind"] for i in items] == ["Deployment", "Service", names.PODMONITOR_KIND]
+    small = desired(modelserver(), [summarize_node(gpu_node("small", "1Ti", 8))])
+    assert items[0] == small.objects[0]
+
+
+def test_config_map_geometry_from_a_file(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4,
+                                  "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 1024}))
+    ms = yaml.safe_dump(modelserver(model="/models/tiny", modelConfig={"configMapRef": {"name": "tiny"}}))
+    done = spillway("-f", "-", "--node-memory", "512Gi", "--gpus-per-node", "4", "--model-config", str(config),
+                    stdin=ms)
+    assert done.returncode == 0, done.stderr
+    without = spillway("-f", "-", "--node-memory", "512Gi", "--gpus-per-node", "4", stdin=ms)
+    assert without.returncode == 2 and "--model-config" in without.stderr
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
+    ms = tmp_path / "ms.yaml"
+    ms.write_text(yaml.safe_dump(modelserver(offload={"size": "3Ti"})))
+    done = spillway("-f", str(ms), "--node-memory", "2Ti", "--gpus-per-node", "8")
+    assert done.returncode == 2 and done.stdout == ""
+    line, = done.stderr.strip().splitlines()
+    assert line.startswith("spillway: error: offload size 3Ti needs")
+    assert spillway("-f", str(ms)).returncode == 2
+    other = tmp_path / "other.yaml"
+    other.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    assert "holds no spillway.dev/v1alpha1 ModelServer" in spillway("-f", str(other), "--node-memory", "1Ti",
+                                                                     "--gpus-per-node", "8").stderr
