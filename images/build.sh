@@ -17,10 +17,14 @@ case "${1:-}" in
 esac
 
 # Image names come from the one place that names them.
-read -r vllm_image operator_image < <(python3 -c '
+if ! names="$(python3 -c '
 import runpy
 names = runpy.run_path("operator/spillway/k8s_names.py")
-print(names["DEFAULT_VLLM_IMAGE"], names["DEFAULT_OPERATOR_IMAGE"])')
+print(names["DEFAULT_VLLM_IMAGE"], names["DEFAULT_OPERATOR_IMAGE"])')"; then
+  echo "images: could not read the image names from operator/spillway/k8s_names.py with python3" >&2
+  exit 1
+fi
+read -r vllm_image operator_image <<<"$names"
 
 pick_engine() {
   local candidates=(docker podman) installed=() engine

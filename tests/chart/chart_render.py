@@ -10,7 +10,6 @@ import tempfile
 from pathlib import Path
 
 import yaml
-
 from spillway import k8s_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,8 +96,7 @@ class RenderError(Exception):
 
 def helm_command(helm: str, values: dict, api_versions=(), kube_version: str | None = None,
                  extra: tuple[str, ...] = ()) -> list[str]:
-    values_file = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, prefix="values-")
-    with values_file:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, prefix="values-") as values_file:
         yaml.safe_dump(values, values_file)
     command = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds",
                "--values", values_file.name]
@@ -109,12 +107,12 @@ def helm_command(helm: str, values: dict, api_versions=(), kube_version: str | N
     return command + list(extra)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render_cached(helm: str, values_json: str, api_versions: tuple[str, ...], kube_version: str | None,
                    extra: tuple[str, ...]) -> tuple[str, str, int]:
     command = helm_command(helm, json.loads(values_json), api_versions, kube_version, extra)
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     finally:
         Path(command[command.index("--values") + 1]).unlink()
     return proc.stdout, proc.stderr, proc.returncode
@@ -129,7 +127,7 @@ def render_text(helm: str, values: dict | None = None, api_versions=(), kube_ver
     return stdout
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse(text: str) -> list[dict]:
     return [doc for doc in yaml.load_all(text, Loader=yaml.CSafeLoader) if doc]
 

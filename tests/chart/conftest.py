@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from chart_render import HELMS, require_binary
 
 

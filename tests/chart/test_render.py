@@ -2,10 +2,20 @@
 from __future__ import annotations
 
 import pytest
-
 from chart_render import (
-    CHART, MONITORING_API, NAMESPACE, RELEASE, SCENARIOS, of_kind, one, operator_container, operator_deployment,
-    render, render_failure, render_scenario, render_text, test_pod,
+    CHART,
+    MONITORING_API,
+    NAMESPACE,
+    RELEASE,
+    SCENARIOS,
+    of_kind,
+    one,
+    operator_container,
+    operator_deployment,
+    render,
+    render_failure,
+    render_scenario,
+    test_pod,
 )
 from spillway import k8s_names, vllm_api
 
@@ -236,15 +246,16 @@ def test_chart_refuses_kubernetes_older_than_supported(helm):
 
 
 def test_notes_tell_what_to_do_next():
-    from chart_render import helm_command, require_binary
     import subprocess
+
+    from chart_render import helm_command, require_binary
 
     values, _ = SCENARIOS["models"]
     # `helm install --dry-run=client` prints NOTES.txt (`helm template` does not); Helm 3's wants a cluster.
     command = helm_command(require_binary("helm"), values)
     command[1] = "install"
     command.remove("--include-crds")
-    proc = subprocess.run(command + ["--dry-run=client"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(command + ["--dry-run=client"], check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert "kubectl -n spillway-system get modelserver llama-8b -w" in notes

@@ -12,7 +12,6 @@ import json
 import jsonschema
 import kubernetes_validate
 import pytest
-
 from chart_render import KUBE_NEWEST, KUBE_OLDEST, SCENARIOS, crd_documents, modelserver_crd, render_scenario
 from spillway import k8s_names
 
@@ -33,7 +32,7 @@ def validate_modelserver(doc: dict) -> None:
                         {**schema, "properties": {k: v for k, v in schema["properties"].items() if k != "metadata"}})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kubernetes_error(doc_json: str, kube_version: str) -> str | None:
     # Cached by content: Helm 3 and Helm 4 render identical objects, each is validated once per version.
     try:

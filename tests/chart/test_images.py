@@ -1,0 +1,289 @@
+"""The images, tested without building them (no container engine here): pins, users, copied files,
+version agreement with the packages, images/build.sh and the vLLM entrypoint."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+from chart_render import CHART, REPO
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from spillway import k8s_names, vllm_api
+
+IMAGES = REPO / "images"
+DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
+LOCK = IMAGES / "operator" / "requirements.txt"
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    logical, current = [], ""
+    for line in dockerfile.read_text().splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        logical.append(current.strip())
+        current = ""
+    return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1] if " " in text else "") for text in logical]
+
+
+def stages(dockerfile: Path) -> list[list[tuple[str, str]]]:
+    result: list[list[tuple[str, str]]] = []
+    for instruction in instructions(dockerfile):
+        if instruction[0] == "FROM":
+            result.append([])
+        result[-1].append(instruction)
+    return result
+
+
+def base_images(dockerfile: Path) -> list[str]:
+    aliases, bases = set(), []
+    for stage in stages(dockerfile):
+        words = stage[0][1].split()
+        image = next(w for w in words if not w.startswith("--"))
+        if image not in aliases:
+            bases.append(image)
+        if len(words) >= 3 and words[-2].upper() == "AS":
+            aliases.add(words[-1])
+    return bases
+
+
+def env(dockerfile: Path) -> dict[str, str]:
+    found = {}
+    for name, args in instructions(dockerfile):
+        if name == "ENV":
+            found.update(dict(item.split("=", 1) for item in shlex.split(args)))
+    return found
+
+
+def copy_sources(dockerfile: Path) -> list[str]:
+    sources = []
+    for name, args in instructions(dockerfile):
+        if name in {"COPY", "ADD"} and "--from=" not in args:
+            words = [w for w in shlex.split(args) if not w.startswith("--")]
+            sources += words[:-1]
+    return sources
+
+
+def vllm_version() -> str:
+    return k8s_names.DEFAULT_VLLM_IMAGE.rsplit("-vllm", 1)[1]
+
+
+def test_both_images_exist():
+    assert {p.parent.name for p in DOCKERFILES} == {"vllm", "operator"}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_base_images_are_pinned(dockerfile):
+    for image in base_images(dockerfile):
+        name, _, tag = image.partition("@")[0].rpartition(":")
+        assert name and tag and "/" not in tag, f"{image} has no tag"
+        assert tag != "latest" and re.search(r"\d", tag), f"{image} is not pinned to a version"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_final_stage_runs_as_a_non_root_uid(dockerfile):
+    users = [args for name, args in stages(dockerfile)[-1] if name == "USER"]
+    assert users, f"{dockerfile} never sets USER: it would run as root"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) > 0, "USER must be a numeric non-root UID (runAsNonRoot checks it)"
+    assert not gid or (gid.isdigit() and int(gid) > 0)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_copied_files_exist(dockerfile):
+    sources = copy_sources(dockerfile)
+    assert sources
+    for source in sources:
+        assert (REPO / source).exists(), f"{dockerfile.relative_to(REPO)} copies {source}, which does not exist"
+
+
+def test_vllm_image_pins_the_supported_vllm_release():
+    dockerfile = IMAGES / "vllm" / "Dockerfile"
+    base, = base_images(dockerfile)
+    assert base == f"vllm/vllm-openai:v{vllm_version()}"
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["annotations"]["spillway.dev/vllm-version"] \
+        == vllm_version()
+    extras = tomllib.loads((REPO / "connector" / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    vllm_requirement, = [Requirement(r) for r in extras["vllm"] if Requirement(r).name == "vllm"]
+    assert vllm_requirement.specifier.contains(vllm_version()), "the connector does not declare support for it"
+
+
+def test_vllm_image_sets_the_contiguous_layout_and_installs_the_connector():
+    dockerfile = IMAGES / "vllm" / "Dockerfile"
+    assert env(dockerfile)[vllm_api.ENV_KV_CACHE_LAYOUT] == vllm_api.CONTIGUOUS_LAYOUT
+    assert "connector/" in copy_sources(dockerfile)
+    runs = " ".join(args for name, args in instructions(dockerfile) if name == "RUN")
+    assert "install" in runs and "import spillway_connector" in runs
+
+
+def test_operator_image_python_matches_the_lock_and_the_packages():
+    dockerfile = IMAGES / "operator" / "Dockerfile"
+    import runpy
+
+    lock_env = runpy.run_path(str(IMAGES / "operator" / "lock.py"))["IMAGE_ENV"]
+    for base in base_images(dockerfile):
+        assert base.startswith(f"python:{lock_env['python_full_version']}-slim")
+    for project in ("operator", "connector"):
+        requires = tomllib.loads((REPO / project / "pyproject.toml").read_text())["project"]["requires-python"]
+        assert SpecifierSet(requires).contains(lock_env["python_full_version"])
+    assert {"connector/", "operator/", "images/operator/requirements.txt"} <= set(copy_sources(dockerfile))
+
+
+def locked() -> dict[str, str]:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"{line} is not pinned with =="
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_operator_image_pins_every_declared_dependency():
+    pins = locked()
+    local = set()
+    requirements = []
+    for project in ("operator", "connector"):
+        declared = tomllib.loads((REPO / project / "pyproject.toml").read_text())["project"]
+        local.add(canonicalize_name(declared["name"]))
+        requirements += [Requirement(r) for r in declared.get("dependencies", [])]
+    for requirement in requirements:
+        name = canonicalize_name(requirement.name)
+        if name in local:
+            continue
+        assert name in pins, f"{requirement} is not in {LOCK.relative_to(REPO)}: run images/operator/lock.py"
+        assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} vs {requirement}"
+
+
+def test_operator_image_pins_agree_with_the_test_pins():
+    pins = locked()
+    for line in (REPO / "requirements-test.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            requirement = Requirement(line)
+            name = canonicalize_name(requirement.name)
+            if name in pins:
+                assert requirement.specifier.contains(pins[name]), f"tests pin {line}, the image {name}=={pins[name]}"
+
+
+def test_operator_image_lock_is_closed_under_dependencies():
+    import runpy
+
+    applies = runpy.run_path(str(IMAGES / "operator" / "lock.py"))["applies"]
+    pins = locked()
+    for name in pins:
+        # The installed distribution's metadata (the tests' environment); its version may have moved on.
+        for line in metadata.distribution(name).requires or []:
+            requirement = Requirement(line)
+            if not applies(requirement):
+                continue
+            dependency = canonicalize_name(requirement.name)
+            assert dependency in pins, f"{name} needs {requirement}, which the lock lacks: run images/operator/lock.py"
+            assert requirement.specifier.contains(pins[dependency], prereleases=True), \
+                f"{name} needs {requirement}, the lock has {pins[dependency]}"
+
+
+# -- images/build.sh ---------------------------------------------------------------------------------------
+
+def stub(directory: Path, name: str, script: str) -> None:
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+
+
+def build_sh(path_dirs: list[Path], *args: str, **env_vars: str) -> subprocess.CompletedProcess:
+    # Only the tools build.sh needs (bash, python3, tar, mktemp, ...) plus the given stubs: no real engine.
+    tools = path_dirs[0] / "tools"
+    tools.mkdir(exist_ok=True)
+    if not (tools / "python3").exists():
+        (tools / "python3").symlink_to(os.path.realpath(sys.executable))  # the interpreter itself, not a shim
+    for tool in ("bash", "tar", "mktemp", "rm", "dirname", "cat", "find", "sort", "sh"):
+        found = subprocess.run(["bash", "-c", f"command -v {tool}"], check=False, capture_output=True, text=True).stdout.strip()
+        if found and not (tools / tool).exists():
+            (tools / tool).symlink_to(found)
+    path = os.pathsep.join(str(d) for d in [*path_dirs[1:], tools])
+    return subprocess.run(["bash", str(IMAGES / "build.sh"), *args], check=False, capture_output=True, text=True, timeout=120,
+                          env={"PATH": path, "HOME": str(path_dirs[0]), **env_vars}, cwd=REPO)
+
+
+def test_build_says_clearly_when_no_engine_is_installed(tmp_path):
+    proc = build_sh([tmp_path])
+    assert proc.returncode == 1
+    assert "neither docker nor podman is installed" in proc.stderr
+
+
+def test_build_says_clearly_when_the_engine_is_not_reachable(tmp_path):
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    stub(engines, "docker", 'echo "Cannot connect to the Docker daemon" >&2; exit 1\n')
+    proc = build_sh([tmp_path, engines])
+    assert proc.returncode == 1
+    assert "docker is installed but no container engine is reachable" in proc.stderr
+
+
+def test_build_builds_both_images_with_the_projects_tags_from_a_clean_context(tmp_path):
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    log = tmp_path / "builds"
+    log.mkdir()
+    # A podman stand-in: `info` answers; `build` records its arguments and the files of its context.
+    stub(engines, "podman", f"""[ "$1" = info ] && exit 0
+for arg; do context=$arg; done
+n=0; while [ -e {log}/$n.args ]; do n=$((n + 1)); done
+echo "$@" > {log}/$n.args
+(cd "$context" && find . -type f | sort) > {log}/$n.files
+""")
+    proc = build_sh([tmp_path, engines])
+    assert proc.returncode == 0, proc.stderr
+    builds = []
+    for n in range(2):
+        args = (log / f"{n}.args").read_text().split()
+        files = (log / f"{n}.files").read_text().splitlines()
+        dockerfile = args[args.index("--file") + 1]
+        builds.append((dockerfile.split("/images/", 1)[1], args[args.index("--tag") + 1]))
+        assert not [f for f in files if "__pycache__" in f or ".egg-info" in f]
+        for source in copy_sources(IMAGES / Path(dockerfile).parent.name / "Dockerfile"):
+            assert any(f == f"./{source}" or f.startswith(f"./{source.rstrip('/')}/") for f in files), source
+    assert builds == [("vllm/Dockerfile", k8s_names.DEFAULT_VLLM_IMAGE),
+                      ("operator/Dockerfile", k8s_names.DEFAULT_OPERATOR_IMAGE)]
+    assert f"built {k8s_names.DEFAULT_VLLM_IMAGE} and {k8s_names.DEFAULT_OPERATOR_IMAGE}" in proc.stdout
+
+
+def test_build_print_needs_no_engine(tmp_path):
+    proc = build_sh([tmp_path], "--print")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"docker build --file <context>/images/vllm/Dockerfile --tag {k8s_names.DEFAULT_VLLM_IMAGE} <context>",
+        f"docker build --file <context>/images/operator/Dockerfile --tag {k8s_names.DEFAULT_OPERATOR_IMAGE} <context>",
+    ]
+
+
+# -- the vLLM image's entrypoint ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, expected", [
+    (["Qwen/Qwen2.5-7B-Instruct", "--tensor-parallel-size", "2"], "serve Qwen/Qwen2.5-7B-Instruct --tensor-parallel-size 2"),
+    (["vllm", "serve", "m", "--port", "8000"], "serve m --port 8000"),
+])
+def test_entrypoint_runs_vllm_serve_with_the_planned_args(tmp_path, args, expected):
+    stub(tmp_path, "vllm", 'echo "$@"\n')
+    proc = subprocess.run(["sh", str(IMAGES / "vllm" / "entrypoint.sh"), *args], check=False, capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.strip() == expected
+
+
+def test_entrypoint_without_args_explains(tmp_path):
+    proc = subprocess.run(["sh", str(IMAGES / "vllm" / "entrypoint.sh")], check=False, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "MODEL" in proc.stderr
