@@ -16,7 +16,8 @@ import base64
 import logging
 import os
 import threading
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import kopf
 import kubernetes

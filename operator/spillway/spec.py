@@ -7,8 +7,9 @@ InvalidSpec naming the field and the value.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from . import k8s_names as names
 from . import vllm_api as api

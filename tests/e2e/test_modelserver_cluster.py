@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from spillway import k8s_names as names
 
 pytestmark = pytest.mark.e2e
@@ -38,13 +37,13 @@ def kube():
     kubernetes = pytest.importorskip("kubernetes")
     try:
         kubernetes.config.load_kube_config()
-    except Exception as exc:  # no kubeconfig, no context
+    except Exception as exc:  # noqa: BLE001 - any failure to load a kubeconfig means no cluster
         _unreachable(str(exc).splitlines()[0])
     client = kubernetes.client.ApiClient()
     client.configuration.retries = 0
     try:
         kubernetes.client.VersionApi(client).get_code(_request_timeout=5)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure to reach it means no cluster
         _unreachable(str(exc).splitlines()[0][:200])
     return kubernetes, client
 
@@ -54,7 +53,7 @@ def _wait(check, timeout=60.0, what=""):
     while time.monotonic() < deadline:
         try:
             found = check()
-        except Exception:  # not there yet
+        except Exception:  # noqa: BLE001 - not there yet: poll again
             found = None
         if found:
             return found

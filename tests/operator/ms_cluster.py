@@ -17,31 +17,31 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Self
 
 import attrs
 import kmock
 import kubernetes
-
 from spillway import k8s_names as names
 
 REPO = Path(__file__).resolve().parents[2]
 KOPF = Path(sys.executable).with_name("kopf")
 
 CORE = {
-    "v1/namespaces": dict(kind="Namespace", namespaced=False),
-    "v1/nodes": dict(kind="Node", namespaced=False),
-    "v1/events": dict(kind="Event", namespaced=True),
-    "v1/configmaps": dict(kind="ConfigMap", namespaced=True),
-    "v1/secrets": dict(kind="Secret", namespaced=True),
-    "v1/services": dict(kind="Service", namespaced=True),
-    "apps/v1/deployments": dict(kind="Deployment", namespaced=True, subresources={"status", "scale"}),
-    f"{names.API_VERSION}/{names.PLURAL}": dict(kind=names.KIND, namespaced=True, singular="modelserver",
-                                                shortnames={names.SHORT_NAME}, subresources={"status", "scale"}),
+    "v1/namespaces": {"kind": "Namespace", "namespaced": False},
+    "v1/nodes": {"kind": "Node", "namespaced": False},
+    "v1/events": {"kind": "Event", "namespaced": True},
+    "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
+    "v1/secrets": {"kind": "Secret", "namespaced": True},
+    "v1/services": {"kind": "Service", "namespaced": True},
+    "apps/v1/deployments": {"kind": "Deployment", "namespaced": True, "subresources": {"status", "scale"}},
+    f"{names.API_VERSION}/{names.PLURAL}": {"kind": names.KIND, "namespaced": True, "singular": "modelserver",
+                                            "shortnames": {names.SHORT_NAME}, "subresources": {"status", "scale"}},
 }
 POD_MONITORS = {f"{names.PODMONITOR_GROUP}/{names.PODMONITOR_VERSION}/{names.PODMONITOR_PLURAL}":
-                dict(kind=names.PODMONITOR_KIND, namespaced=True)}
+                {"kind": names.PODMONITOR_KIND, "namespaced": True}}
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
@@ -87,7 +87,7 @@ class EmulatedCluster:
         self.url = ""
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "EmulatedCluster":
+    def __enter__(self) -> Self:
         self._thread.start()
         if not self._ready.wait(20):
             raise RuntimeError("kmock did not start")
@@ -99,7 +99,7 @@ class EmulatedCluster:
         }))
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
@@ -141,7 +141,7 @@ class Operator:
         self.kubeconfig, self.log, self.env = kubeconfig, log, env or {}
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "Operator":
+    def start(self) -> Self:
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", **self.env)
         env.pop("KUBERNETES_SERVICE_HOST", None)
         env.pop("HF_TOKEN", None)

@@ -4,8 +4,9 @@ x-kubernetes-validations rules evaluated with cel-python."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import celpy
 import jsonschema

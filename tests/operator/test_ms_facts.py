@@ -4,16 +4,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
+from ms_examples import LLAMA_8B, cpu_node, gpu_node
 from spillway import k8s_names as names
 from spillway.errors import ModelGeometryUnknown, NoEligibleNodes
-from spillway.facts import (affinity_allows, eligible_nodes, model_geometry, nodes_fingerprint, summarize_node,
-                            tolerated)
+from spillway.facts import affinity_allows, eligible_nodes, model_geometry, nodes_fingerprint, summarize_node, tolerated
 from spillway.geometry import catalog_config
 from spillway.quantity import GiB
 from spillway.spec import parse_spec
-
-from ms_examples import LLAMA_8B, cpu_node, gpu_node
 
 
 def summaries(*nodes):
@@ -37,7 +34,7 @@ def test_node_selector_taints_and_affinity_decide_eligibility():
         gpu_node("soft", labels={"pool": "h200"}, taints=[{"key": "x", "effect": "PreferNoSchedule"}]),
         cpu_node("cpu"),
     )
-    pick = lambda **spec: [n.name for n in eligible_nodes(nodes, parse_spec({"model": LLAMA_8B, **spec}))]  # noqa
+    pick = lambda **spec: [n.name for n in eligible_nodes(nodes, parse_spec({"model": LLAMA_8B, **spec}))]
     assert pick() == ["a100", "flaky", "soft"]  # the lifecycle taint does not take a node out of the pool
     assert pick(nodeSelector={"pool": "h200"}) == ["flaky", "soft"]
     tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -53,7 +50,7 @@ def test_toleration_and_affinity_rules():
     assert not tolerated(node, [{"key": "k", "operator": "Equal", "value": "w"}])
     assert not tolerated(node, [{"key": "k", "operator": "Exists", "effect": "NoExecute"}])
     assert tolerated(node, [{"operator": "Exists"}])
-    term = lambda *exprs: {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {  # noqa: E731
+    term = lambda *exprs: {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": list(exprs)}]}}}
     assert affinity_allows(node, term({"key": "gen", "operator": "Gt", "values": ["8"]}))
     assert not affinity_allows(node, term({"key": "gen", "operator": "Lt", "values": ["8"]}))
@@ -106,7 +103,7 @@ def test_geometry_sources_in_order():
     with pytest.raises(ModelGeometryUnknown, match="not in Spillway's catalog"):
         model_geometry(unknown)
     asked = []
-    hub = lambda model, rev: asked.append((model, rev)) or {**llama, "num_hidden_layers": 5}  # noqa: E731
+    hub = lambda model, rev: asked.append((model, rev)) or {**llama, "num_hidden_layers": 5}
     assert model_geometry(unknown, fetch_hub=hub).num_layers == 5 and asked == [("acme/private-70b", "v2")]
     with pytest.raises(ModelGeometryUnknown):  # a local path is never looked up on the hub
         model_geometry(parse_spec({"model": "/models/llama"}), fetch_hub=hub)

@@ -8,7 +8,7 @@ import json
 import kubernetes_validate
 import pytest
 from cloudcoil.models.prometheus_operator.v1 import PodMonitor
-
+from ms_examples import LLAMA_8B, gpu_node, modelserver
 from spillway import k8s_names as names
 from spillway import vllm_api as api
 from spillway.errors import InvalidSpec, PoolDoesNotFit
@@ -17,8 +17,6 @@ from spillway.geometry import resolve_geometry
 from spillway.manifests import desired, status_plan
 from spillway.planner import NodeFacts, plan
 from spillway.quantity import parse_bytes
-
-from ms_examples import LLAMA_8B, gpu_node, modelserver
 
 KUBERNETES_VERSIONS = ("1.30", "1.37")
 
@@ -106,7 +104,7 @@ def test_applied_hash_changes_with_content_only():
     pool = nodes(gpu_node("g"))
     first, again = desired(modelserver(), pool), desired(modelserver(), pool)
     changed = desired(modelserver(replicas=2), pool)
-    hash_of = lambda r: r.objects[0]["metadata"]["annotations"][names.ANNOTATION_APPLIED_HASH]  # noqa: E731
+    hash_of = lambda r: r.objects[0]["metadata"]["annotations"][names.ANNOTATION_APPLIED_HASH]
     assert hash_of(first) == hash_of(again) != hash_of(changed)
 
 

@@ -10,16 +10,14 @@ import uuid
 
 import kubernetes
 import pytest
-
+from ms_cluster import EmulatedCluster, Operator, eventually
+from ms_examples import LLAMA_8B, gpu_node, modelserver
 from spillway import k8s_names as names
 from spillway.facts import summarize_node
 from spillway.geometry import catalog_config, kv_layout, resolve_geometry
 from spillway.manifests import desired
 from spillway.planner import plan
 from spillway.quantity import parse_bytes
-
-from ms_cluster import EmulatedCluster, Operator, eventually
-from ms_examples import LLAMA_8B, gpu_node, modelserver
 
 OPERATOR_ENV = {names.ENV_RETRY_SECONDS: "1"}
 

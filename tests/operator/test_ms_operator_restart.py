@@ -11,12 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kmock
 import pytest
-
-from spillway import k8s_names as names
-from spillway.geometry import catalog_config
-
 from ms_cluster import EmulatedCluster, Operator, eventually
 from ms_examples import LLAMA_8B
+from spillway import k8s_names as names
+from spillway.geometry import catalog_config
 from test_ms_operator import Api, memory_limit, planned_limit, wait_planned
 
 HUB_TOKEN = "hub-secret"
@@ -26,7 +24,7 @@ HUB_TOKEN = "hub-secret"
 def hub():
     """A hub that serves acme/private-8b's config.json to the right token only."""
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):
             ok = (self.headers.get("Authorization") == f"Bearer {HUB_TOKEN}"
                   and self.path == "/acme/private-8b/resolve/main/config.json")
             body = json.dumps(catalog_config(LLAMA_8B)).encode() if ok else b"{}"

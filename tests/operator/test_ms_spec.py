@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import pytest
-
+from ms_examples import LLAMA_8B
 from spillway import k8s_names as names
 from spillway import vllm_api as api
 from spillway.errors import InvalidSpec
 from spillway.geometry import DEFAULT_BLOCK_SIZE
 from spillway.spec import parse_spec
-
-from ms_examples import LLAMA_8B
 
 
 def test_defaults():

@@ -3,7 +3,8 @@ observedGeneration, lastTransitionTime), kept in a fixed order."""
 from __future__ import annotations
 
 import datetime
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 PLANNED, READY, DEGRADED = "Planned", "Ready", "Degraded"
 ORDER = (PLANNED, READY, DEGRADED)
