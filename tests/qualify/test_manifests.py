@@ -60,7 +60,7 @@ def test_daemonset_skips_qualified_nodes_and_holds_a_gpu_only_while_measuring(da
     c = spec["containers"][0]
     assert c["resources"]["limits"][names.GPU_RESOURCE] == "1"
     cmd = c["command"]
-    assert cmd[:4] == ["python3", "-m", "spillway.cli", "qualify"]
+    assert cmd[:3] == ["python3", "-m", "spillway.qualify"]
     assert cmd[cmd.index("--annotate-node") + 1] == "$(NODE_NAME)" and "--hold" in cmd
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
@@ -71,7 +71,7 @@ def test_the_rendered_command_is_one_this_cli_accepts(daemonset_docs):
     cmd = by_kind(daemonset_docs)["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["command"]
     from spillway.cli import build_parser
 
-    args = build_parser().parse_args(cmd[3:])
+    args = build_parser().parse_args(["qualify", *cmd[3:]])
     assert args.annotate_node == "$(NODE_NAME)" and args.hold and args.host_memory == "alloc"
     assert args.block_sizes == "64Ki,256Ki,1024Ki,2048Ki,4096Ki"
 

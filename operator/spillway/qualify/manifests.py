@@ -47,7 +47,7 @@ def rbac(namespace: str) -> list[dict[str, Any]]:
 
 
 def qualify_args(block_sizes: list[int], host_memory: str, repeats: int, hold: bool) -> list[str]:
-    args = ["python3", "-m", "spillway.cli", "qualify",
+    args = ["python3", "-m", "spillway.qualify",
             "--block-sizes", ",".join(to_quantity(b, "Ki") for b in block_sizes),
             "--host-memory", host_memory, "--repeats", str(repeats),
             "--annotate-node", "$(NODE_NAME)", "--json", "/tmp/qualification.json"]

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Second call, within 30 s of call_a (carry .gpu/extract.py .gpu/chunks/b.tar.xz .whl): the rest of vLLM 0.26,
+# the server's missing wheels, then: qualify with vLLM's own copy op, the load-path sweep, and the engines.
+#   ENGINES=offload-native,no-offload  STEPS="qualify sweep serve"  bash bench/gpu/call_b.sh
+set -uo pipefail
+T0=$(date +%s)
+LIMIT=${LIMIT:-585}  # seconds this call may take (the device allows 600)
+python3 .gpu/extract.py .gpu/chunks/b.tar.xz || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | grep -v WARNING
+export PYTHONPATH=/tmp/site:$PWD/operator:$PWD/connector VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
+  TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
+python3 -c "import vllm, uvicorn, aiohttp; print('vllm', vllm.__version__)" || exit 1
+STEPS=${STEPS:-qualify sweep serve}
+mkdir -p /tmp/work
+for step in $STEPS; do
+  case $step in
+    qualify)
+      python3 -m spillway.qualify --methods vllm --json $OUT/qualify_vllm.json 2>/tmp/work/qualify_vllm.log ;;
+    sweep)
+      python3 bench/gpu/transfer_sweep.py --json $OUT/transfer_sweep.json 2>&1 | tee /tmp/work/transfer_sweep.log ;;
+    serve)
+      LEFT=$(( LIMIT - 25 - ($(date +%s) - T0) ))
+      echo "serve_bench deadline: $LEFT s"
+      python3 bench/gpu/serve_bench.py --spec bench/gpu/engines.json --out /tmp/work --deadline-s $LEFT \
+        ${ENGINES:+--only $ENGINES} 2>&1 | tee /tmp/work/serve_bench.log | grep -v "^(\|^INFO\|^WARNING" ;;
+  esac
+done
+cp /tmp/work/serve_bench.json $OUT/ 2>/dev/null
+cat /tmp/work/transfers-*/transfers-*.jsonl > /tmp/work/transfers.jsonl 2>/dev/null
+tar czf $OUT/logs.tgz -C /tmp/work --exclude='transfers-*' . 2>/dev/null
+ls -la $OUT
+echo "call_b seconds: $(( $(date +%s) - T0 ))"

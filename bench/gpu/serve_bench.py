@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""Exp. 1 (TTFT vs prompt length) and Exp. 2 (throughput vs CPU hit rate) against `vllm serve` over HTTP.
+
+Each engine in the spec file starts with exactly the args/env `spillway plan` produces for this machine
+(plus the flags that make a weightless benchmark: dummy weights, token-id prompts, eager mode, GPU prefix
+cache off), runs its experiments, and is stopped. Every phase records vLLM's /metrics before and after,
+so the hit rate and bytes moved that the server counted sit next to what the client measured.
+
+    python3 bench/gpu/serve_bench.py --spec bench/gpu/engines.json --out /tmp/work --deadline-s 540
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from spillway import vllm_api as api
+from spillway.vllm_api import Metric
+
+HERE = Path(__file__).resolve().parent
+BENCH_FLAGS = [api.FLAG_LOAD_FORMAT, "dummy", api.FLAG_SKIP_TOKENIZER_INIT, api.FLAG_ENFORCE_EAGER,
+               api.FLAG_NO_ENABLE_PREFIX_CACHING]
+MODEL_NAME = "llama"
+NUDGE = 32  # tokens of the request that makes an idle engine take a step
+TOKEN_LOW, TOKEN_HIGH = 1000, 120000  # ordinary vocabulary ids of Llama 3 (specials start at 128000)
+COUNTERS = {
+    "load_bytes": Metric.OFFLOAD_LOAD_BYTES, "load_time_s": Metric.OFFLOAD_LOAD_TIME,
+    "store_bytes": Metric.OFFLOAD_STORE_BYTES, "store_time_s": Metric.OFFLOAD_STORE_TIME,
+    "external_hits": Metric.EXTERNAL_HITS, "external_queries": Metric.EXTERNAL_QUERIES,
+    "prefix_hits": Metric.PREFIX_HITS, "prefix_queries": Metric.PREFIX_QUERIES,
+    "preemptions": Metric.PREEMPTIONS, "prompt_tokens": Metric.PROMPT_TOKENS,
+    "ttft_sum_s": Metric.TTFT + "_sum", "ttft_count": Metric.TTFT + "_count",
+}
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- plan ----------------------------------------------------------------------------------------------
+def spillway_plan(model: str, node_memory: str, flags: list[str]) -> dict[str, Any]:
+    """`spillway plan ... -o json`, run in-process through the plan subcommand alone."""
+    from spillway import plan_cli
+
+    parser = argparse.ArgumentParser(prog="spillway")
+    plan_cli.add_parser(parser.add_subparsers(dest="command"))
+    argv = ["plan", "--model", model, "--node-memory", node_memory, "--gpus-per-node", "1", "-o", "json", *flags]
+    buf = io.StringIO()
+    args = parser.parse_args(argv)
+    with redirect_stdout(buf):
+        args.func(args)
+    return {"command": "spillway " + " ".join(argv), "plan": json.loads(buf.getvalue())}
+
+
+def node_memory() -> str:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1])}Ki"
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def env_accepted(name: str, value: str, extra_path: str) -> str | None:
+    """None when this vLLM accepts the variable's value, else vLLM's own error line."""
+    code = f"import vllm.envs as e; getattr(e, {name!r})"
+    env = {**os.environ, name: value, "PYTHONPATH": extra_path}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    if out.returncode == 0:
+        return None
+    return (out.stderr.strip().splitlines() or ["failed"])[-1][:300]
+
+
+KNOBS = {"max_model_len": api.FLAG_MAX_MODEL_LEN, "max_num_seqs": api.FLAG_MAX_NUM_SEQS,
+         "max_num_batched_tokens": api.FLAG_MAX_NUM_BATCHED_TOKENS}
+
+
+def knob_flags(cfg: dict[str, Any]) -> list[str]:
+    """Engine knobs named in the spec file, as vLLM flags."""
+    out = []
+    for key, flag in KNOBS.items():
+        if cfg.get(key) is not None:
+            out += [flag, str(cfg[key])]
+    return out
+
+
+# -- the server ------------------------------------------------------------------------------------------
+class Server:
+    def __init__(self, model_dir: str, args: list[str], env: dict[str, str], port: int, log_path: Path,
+                 entry: str = "serve"):
+        # "serve" is `vllm serve`; "api_server" the module behind it (for CPU builds whose CLI will not load)
+        head = (["vllm.entrypoints.cli.main", "serve", model_dir] if entry == "serve"
+                else ["vllm.entrypoints.openai.api_server", "--model", model_dir])
+        self.cmd = [sys.executable, "-m", *head, *args, api.FLAG_SERVED_MODEL_NAME, MODEL_NAME, api.FLAG_PORT, str(port)]
+        self.env, self.port, self.log_path = env, port, log_path
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_file = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.started = time.time()
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    FATAL = ("Engine core initialization failed", "EngineCore failed to start", "Worker failed with error")
+
+    async def wait_ready(self, session: aiohttp.ClientSession, timeout: float) -> float:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path.name}")
+            self.log_file.flush()
+            tail = self.log_path.read_text(errors="replace")[-20000:]
+            fatal = next((line for line in tail.splitlines() if any(f in line for f in self.FATAL)), None)
+            if fatal:
+                raise RuntimeError(f"engine failed to start: {fatal.strip()[-300:]}")
+            try:
+                async with session.get(self.url + api.HEALTH_PATH) as r:
+                    if r.status == 200:
+                        return time.time() - self.started
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(1.0)
+        raise TimeoutError(f"server not ready after {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.log_file.close()
+        self.proc = None
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with session.get(url + api.METRICS_PATH) as r:
+        text = await r.text()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or line.startswith("#"):
+            continue
+        name = m.group(1)
+        if name.endswith("_created"):
+            continue
+        try:
+            totals[name] = totals.get(name, 0.0) + float(m.group(3))
+        except ValueError:
+            continue
+    out = {}
+    for key, base in COUNTERS.items():
+        value = totals.get(base + "_total", totals.get(base))
+        if value is not None:
+            out[key] = value
+    for name, value in totals.items():  # the connector plugin's own series, whatever they are
+        if name.startswith("spillway"):
+            out[name] = value
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    if d.get("load_time_s"):
+        d["load_gbps"] = d.get("load_bytes", 0.0) / d["load_time_s"] / 1e9
+    if d.get("store_time_s"):
+        d["store_gbps"] = d.get("store_bytes", 0.0) / d["store_time_s"] / 1e9
+    if d.get("external_queries"):
+        d["external_hit_rate"] = d.get("external_hits", 0.0) / d["external_queries"]
+    return d
+
+
+async def settle(session, url: str, nudge: list[int], quiet_s: float = 0.6, timeout: float = 30.0) -> dict:
+    """Wait until no store is running (the store byte counter stops moving); returns the last scrape.
+
+    vLLM submits a finished request's store at the start of the next engine step, and an idle engine takes
+    no step: a short request first makes sure the store is under way.
+    """
+    await batch(session, url, [nudge])
+    last = await scrape(session, url)
+    t_end = time.time() + timeout
+    while time.time() < t_end:
+        await asyncio.sleep(quiet_s)
+        now = await scrape(session, url)
+        if now.get("store_bytes") == last.get("store_bytes") and now.get("load_bytes") == last.get("load_bytes"):
+            return now
+        last = now
+    return last
+
+
+# -- requests --------------------------------------------------------------------------------------------
+class Prompts:
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def fresh(self, length: int) -> list[int]:
+        return [self.rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(length)]
+
+
+def body(tokens: list[int], stream: bool) -> bytes:
+    return json.dumps({"model": MODEL_NAME, "prompt": tokens, "max_tokens": 1, "temperature": 0.0,
+                       "ignore_eos": True, "stream": stream}).encode()
+
+
+async def ttft(session, url: str, tokens: list[int]) -> float:
+    """Seconds from sending to the first streamed token."""
+    data = body(tokens, stream=True)
+    t0 = time.perf_counter()
+    async with session.post(url + "/v1/completions", data=data, headers={"Content-Type": "application/json"}) as r:
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
+        first = None
+        async for line in r.content:
+            if first is None and line.startswith(b"data:") and b"[DONE]" not in line:
+                first = time.perf_counter() - t0
+        if first is None:
+            raise RuntimeError("stream ended without a token")
+        return first
+
+
+async def batch(session, url: str, prompts: list[list[int]]) -> tuple[float, list[float]]:
+    """Send all prompts at once (in this order); wall seconds until the last answer, and each latency."""
+    bodies = [body(p, stream=False) for p in prompts]
+    t0 = time.perf_counter()
+
+    async def one(data: bytes) -> float:
+        async with session.post(url + "/v1/completions", data=data,
+                                headers={"Content-Type": "application/json"}) as r:
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
+            await r.read()
+        return time.perf_counter() - t0
+
+    tasks = []
+    for data in bodies:  # created in order so the server sees the hits first
+        tasks.append(asyncio.ensure_future(one(data)))
+        await asyncio.sleep(0)
+    latencies = await asyncio.gather(*tasks)
+    return time.perf_counter() - t0, list(latencies)
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    med = statistics.median(values)
+    return {"median": med, "min": min(values), "max": max(values), "n": len(values),
+            "spread_pct": (max(values) - min(values)) / med * 100 if med else 0.0}
+
+
+# -- experiments -------------------------------------------------------------------------------------------
+async def exp_ttft(session, url: str, cfg: dict, prompts: Prompts, offload: bool, deadline: float) -> dict:
+    """Per length: a fresh prompt (recompute), then the same prompt again (served from CPU when offloading)."""
+    out: dict[str, Any] = {"lengths": {}}
+    for _ in range(2):  # warm-up, not recorded
+        await ttft(session, url, prompts.fresh(1024))
+    for length in cfg["lengths"]:
+        rows = []
+        for rep in range(cfg["reps"]):
+            if time.time() > deadline:
+                out["cut_short"] = f"deadline reached at {length} tokens, repeat {rep}"
+                break
+            p = prompts.fresh(length)
+            m0 = await scrape(session, url)
+            first_t0 = time.time()
+            first = await ttft(session, url, p)
+            m1 = await settle(session, url, prompts.fresh(NUDGE)) if offload else await scrape(session, url)
+            second_t0 = time.time()
+            second = await ttft(session, url, p)
+            m2 = await scrape(session, url)
+            rows.append({"rep": rep, "recompute_s": first, "second_s": second, "first_t0": first_t0,
+                         "second_t0": second_t0,
+                         "first_metrics": delta(m1, m0), "second_metrics": delta(m2, m1)})
+        out["lengths"][str(length)] = {
+            "rows": rows,
+            "recompute_s": stats([r["recompute_s"] for r in rows]),
+            "second_s": stats([r["second_s"] for r in rows]),
+        }
+        r = out["lengths"][str(length)]
+        if rows:
+            log(f"  TTFT {length:6d}: recompute {r['recompute_s']['median'] * 1e3:7.1f} ms, second "
+                f"{r['second_s']['median'] * 1e3:7.1f} ms ({'from CPU' if offload else 'recompute'})")
+        if "cut_short" in out:
+            break
+    return out
+
+
+async def exp_throughput(session, url: str, cfg: dict, prompts: Prompts, offload: bool, deadline: float) -> dict:
+    """A working set W of n prompts is sent once (warm-up); then passes of n prompts, a fraction h from W
+    (the most recently served ones, sent first) and the rest fresh."""
+    n, length = cfg["n"], cfg["len"]
+    working = [prompts.fresh(length) for _ in range(n)]
+    m0 = await scrape(session, url)
+    wall, _ = await batch(session, url, working)
+    m1 = (await settle(session, url, prompts.fresh(NUDGE), timeout=60)) if offload else await scrape(session, url)
+    out: dict[str, Any] = {"n": n, "len": length, "warm": {"wall_s": wall, "tok_s": n * length / wall,
+                                                          "metrics": delta(m1, m0)}, "passes": {}}
+    log(f"  warm-up pass: {n * length / wall / 1e3:.1f}K prompt tok/s")
+    recent = working
+    for h in cfg["hits"]:
+        rows = []
+        for rep in range(cfg["reps"]):
+            if time.time() > deadline:
+                out["cut_short"] = f"deadline reached at hit rate {h}, repeat {rep}"
+                break
+            k = round(h * n)
+            hits = recent[len(recent) - k:] if k else []
+            sent = hits + [prompts.fresh(length) for _ in range(n - k)]
+            m0 = await scrape(session, url)
+            t_start = time.time()
+            wall, lat = await batch(session, url, sent)
+            m1 = (await settle(session, url, prompts.fresh(NUDGE), timeout=60)) if offload else await scrape(session, url)
+            recent = hits if k else recent
+            d = delta(m1, m0)
+            rows.append({"rep": rep, "t0": t_start, "wall_s": wall, "tok_s": n * length / wall,
+                         "latency_s": stats(lat),
+                         "metrics": d})
+            log(f"  hit {h:.0%} rep {rep}: {n * length / wall / 1e3:7.1f}K prompt tok/s, server-counted CPU hit "
+                f"rate {d.get('external_hit_rate', 0):.2f}, load {d.get('load_gbps', 0):.1f} GB/s (GPU time)")
+        out["passes"][str(h)] = {"rows": rows, "tok_s": stats([r["tok_s"] for r in rows])}
+        if "cut_short" in out:
+            break
+    return out
+
+
+async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -> dict:
+    result: dict[str, Any] = {"name": spec["name"]}
+    planned = spillway_plan(common["model"], common["node_memory"], spec.get("plan_flags", []))
+    plan = planned["plan"]
+    result["plan_command"] = planned["command"]
+    args = [*plan["vllm"]["args"], *BENCH_FLAGS, *knob_flags({**common, **spec})]
+    env = dict(plan["vllm"]["env"])
+    dropped = {}
+    for name, value in list(env.items()):
+        reason = env_accepted(name, value, common["pythonpath"])
+        if reason:
+            dropped[name] = {"value": value, "vllm_said": reason}
+            del env[name]
+    result.update(vllm_args=args, vllm_env=env, plan_env_dropped=dropped, plan_pool=plan.get("pool"),
+                  plan_warnings=plan.get("warnings"))
+    full_env = {**os.environ, **common.get("env", {}), **env, **spec.get("extra_env", {})}
+    if spec.get("probe"):
+        full_env["SPILLWAY_TRANSFER_LOG"] = str(out_dir / f"transfers-{spec['name']}")
+        full_env["PYTHONPATH"] = f"{HERE / 'probe'}:{full_env.get('PYTHONPATH', '')}"
+    server = Server(common["model_dir"], args, full_env, common["port"], out_dir / f"serve-{spec['name']}.log",
+                    common.get("entry", "serve"))
+    result["command"] = server.cmd[1:]
+    log(f"engine {spec['name']}: vllm serve {' '.join(args)}")
+    log(f"  env {env} (dropped: {list(dropped)})")
+    offload = plan.get("pool") is not None
+    timeout = aiohttp.ClientTimeout(total=900)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        server.start()
+        try:
+            result["startup_s"] = await server.wait_ready(session, common.get("start_timeout_s", 300))
+            log(f"  ready after {result['startup_s']:.0f} s")
+            result["metrics_at_start"] = await scrape(session, server.url)
+            if "ttft" in spec and time.time() < deadline:
+                result["ttft"] = await exp_ttft(session, server.url, spec["ttft"], Prompts(spec.get("seed", 1)),
+                                                offload, deadline)
+            if "throughput" in spec and time.time() < deadline:
+                result["throughput"] = await exp_throughput(session, server.url, spec["throughput"],
+                                                            Prompts(spec.get("seed", 1) + 1000), offload, deadline)
+            result["metrics_at_end"] = await scrape(session, server.url)
+        except Exception as exc:  # noqa: BLE001 - keep what was measured, say what failed
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            log(f"  FAILED: {result['error']}")
+        finally:
+            server.stop()
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--spec", required=True, help="JSON: {common: {...}, engines: [...]}")
+    p.add_argument("--out", required=True)
+    p.add_argument("--deadline-s", type=float, default=540, help="stop starting work after this many seconds")
+    p.add_argument("--only", help="comma-separated engine names to run")
+    a = p.parse_args()
+    t0 = time.time()
+    spec = json.loads(Path(a.spec).read_text())
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    common = spec["common"]
+    common.setdefault("node_memory", node_memory())
+    common.setdefault("pythonpath", os.environ.get("PYTHONPATH", ""))
+    common["model_dir"] = str(Path(common["model_dir"]).resolve())
+    results: dict[str, Any] = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "common": common, "engines": []}
+    only = set(a.only.split(",")) if a.only else None
+    for engine in spec["engines"]:
+        if only and engine["name"] not in only:
+            continue
+        budget = engine.get("min_seconds", 60)
+        if time.time() - t0 + budget > a.deadline_s:
+            results["engines"].append({"name": engine["name"], "skipped": "not enough time left in this run"})
+            log(f"engine {engine['name']}: skipped (time)")
+            continue
+        res = asyncio.run(run_engine(engine, common, out_dir, t0 + a.deadline_s))
+        results["engines"].append(res)
+        (out_dir / "serve_bench.json").write_text(json.dumps(results, indent=1))
+    results["seconds"] = time.time() - t0
+    (out_dir / "serve_bench.json").write_text(json.dumps(results, indent=1))
+    log(f"done in {results['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
