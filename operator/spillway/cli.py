@@ -8,7 +8,7 @@ import sys
 from .errors import SpillwayError
 
 # module names under spillway/ that provide add_parser(subparsers)
-SUBCOMMANDS = ["plan_cli", "render_cli", "qualify"]
+SUBCOMMANDS = ["plan_cli", "render_cli", "qualify", "loadtest"]
 
 
 def build_parser() -> argparse.ArgumentParser:

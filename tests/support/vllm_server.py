@@ -103,6 +103,8 @@ class VllmServer:
       only), which is removed from the environment so it cannot override it. An explicit size also skips the
       engine's warm-up pass.
     extra_args / env: appended to the command line / environment (e.g. an offloading connector's arguments).
+    block_size: on CPUs without AVX-512 the CPU attention backend takes multiples of 32 only (default: 128).
+    max_model_len must fit in num_gpu_blocks * block_size, or the engine refuses to start.
     """
 
     def __init__(

@@ -1,0 +1,216 @@
+"""An OpenAI-compatible completions client for load tests (stdlib + aiohttp only).
+
+Prompts are token-id lists where the server takes them (`/v1/completions` with a list of ids), so that
+tokenization does not blur the figures; plain text otherwise. TTFT is the time from sending the request
+to the first streamed chunk that carries a choice.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from ..errors import SpillwayError
+from ..vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH
+
+VERSION_PATH = "/version"  # vLLM's own: {"version": "..."}
+ERROR_TEXT_LIMIT = 300
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class EndpointError(SpillwayError):
+    """The endpoint is unreachable, lacks the model, or answers requests with errors."""
+
+    reason = "EndpointError"
+
+
+@dataclass
+class Completion:
+    """One request's outcome, timed on the client."""
+
+    ok: bool
+    latency_s: float
+    ttft_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+
+
+class OpenAIClient:
+    """Async client of one endpoint. Use as `async with OpenAIClient(url) as client:`."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, concurrency: int = 256,
+                 request_timeout_s: float = 3600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model: str | None = None
+        self.prompt_format = "ids"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._concurrency = concurrency
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=30)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self):  # -> OpenAIClient
+        connector = aiohttp.TCPConnector(limit=self._concurrency, force_close=False)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=self._headers)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    # -- discovery --------------------------------------------------------------------------------
+    async def _get(self, path: str) -> tuple[int, str]:
+        try:
+            async with self._session.get(self.url(path)) as response:
+                return response.status, await response.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise EndpointError(f"cannot reach {self.url(path)}: {_describe(exc)}") from None
+
+    async def models(self) -> list[dict]:
+        status, body = await self._get(MODELS_PATH)
+        if status != 200:
+            raise EndpointError(f"{self.url(MODELS_PATH)} answered HTTP {status}: {_clip(body)}")
+        try:
+            return list(json.loads(body)["data"])
+        except (ValueError, KeyError, TypeError):
+            raise EndpointError(f"{self.url(MODELS_PATH)} is not an OpenAI model list: {_clip(body)}") from None
+
+    async def resolve_model(self, requested: str | None) -> dict:
+        """The served model entry: the requested id, or the only one served."""
+        models = await self.models()
+        ids = [m.get("id") for m in models]
+        if requested is not None:
+            for entry in models:
+                if entry.get("id") == requested:
+                    self.model = requested
+                    return entry
+            raise EndpointError(f"model {requested!r} is not served by {self.base_url} (served: {', '.join(ids) or 'none'})")
+        if len(models) != 1:
+            raise EndpointError(f"{self.base_url} serves {len(models)} models ({', '.join(ids) or 'none'}): "
+                                "name one with --model")
+        self.model = ids[0]
+        return models[0]
+
+    async def version(self) -> str | None:
+        status, body = await self._get(VERSION_PATH)
+        if status != 200:
+            return None
+        try:
+            return str(json.loads(body).get("version"))
+        except (ValueError, AttributeError):
+            return None
+
+    async def healthy(self) -> bool:
+        status, _ = await self._get(HEALTH_PATH)
+        return status == 200
+
+    async def metrics_text(self) -> str | None:
+        """The server's /metrics, None where it has none."""
+        status, body = await self._get(METRICS_PATH)
+        return body if status == 200 else None
+
+    # -- requests ---------------------------------------------------------------------------------
+    def payload(self, prompt: list[int] | str, max_tokens: int, stream: bool) -> dict:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def body(self, prompt: list[int] | str, max_tokens: int = 1, stream: bool = False) -> bytes:
+        """A request body, encoded ahead of a timed phase so that encoding stays out of the timing."""
+        return json.dumps(self.payload(prompt, max_tokens, stream), separators=(",", ":")).encode()
+
+    async def complete(self, prompt: list[int] | str, max_tokens: int = 1, stream: bool = False) -> Completion:
+        return await self.post(self.body(prompt, max_tokens, stream), stream)
+
+    async def post(self, body: bytes, stream: bool = False) -> Completion:
+        """Send one encoded completion request; errors come back in the Completion, never raised."""
+        start = time.perf_counter()
+        try:
+            async with self._session.post(self.url(COMPLETIONS_PATH), data=body, headers=JSON_HEADERS) as r:
+                if r.status != 200:
+                    text = await r.text()
+                    return Completion(False, time.perf_counter() - start, error=f"HTTP {r.status}: {_clip(_message(text))}")
+                if stream:
+                    return await _read_stream(r, start)
+                reply = await r.json(content_type=None)
+                usage = reply.get("usage") or {}
+                elapsed = time.perf_counter() - start
+                return Completion(True, elapsed, None, usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            return Completion(False, time.perf_counter() - start, error=_describe(exc))
+
+    async def probe_prompt_format(self, token_ids: list[int], requested: str = "auto") -> str:
+        """Check that the model answers a prompt; pick token ids where the server takes them.
+
+        Raises EndpointError with the server's own message when it answers neither."""
+        formats = ["ids", "text"] if requested == "auto" else [requested]
+        errors = []
+        for fmt in formats:
+            prompt = token_ids if fmt == "ids" else " ".join(f"w{t}" for t in token_ids)
+            result = await self.complete(prompt, max_tokens=1)
+            if result.ok:
+                self.prompt_format = fmt
+                return fmt
+            errors.append(f"{fmt} prompt: {result.error}")
+        raise EndpointError(f"{self.url(COMPLETIONS_PATH)} refused a {len(token_ids)}-token completion for model "
+                            f"{self.model!r}: " + "; ".join(errors))
+
+
+async def _read_stream(response: aiohttp.ClientResponse, start: float) -> Completion:
+    ttft = None
+    usage: dict = {}
+    error = None
+    buffer = b""
+    async for chunk in response.content.iter_any():
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                continue
+            try:
+                event = json.loads(data)
+            except ValueError:
+                continue
+            if "error" in event:
+                error = _clip(json.dumps(event["error"]))
+            if event.get("choices") and ttft is None:
+                ttft = time.perf_counter() - start
+            if event.get("usage"):
+                usage = event["usage"]
+    elapsed = time.perf_counter() - start
+    if error is not None or ttft is None:
+        return Completion(False, elapsed, ttft, error=error or "stream ended without a token")
+    return Completion(True, elapsed, ttft, usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+
+def _message(text: str) -> str:
+    try:
+        body = json.loads(text)
+        error = body.get("error", body)
+        return str(error.get("message", error)) if isinstance(error, dict) else str(error)
+    except (ValueError, AttributeError):
+        return text
+
+
+def _clip(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= ERROR_TEXT_LIMIT else text[:ERROR_TEXT_LIMIT] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,101 @@
+"""What a load test run asks for: experiments and their knobs, validated before any request is sent."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..errors import InvalidSpec
+
+EXPERIMENTS = ("ttft", "throughput")
+# Defaults from the source document: single-request TTFT over prompt lengths; 10 000 unique 512-token
+# prompts swept over CPU hit rates.
+DEFAULT_TTFT_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
+DEFAULT_TTFT_REPETITIONS = 5
+DEFAULT_NUM_PROMPTS = 10_000
+DEFAULT_PROMPT_LEN = 512
+DEFAULT_HIT_RATES = (0.0, 0.25, 0.5, 0.8, 1.0)
+DEFAULT_CONCURRENCY = 256
+FLUSH_FACTOR = 1.25  # a flush allocates this many times the GPU KV capacity
+AUTO = "auto"
+
+
+@dataclass
+class TtftPlan:
+    lengths: list[int] = field(default_factory=lambda: list(DEFAULT_TTFT_LENGTHS))
+    repetitions: int = DEFAULT_TTFT_REPETITIONS
+    flush_tokens: int | str = AUTO  # tokens of unique prompts sent to evict the GPU copies; auto: from the server
+
+
+@dataclass
+class ThroughputPlan:
+    num_prompts: int = DEFAULT_NUM_PROMPTS
+    prompt_len: int = DEFAULT_PROMPT_LEN
+    hit_rates: list[float] = field(default_factory=lambda: list(DEFAULT_HIT_RATES))
+    flush_tokens: int | str = AUTO
+
+
+@dataclass
+class Plan:
+    experiments: list[str] = field(default_factory=lambda: list(EXPERIMENTS))
+    ttft: TtftPlan = field(default_factory=TtftPlan)
+    throughput: ThroughputPlan = field(default_factory=ThroughputPlan)
+    concurrency: int = DEFAULT_CONCURRENCY
+    output_tokens: int = 1
+    prompt_format: str = AUTO  # auto | ids | text
+    id_range: int = 1000
+    seed: int | None = None  # None: a random seed, drawn when the run starts
+    settle_s: float = 1.0  # pause after warm-ups and flushes: offload stores finish asynchronously
+    block_size: int | str = AUTO  # tokens per KV block (hit granularity); auto: the server's
+    gpu_kv_tokens: int | str = AUTO  # the server's GPU KV capacity; auto: from its /metrics
+    max_error_rate: float = 0.01
+    request_timeout_s: float = 3600.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> Plan:
+        unknown = [e for e in self.experiments if e not in EXPERIMENTS]
+        if unknown or not self.experiments:
+            raise InvalidSpec(f"experiments must be among {', '.join(EXPERIMENTS)}; got {', '.join(self.experiments) or 'none'}")
+        for rate in self.throughput.hit_rates:
+            if not 0.0 <= rate <= 1.0:
+                hint = f" (hit rates are fractions: {rate / 100:g} means {rate:g}%)" if 1 < rate <= 100 else ""
+                raise InvalidSpec(f"hit rate {rate:g} is outside 0..1{hint}")
+        if not self.throughput.hit_rates:
+            raise InvalidSpec("give at least one hit rate")
+        _positive("concurrency", self.concurrency)
+        _positive("output tokens", self.output_tokens)
+        _positive("TTFT repetitions", self.ttft.repetitions)
+        _positive("number of prompts", self.throughput.num_prompts)
+        _positive("prompt length", self.throughput.prompt_len)
+        _positive("token id range", self.id_range)
+        for length in self.ttft.lengths:
+            _positive("TTFT prompt length", length)
+        if not self.ttft.lengths:
+            raise InvalidSpec("give at least one TTFT prompt length")
+        for name, value in (("--block-size", self.block_size), ("--gpu-kv-tokens", self.gpu_kv_tokens),
+                            ("--flush-tokens", self.ttft.flush_tokens),
+                            ("--flush-tokens", self.throughput.flush_tokens)):
+            if value != AUTO and (not isinstance(value, int) or value < 0):
+                raise InvalidSpec(f"{name} must be '{AUTO}' or a whole number >= 0; got {value!r}")
+        if self.prompt_format not in (AUTO, "ids", "text"):
+            raise InvalidSpec(f"prompt format must be auto, ids or text; got {self.prompt_format!r}")
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            raise InvalidSpec(f"max error rate {self.max_error_rate:g} is outside 0..1")
+        if self.settle_s < 0:
+            raise InvalidSpec(f"settle time must be >= 0 seconds; got {self.settle_s:g}")
+        return self
+
+
+def _positive(what: str, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise InvalidSpec(f"{what} must be a whole number >= 1; got {value!r}")
+
+
+def prefix_tokens(hit_rate: float, prompt_len: int, block_size: int) -> int:
+    """Tokens of a prompt placed in the CPU pool beforehand for a target hit rate (whole blocks)."""
+    return int(hit_rate * prompt_len) // block_size * block_size
+
+
+def hittable_tokens(prefix: int, prompt_len: int, block_size: int) -> int:
+    """Tokens the server can serve from cache: whole blocks, never the prompt's last token."""
+    return min(prefix, (prompt_len - 1) // block_size * block_size)

@@ -1,0 +1,177 @@
+"""The server under test: what it serves and reports, and the request phases every experiment uses."""
+from __future__ import annotations
+
+import asyncio
+import math
+import platform
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..errors import InvalidSpec
+from .client import Completion, EndpointError, OpenAIClient
+from .metrics import CacheFacts, Snapshot, counter_deltas, hit_summary
+from .plan import AUTO, FLUSH_FACTOR, Plan
+from .progress import Progress
+from .prompts import PromptSource
+
+PROBE_TOKENS = 16
+ERROR_SAMPLES = 5
+
+
+@dataclass
+class Target:
+    client: OpenAIClient
+    plan: Plan
+    prompts: PromptSource
+    progress_mode: str = "auto"
+    model: dict = field(default_factory=dict)
+    version: str | None = None
+    cache: CacheFacts | None = None
+    has_metrics: bool = False
+    block_size: int = 16
+    gpu_kv_tokens: int | None = None
+
+    @property
+    def max_model_len(self) -> int | None:
+        value = self.model.get("max_model_len")
+        return int(value) if isinstance(value, int) else None
+
+    async def discover(self, requested_model: str | None) -> None:
+        """Model, version, cache facts; then one real completion. Raises EndpointError/InvalidSpec."""
+        self.model = await self.client.resolve_model(requested_model)
+        self.version = await self.client.version()
+        snapshot = await self.snapshot()
+        self.has_metrics = snapshot is not None
+        self.cache = CacheFacts.from_snapshot(snapshot) if snapshot is not None else None
+        self.block_size = _resolve(self.plan.block_size, self.cache and self.cache.block_size, 16)
+        self.gpu_kv_tokens = _resolve(self.plan.gpu_kv_tokens, self.cache and self.cache.gpu_tokens, None)
+        self._check_lengths()
+        fmt = await self.client.probe_prompt_format(self.prompts.token_ids(PROBE_TOKENS, "probe"),
+                                                    self.plan.prompt_format)
+        self.prompts.fmt = fmt
+
+    def _check_lengths(self) -> None:
+        limit = self.max_model_len
+        if limit is None:
+            return
+        longest = []
+        if "ttft" in self.plan.experiments:
+            longest.append(("TTFT prompt length", max(self.plan.ttft.lengths)))
+        if "throughput" in self.plan.experiments:
+            longest.append(("prompt length", self.plan.throughput.prompt_len))
+        for what, length in longest:
+            if length + self.plan.output_tokens > limit:
+                raise InvalidSpec(f"{what} {length} + {self.plan.output_tokens} output tokens exceeds the server's "
+                                  f"max_model_len {limit} for {self.client.model!r}")
+
+    def environment(self) -> dict:
+        from .. import __version__
+
+        cache_keys = ("num_gpu_blocks", "block_size", "enable_prefix_caching", "kv_offloading_backend",
+                      "kv_offloading_size", "num_cpu_blocks", "cache_dtype", "kv_cache_memory_bytes",
+                      "gpu_memory_utilization")
+        labels = self.cache.labels if self.cache else {}
+        return {
+            "endpoint": self.client.base_url,
+            "model": self.client.model,
+            "max_model_len": self.max_model_len,
+            "model_root": self.model.get("root"),
+            "vllm_version": self.version,
+            "metrics": self.has_metrics,
+            "server_cache": {k: labels[k] for k in cache_keys if k in labels},
+            "block_size": self.block_size,
+            "gpu_kv_tokens": self.gpu_kv_tokens,
+            "prompt_format": self.prompts.fmt,
+            "client": {"host": platform.node(), "python": platform.python_version(), "spillway": __version__,
+                       "aiohttp": _version("aiohttp")},
+        }
+
+    async def snapshot(self) -> Snapshot | None:
+        text = await self.client.metrics_text()
+        return Snapshot.from_text(text) if text is not None else None
+
+    # -- request phases ---------------------------------------------------------------------------
+    async def send_all(self, label: str, prompts: Iterable[list[int] | str]) -> tuple[list[Completion], float]:
+        """Send prompts with the plan's concurrency; (results in order, seconds from first send to last reply).
+
+        Request bodies are encoded before the clock starts."""
+        bodies = [self.client.body(p, self.plan.output_tokens) for p in prompts]
+        progress = Progress(label, len(bodies), self.progress_mode)
+        results: list[Completion] = [None] * len(bodies)  # type: ignore[list-item]
+        next_index = 0
+
+        async def worker() -> None:
+            nonlocal next_index
+            while next_index < len(bodies):
+                index = next_index
+                next_index += 1
+                results[index] = result = await self.client.post(bodies[index])
+                progress.update(result.ok)
+
+        start = time.perf_counter()
+        workers = [asyncio.create_task(worker()) for _ in range(min(self.plan.concurrency, len(prompts)))]
+        try:
+            await asyncio.gather(*workers)
+            bodies.clear()
+        finally:
+            for task in workers:
+                task.cancel()
+            progress.close()
+        return results, time.perf_counter() - start
+
+    def flush_tokens(self, requested: int | str, resident_tokens: int | None = None) -> int:
+        """Tokens of unique prompts that evict everything from the GPU prefix cache (0: no need)."""
+        if requested != AUTO:
+            return int(requested)
+        if self.cache is not None and self.cache.prefix_caching is False:
+            return 0  # the server keeps no GPU prefix cache: every repeat comes from the CPU pool or is recomputed
+        if self.gpu_kv_tokens is None:
+            raise InvalidSpec(f"cannot size the GPU cache flush: {self.client.base_url} reports no "
+                              "vllm:cache_config_info; pass --gpu-kv-tokens or --flush-tokens")
+        if resident_tokens is not None and resident_tokens >= 2 * self.gpu_kv_tokens:
+            return 0  # a working set twice the GPU cache, re-read in order, evicts itself under LRU
+        return math.ceil(FLUSH_FACTOR * self.gpu_kv_tokens)
+
+    async def flush(self, tokens: int, key: object) -> dict:
+        """Send `tokens` tokens of never-seen prompts so the GPU prefix cache evicts what came before."""
+        if tokens <= 0:
+            return {"tokens": 0}
+        chunk = self._flush_chunk()
+        count = math.ceil(tokens / chunk)
+        prompts = (self.prompts.prompt(chunk, "flush", key, i) for i in range(count))
+        results, elapsed = await self.send_all(f"flush {count}x{chunk}", prompts)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise EndpointError(f"{len(failed)} of {count} cache-flush requests failed: {failed[0].error}")
+        await asyncio.sleep(self.plan.settle_s)
+        return {"tokens": chunk * count, "requests": count, "elapsed_s": elapsed}
+
+    def _flush_chunk(self) -> int:
+        limit = (self.max_model_len or 8192) - self.plan.output_tokens - 1
+        share = max(self.block_size, (self.gpu_kv_tokens or limit) // 4)
+        return max(1, min(limit, share, 8192))
+
+
+def measured(before: Snapshot | None, after: Snapshot | None, prompt_tokens: int) -> dict:
+    deltas = counter_deltas(before, after)
+    return {"counters": deltas, "achieved": hit_summary(deltas, prompt_tokens)}
+
+
+def error_samples(results: list[Completion]) -> list[str]:
+    return [r.error for r in results if not r.ok][:ERROR_SAMPLES]
+
+
+def _resolve(requested: int | str, reported: int | None, fallback: int | None) -> int | None:
+    if requested != AUTO:
+        return int(requested)
+    return reported if reported is not None else fallback
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,80 @@
+"""Experiment "throughput": N unique prompts of L tokens, swept over target CPU hit rates.
+
+For a target hit rate h, every prompt is a prefix of h*L tokens (whole blocks) followed by a fresh
+suffix. Warm-up (not timed) sends the prefixes alone, so their KV is stored in the CPU pool. Hits must
+come from the CPU pool, not the GPU prefix cache: unless the warm-up's working set is at least twice the
+GPU KV capacity (re-read in the same order, an LRU cache then evicts each prefix before its turn), a flush
+of never-seen prompts evicts the GPU copies first. The timed phase sends all N prompts with the plan's
+concurrency. /metrics scraped around the timed phase gives the hit rate the server achieved.
+Every point uses its own prompts: nothing carries over between points.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from .client import EndpointError
+from .plan import hittable_tokens, prefix_tokens
+from .results import ResultSink, percentiles
+from .target import Target, error_samples, measured
+
+
+async def run(target: Target, sink: ResultSink) -> None:
+    plan = target.plan
+    for index, rate in enumerate(plan.throughput.hit_rates):
+        point = await _point(target, index, rate)
+        sink.result["throughput"]["points"].append(point)
+        sink.publish()
+        failed = point["errors"] + point["warmup"].get("errors", 0)
+        sent = point["requests"] + point["warmup"].get("requests", 0)
+        if failed > plan.max_error_rate * sent:
+            raise EndpointError(f"{failed} of {sent} requests failed at target hit rate {rate:g} "
+                                f"(allowed: {plan.max_error_rate:g}); first: {point['error_samples'][0]}")
+
+
+async def _point(target: Target, index: int, rate: float) -> dict:
+    plan, tp = target.plan, target.plan.throughput
+    length, n = tp.prompt_len, tp.num_prompts
+    prefix = prefix_tokens(rate, length, target.block_size)
+    label = f"hit {rate:.0%}"
+    prompts = target.prompts
+
+    def prefix_of(i: int) -> list[int]:
+        return prompts.token_ids(prefix, "tp", index, i, "prefix")
+
+    warmup: dict = {"requests": 0, "errors": 0}
+    if prefix:
+        results, elapsed = await target.send_all(f"{label} warm-up", (prompts.render(prefix_of(i)) for i in range(n)))
+        warmup = {"requests": n, "errors": sum(not r.ok for r in results), "elapsed_s": elapsed,
+                  "tokens": prefix * n, "error_samples": error_samples(results)}
+        await asyncio.sleep(plan.settle_s)
+    warmup["flush"] = await target.flush(target.flush_tokens(tp.flush_tokens, prefix * n) if prefix else 0,
+                                         ("tp", index))
+
+    timed = (prompts.render(prefix_of(i) + prompts.token_ids(length - prefix, "tp", index, i, "suffix"))
+             for i in range(n))
+    before = await target.snapshot()
+    results, elapsed = await target.send_all(f"{label} timed", timed)
+    after = await target.snapshot()
+
+    ok = [r for r in results if r.ok]
+    prompt_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else length for r in ok)
+    output_tokens = sum(r.completion_tokens or 0 for r in ok)
+    point = {
+        "target_hit_rate": rate,
+        "prefix_tokens": prefix,
+        "hittable_rate": hittable_tokens(prefix, length, target.block_size) / length,
+        "requests": n,
+        "ok": len(ok),
+        "errors": n - len(ok),
+        "error_samples": error_samples(results),
+        "elapsed_s": elapsed,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "prompt_tokens_per_s": prompt_tokens / elapsed if elapsed > 0 else None,
+        "tokens_per_s": (prompt_tokens + output_tokens) / elapsed if elapsed > 0 else None,
+        "requests_per_s": len(ok) / elapsed if elapsed > 0 else None,
+        "latency_s": percentiles([r.latency_s for r in ok]),
+        "warmup": warmup,
+    }
+    point.update(measured(before, after, prompt_tokens))
+    return point

@@ -1,0 +1,45 @@
+"""Experiment "ttft": a prompt's first request (recompute) against its repeat once the GPU copy is gone.
+
+Per repetition: every length's first request, one at a time; a flush of never-seen prompts that evicts
+the GPU prefix cache (skipped where the server keeps none); every length's repeat. With offloading the
+repeat loads the prompt's KV from the CPU pool; without it, the repeat recomputes. Each request is
+streamed (TTFT = first token on the client) and bracketed by /metrics scrapes, so each sample carries
+the hits the server reports for it.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from .client import EndpointError
+from .results import ResultSink
+from .target import Target, measured
+
+
+async def run(target: Target, sink: ResultSink) -> None:
+    plan = target.plan
+    lengths = sorted(plan.ttft.lengths)
+    flush_tokens = target.flush_tokens(plan.ttft.flush_tokens)
+    section = sink.result["ttft"]
+    section["flush_tokens"] = flush_tokens
+    section["flushes"] = []
+    for rep in range(plan.ttft.repetitions):
+        for length in lengths:
+            await _sample(target, sink, length, rep, "cold")
+        await asyncio.sleep(plan.settle_s)
+        section["flushes"].append(await target.flush(flush_tokens, ("ttft", rep)))
+        for length in lengths:
+            await _sample(target, sink, length, rep, "warm")
+        sink.publish()
+
+
+async def _sample(target: Target, sink: ResultSink, length: int, rep: int, phase: str) -> None:
+    prompt = target.prompts.prompt(length, "ttft", length, rep)
+    before = await target.snapshot()
+    result = await target.client.complete(prompt, target.plan.output_tokens, stream=True)
+    after = await target.snapshot()
+    sample = {"length": length, "repetition": rep, "phase": phase, "ok": result.ok, "ttft_s": result.ttft_s,
+              "latency_s": result.latency_s, "prompt_tokens": result.prompt_tokens, "error": result.error}
+    sample.update(measured(before, after, result.prompt_tokens or length))
+    sink.result["ttft"]["samples"].append(sample)
+    if not result.ok:
+        raise EndpointError(f"TTFT request of {length} tokens ({phase}, repetition {rep}) failed: {result.error}")

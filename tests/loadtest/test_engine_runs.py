@@ -1,0 +1,137 @@
+"""Both experiments end to end against a real vLLM (CPU) with offloading to a host-memory pool.
+
+The server is tiny and its KV cache small (48 blocks of 32 tokens; the CPU attention backend wants
+multiples of 32 without AVX-512), so repeats must come from the CPU
+pool. The hit rates checked here are the ones the server reports on /metrics, not the ones asked for.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support import VllmServer, vllm_server_fixture
+
+pytestmark = pytest.mark.engine
+
+BLOCK = 32
+GPU_BLOCKS = 48
+CPU_POOL_BYTES = 8 * 2**20  # 512 blocks of 16 KiB: holds every prompt of this module
+
+
+def offload_args() -> list[str]:
+    from spillway_connector.host_backend import cpu_offload_args
+
+    return cpu_offload_args(CPU_POOL_BYTES)
+
+
+server = vllm_server_fixture(num_gpu_blocks=GPU_BLOCKS, block_size=BLOCK, max_model_len=1024, max_num_seqs=8,
+                             extra_args=offload_args())
+
+
+def loadtest(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_ttft_repeat_is_served_from_the_cpu_pool(server: VllmServer, tmp_path: Path):
+    out = loadtest("run", "--endpoint", server.base_url, "--experiment", "ttft", "--ttft-lengths", "128,512",
+                   "--ttft-repetitions", "2", "-o", str(tmp_path / "ttft.json"), "--label", "gpu=none")
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "ttft.json").read_text())
+    assert result["status"] == "complete"
+    env = result["environment"]
+    assert env["model"] == server.model and env["vllm_version"] and env["block_size"] == BLOCK
+    assert env["gpu_kv_tokens"] == GPU_BLOCKS * BLOCK
+    assert result["ttft"]["flush_tokens"] >= 1.25 * GPU_BLOCKS * BLOCK  # prefix caching is on: flushed
+    samples = result["ttft"]["samples"]
+    assert len(samples) == 2 * 2 * 2
+    for sample in samples:
+        achieved = sample["achieved"]
+        assert sample["ok"] and sample["ttft_s"] > 0
+        if sample["phase"] == "cold":
+            assert achieved["cpu_hit_tokens"] == 0 and achieved["gpu_hit_tokens"] == 0
+        else:
+            hittable = (sample["length"] - 1) // BLOCK * BLOCK
+            assert achieved["gpu_hit_tokens"] == 0, "the flush left the prompt in the GPU cache"
+            assert achieved["cpu_hit_tokens"] == hittable, sample
+            assert achieved["offload_load_bytes"] > 0
+    summary = {row["length"]: row for row in result["ttft"]["summary"]}
+    assert set(summary) == {128, 512}
+    assert summary[512]["recompute_s"]["n"] == 2 and summary[512]["repeat_cpu_hit_rate"] == 480 / 512
+    assert "TTFT, ms" in out.stdout and "512" in out.stdout
+    assert (tmp_path / "ttft.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_throughput_achieves_the_target_hit_rates(server: VllmServer, tmp_path: Path):
+    out = loadtest("run", "--endpoint", server.base_url, "--experiment", "throughput", "--num-prompts", "24",
+                   "--prompt-len", "128", "--hit-rates", "0,0.5,1", "--concurrency", "8", "-o",
+                   str(tmp_path / "tp.json"), "--no-plot")
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "tp.json").read_text())
+    points = result["throughput"]["points"]
+    assert [p["target_hit_rate"] for p in points] == [0.0, 0.5, 1.0]
+    for p in points:
+        achieved = p["achieved"]
+        assert p["errors"] == 0 and p["ok"] == 24 and p["prompt_tokens"] == 24 * 128
+        assert p["prompt_tokens_per_s"] > 0 and p["requests_per_s"] > 0
+        assert achieved["gpu_hit_rate"] == 0, p  # hits come from the CPU pool, not the GPU prefix cache
+        assert achieved["cpu_hit_rate"] == pytest.approx(p["hittable_rate"], abs=0.02), p
+    assert points[0]["achieved"]["cpu_hit_rate"] == 0
+    assert points[1]["prefix_tokens"] == 64 and points[1]["warmup"]["tokens"] == 24 * 64
+    assert points[2]["achieved"]["cpu_hit_rate"] == pytest.approx(96 / 128, abs=0.02)
+    assert points[2]["achieved"]["offload_load_bytes"] > points[1]["achieved"]["offload_load_bytes"] > 0
+    assert "Throughput" in out.stdout
+
+
+def test_model_not_served(server: VllmServer, tmp_path: Path):
+    out = loadtest("run", "--endpoint", server.base_url, "--model", "nope", "-o", str(tmp_path / "r.json"))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"spillway: error: model 'nope' is not served by {server.base_url} (served: {server.model})")
+
+
+def test_prompt_longer_than_the_server_takes(server: VllmServer, tmp_path: Path):
+    out = loadtest("run", "--endpoint", server.base_url, "--experiment", "ttft", "--ttft-lengths", "128,4096",
+                   "-o", str(tmp_path / "r.json"))
+    assert out.returncode == 2
+    assert ("TTFT prompt length 4096 + 1 output tokens exceeds the server's max_model_len 1024"
+            in out.stderr.strip().splitlines()[-1])
+
+
+def test_server_refusing_requests(server: VllmServer, tmp_path: Path):
+    """This server has no tokenizer: text prompts are answered with an error."""
+    out = loadtest("run", "--endpoint", server.base_url, "--prompt-format", "text", "-o", str(tmp_path / "r.json"))
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"spillway: error: {server.base_url}/v1/completions refused a 16-token completion")
+    assert "text prompt: HTTP 4" in last or "text prompt: HTTP 5" in last
+    assert json.loads((tmp_path / "r.json").read_text())["status"] == "failed"
+
+
+def test_interrupted_run_keeps_finished_points(server: VllmServer, tmp_path: Path):
+    path = tmp_path / "partial.json"
+    proc = subprocess.Popen([sys.executable, "-m", "spillway.cli", "loadtest", "run", "--endpoint", server.base_url,
+                             "--experiment", "throughput", "--num-prompts", "8", "--prompt-len", "64",
+                             "--hit-rates", "0,0,0,0,0,0,0,0,0,0", "--concurrency", "4", "-o", str(path), "--no-plot"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if path.exists() and json.loads(path.read_text())["throughput"]["points"]:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr
+    assert f"interrupted; partial result kept in {path}" in stderr
+    result = json.loads(path.read_text())
+    assert result["status"] == "interrupted"
+    assert 1 <= len(result["throughput"]["points"]) < 10
+    assert all(p["ok"] == 8 for p in result["throughput"]["points"])
