@@ -158,7 +158,7 @@ def test_namespace_scoped_operator_gets_a_role_per_namespace(helm):
     assert sorted(r["metadata"]["namespace"] for r in of_kind(docs, "Role")) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in of_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
     cluster_role, = of_kind(docs, "ClusterRole")
-    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
 
 
 def test_operator_runs_the_handlers_module_that_exists():

@@ -12,7 +12,7 @@ kopf runs with --standalone (no peering objects) and discovers resources through
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["spillway.dev"]
   resources: ["modelservers/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
