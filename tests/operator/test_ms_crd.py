@@ -6,6 +6,7 @@ import copy
 import re
 
 import celpy
+import kubernetes_validate
 import pytest
 import yaml
 from ms_crd_schema import REPO, admit, crd, rules, version_schema
@@ -136,3 +137,8 @@ def test_bad_resources_are_rejected(name):
         # What got past an older schema (or an emulator without validation) must not get past the operator.
         with pytest.raises(SpillwayError):
             desired(obj, [summarize_node(gpu_node("g"))])
+
+
+@pytest.mark.parametrize("version", ["1.30", "1.37"])
+def test_the_crd_itself_validates_strictly(version):
+    kubernetes_validate.validate(crd(), version, strict=True)
