@@ -2,7 +2,17 @@
 # Starts vLLM's OpenAI server with the arguments the Spillway operator planned:
 #   MODEL [engine flags: --tensor-parallel-size, --kv-transfer-config, --port, ...]
 # A leading "vllm serve" is accepted and dropped, so the planned command works either way.
+#
+# KV-cache layout preset: block-outermost (BLHNC), so one host-memory region holds a block's KV of all
+# layers and the offloading connector copies a block with one DMA transfer. It applies when
+# VLLM_KV_CACHE_LAYOUT is unset; VLLM_KV_CACHE_LAYOUT=auto leaves the choice to the attention backend.
+# (It is not an image ENV: a pod cannot unset an image's variable, and `offload.layout: default` must
+# get the backend's own layout.)
 set -eu
+case "${VLLM_KV_CACHE_LAYOUT:-}" in
+  "") export VLLM_KV_CACHE_LAYOUT=BLHNC ;;
+  auto) unset VLLM_KV_CACHE_LAYOUT ;;
+esac
 if [ "$#" -ge 2 ] && [ "$1" = "vllm" ] && [ "$2" = "serve" ]; then
   shift 2
 fi

@@ -2,6 +2,7 @@
 version agreement with the packages, images/build.sh and the vLLM entrypoint."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -121,9 +122,14 @@ def test_vllm_image_pins_the_supported_vllm_release():
     assert vllm_requirement.specifier.contains(vllm_version()), "the connector does not declare support for it"
 
 
-def test_vllm_image_sets_the_contiguous_layout_and_installs_the_connector():
+def test_vllm_image_installs_the_connector_and_presets_the_layout_in_its_entrypoint():
     dockerfile = IMAGES / "vllm" / "Dockerfile"
-    assert env(dockerfile)[vllm_api.ENV_KV_CACHE_LAYOUT] == vllm_api.CONTIGUOUS_LAYOUT
+    # An image ENV could not be unset by a pod: `offload.layout: default` needs the variable absent.
+    assert vllm_api.ENV_KV_CACHE_LAYOUT not in env(dockerfile)
+    entrypoint, = [args for name, args in instructions(dockerfile) if name == "ENTRYPOINT"]
+    assert json.loads(entrypoint) == ["/usr/local/bin/spillway-vllm"]
+    assert "images/vllm/entrypoint.sh /usr/local/bin/spillway-vllm" in " ".join(
+        args for name, args in instructions(dockerfile) if name == "COPY")
     assert "connector/" in copy_sources(dockerfile)
     runs = " ".join(args for name, args in instructions(dockerfile) if name == "RUN")
     assert "install" in runs and "import spillway_connector" in runs
@@ -273,15 +279,31 @@ def test_build_print_needs_no_engine(tmp_path):
 
 # -- the vLLM image's entrypoint ---------------------------------------------------------------------------
 
+def entrypoint(tmp_path: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
+    # A vllm stand-in that prints what it was started with: its arguments and the layout variable.
+    stub(tmp_path, "vllm", f'echo "$@"; echo "layout=${{{vllm_api.ENV_KV_CACHE_LAYOUT}-unset}}"\n')
+    return subprocess.run(["sh", str(IMAGES / "vllm" / "entrypoint.sh"), *args], check=False, capture_output=True,
+                          text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin", **env_vars}, timeout=30)
+
+
 @pytest.mark.parametrize("args, expected", [
     (["Qwen/Qwen2.5-7B-Instruct", "--tensor-parallel-size", "2"], "serve Qwen/Qwen2.5-7B-Instruct --tensor-parallel-size 2"),
     (["vllm", "serve", "m", "--port", "8000"], "serve m --port 8000"),
 ])
 def test_entrypoint_runs_vllm_serve_with_the_planned_args(tmp_path, args, expected):
-    stub(tmp_path, "vllm", 'echo "$@"\n')
-    proc = subprocess.run(["sh", str(IMAGES / "vllm" / "entrypoint.sh"), *args], check=False, capture_output=True, text=True,
-                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30)
-    assert proc.returncode == 0 and proc.stdout.strip() == expected
+    proc = entrypoint(tmp_path, *args)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[0] == expected
+
+
+@pytest.mark.parametrize("given, seen", [
+    (None, vllm_api.CONTIGUOUS_LAYOUT),  # the preset
+    ("HND", "HND"),  # a planned or chosen layout is kept
+    ("auto", "unset"),  # the attention backend chooses
+])
+def test_entrypoint_presets_the_contiguous_layout(tmp_path, given, seen):
+    env_vars = {} if given is None else {vllm_api.ENV_KV_CACHE_LAYOUT: given}
+    proc = entrypoint(tmp_path, "m", **env_vars)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[1] == f"layout={seen}"
 
 
 def test_entrypoint_without_args_explains(tmp_path):

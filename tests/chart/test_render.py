@@ -261,7 +261,7 @@ def test_notes_tell_what_to_do_next():
     assert "kubectl -n spillway-system get modelserver llama-8b -w" in notes
     assert "kubectl -n serving get modelserver llama-8b-tp2 -w" in notes
     assert f"helm test {RELEASE}" in notes
-    assert "spillway loadtest --modelserver NAME" in notes
+    assert f"spillway loadtest job --modelserver NAME -n NAMESPACE --image {k8s_names.DEFAULT_OPERATOR_IMAGE}" in notes
     assert "grafana_dashboard=1" in notes or not DASHBOARD_FILES
 
 
