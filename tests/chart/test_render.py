@@ -258,8 +258,8 @@ def test_notes_tell_what_to_do_next():
     proc = subprocess.run(command + ["--dry-run=client"], check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]
-    assert "kubectl -n spillway-system get modelserver llama-8b -w" in notes
-    assert "kubectl -n serving get modelserver llama-8b-tp2 -w" in notes
+    assert "kubectl -n spillway-system get ms llama-8b -w" in notes
+    assert "kubectl -n serving get ms llama-8b-tp2 -w" in notes
     assert f"helm test {RELEASE}" in notes
     assert f"spillway loadtest job --modelserver NAME -n NAMESPACE --image {k8s_names.DEFAULT_OPERATOR_IMAGE}" in notes
     assert "grafana_dashboard=1" in notes or not DASHBOARD_FILES
@@ -304,3 +304,25 @@ def test_operator_settings_use_the_operators_names(helm):
     assert env[k8s_names.ENV_POD_MONITORS] == "false"
     default_env = {e["name"] for e in operator_container(render(helm))["env"]}
     assert k8s_names.ENV_ALLOW_HUB_FETCH not in default_env
+
+
+def test_pod_monitor_and_helm_test_reach_what_the_operator_deploys(helm):
+    """The operator's own manifests for a `models:` entry: the PodMonitor selects its pods' port, and
+    `helm test` calls its Service by name and port."""
+    from spillway.facts import summarize_node, synthetic_node
+    from spillway.manifests import desired
+
+    docs = render_scenario(helm, "models")
+    server = one(docs, k8s_names.KIND, "llama-8b")
+    objects = desired(server, [summarize_node(synthetic_node("2Ti", 8))]).objects
+    deployment, = [o for o in objects if o["kind"] == "Deployment"]
+    service, = [o for o in objects if o["kind"] == "Service"]
+    pod = deployment["spec"]["template"]
+    pod_monitor = one(docs, "PodMonitor")
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    endpoint, = pod_monitor["spec"]["podMetricsEndpoints"]
+    container_ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert endpoint["port"] in container_ports
+    port, = service["spec"]["ports"]
+    url = f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{port['port']}"
+    assert f"--model=llama-8b={url}" in test_pod(docs)["spec"]["containers"][0]["command"]
