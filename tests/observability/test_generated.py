@@ -9,6 +9,7 @@ from obs_files import (
     ALERT_TESTS,
     CHART_FILES,
     DASHBOARD_FILES,
+    REPO,
     alerting_rules,
     dashboard_panels,
     load_boards,
@@ -145,3 +146,14 @@ def test_every_alert_has_firing_and_quiet_unit_tests():
             fired |= bool(firing)
             quiet |= bool(pods - firing) or any(not c.get("exp_alerts") for c in cases)
         assert fired and quiet, alert.name
+
+
+def test_docs_describe_every_series_alert_and_row():
+    docs = (REPO / "docs" / "metrics.md").read_text()
+    texts = [t["expr"] for b in load_boards().values() for p in query_panels(b) for t in p["targets"]]
+    texts += [r["expr"] for r in recording_rules() + alerting_rules()]
+    used = {name.removesuffix("_bucket") for text in texts for name in SERIES.findall(text)}
+    names = used | {rule.record for rule in recording.rules()} | {a.name for a in alerts.alerts()}
+    names |= {p["title"] for b in load_boards().values() for p in dashboard_panels(b) if p["type"] == "row"}
+    missing = sorted(name for name in names if name not in docs)
+    assert not missing, f"docs/metrics.md does not mention {missing}"
