@@ -33,6 +33,8 @@ NATIVE_BACKEND = "native"
 
 # -- environment --------------------------------------------------------------
 ENV_KV_CACHE_LAYOUT = "VLLM_KV_CACHE_LAYOUT"
+# "0" keeps vLLM 0.26 on the V1 model runner: its V2 runner has no cross-layer KV blocks (per-layer copies)
+ENV_USE_V2_MODEL_RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
 ENV_HF_TOKEN = "HF_TOKEN"  # read by vLLM's Hugging Face downloads
 CONTIGUOUS_LAYOUT = "BLHNC"  # block-outermost: one region holds a block's KV of all layers
 ENV_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"  # CPU platform, legacy: whole GiB, overrides --kv-cache-memory-bytes
