@@ -1,0 +1,32 @@
+"""The plugin's unit tests again, against other vLLM versions' sources (0.26 on the GPU, 0.33 in the image).
+
+Set SPILLWAY_VLLM_TREES to directories that each hold a `vllm/` package of a supported version (its pure
+Python offloading classes are what these tests exercise; the engine itself is not started), separated by
+os.pathsep. Without it the test skips: CI has only the vLLM of .venv.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+UNIT_MODULES = ["test_host_backend.py", "test_probes.py", "test_prom_metrics.py"]
+TREES = [tree for tree in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if tree]
+
+
+@pytest.mark.skipif(not TREES, reason="SPILLWAY_VLLM_TREES names no other vLLM sources")
+@pytest.mark.parametrize("tree", TREES)
+def test_unit_tests_pass_on_other_vllm_sources(tree):
+    assert (Path(tree) / "vllm" / "__init__.py").is_file(), f"{tree} holds no vllm package"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, str(REPO / "connector"), str(REPO / "operator")]))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(REPO)]
+    result = subprocess.run(command + [str(HERE / m) for m in UNIT_MODULES], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=600, check=False)
+    version = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], env=env,
+                             capture_output=True, text=True, timeout=300, check=False).stdout.strip()
+    assert result.returncode == 0, f"vLLM {version} at {tree}:\n{result.stdout[-4000:]}"
