@@ -74,6 +74,7 @@ def test_every_query_panel_is_described_and_filtered():
         assert {dashboards.NAMESPACE_VAR, dashboards.MODEL_VAR, dashboards.POD_VAR, dashboards.DATASOURCE_VAR} <= variables
         for panel in query_panels(board):
             assert panel.get("description"), (name, panel["title"])
+            assert isinstance(panel.get("options"), dict), (name, panel["title"])  # Grafana chokes on null
             assert panel["datasource"]["uid"] == f"${{{dashboards.DATASOURCE_VAR}}}"
             for target in panel["targets"]:
                 for matcher in dashboards.FILTER:

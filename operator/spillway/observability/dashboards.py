@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from grafana_foundation_sdk.builders import common as gc
 from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.builders import prometheus, table, text, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as gcm
 from grafana_foundation_sdk.models import dashboard as gm
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from spillway_connector import names as connector
@@ -277,7 +279,12 @@ def _panel(spec: PanelSpec, panel_id: int, width: int):
         .span(width)
     )
     if spec.kind == "table":
-        builder = builder.with_transformation(gm.DataTransformerConfig(id_val="merge", options={}))
+        builder = builder.show_header(True).with_transformation(gm.DataTransformerConfig(id_val="merge", options={}))
+    else:
+        builder = builder.legend(
+            gc.VizLegendOptions().display_mode(gcm.LegendDisplayMode.TABLE).placement(gcm.LegendPlacement.BOTTOM)
+            .show_legend(True).calcs(["lastNotNull", "max"])
+        ).tooltip(gc.VizTooltipOptions().mode(gcm.TooltipDisplayMode.MULTI).sort(gcm.SortOrder.DESCENDING))
     for index, query in enumerate(spec.queries):
         builder = builder.with_target(_target(query, chr(ord("A") + index), instant=spec.kind == "table"))
     return builder
