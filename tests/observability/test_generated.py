@@ -158,3 +158,14 @@ def test_docs_describe_every_series_alert_and_row():
     names |= {p["title"] for b in load_boards().values() for p in dashboard_panels(b) if p["type"] == "row"}
     missing = sorted(name for name in names if name not in docs)
     assert not missing, f"docs/metrics.md does not mention {missing}"
+
+
+def test_dashboards_round_trip_through_grafana_models():
+    """The committed JSON is what grafana-foundation-sdk's Dashboard model reads and writes back unchanged."""
+    import json
+
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    for name, board in load_boards().items():
+        assert json.loads(json.dumps(Dashboard.from_json(board), cls=JSONEncoder)) == board, name
