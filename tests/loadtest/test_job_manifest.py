@@ -1,20 +1,27 @@
 """The Job that `spillway loadtest job --render` prints is valid Kubernetes (strict) and runs the plan."""
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
 import kubernetes_validate
 import pytest
 import yaml
-
 from spillway import k8s_names
 from spillway.loadtest import job as jobs
-from spillway.loadtest.cli import plan_from_args, plan_to_args
+from spillway.loadtest.cli import add_subcommands, plan_from_args, plan_to_args
 from spillway.loadtest.plan import Plan, ThroughputPlan, TtftPlan
 from spillway.vllm_api import SERVER_PORT
 
 KUBE_VERSIONS = ["1.30.0", "1.37.0"]  # the oldest and newest Kubernetes the chart supports
+
+
+def loadtest_parser() -> argparse.ArgumentParser:
+    """The parser of `spillway loadtest` (the pod runs `spillway loadtest run ...`)."""
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="cmd", required=True))
+    return parser
 
 
 def render(*args: str) -> dict:
@@ -52,15 +59,8 @@ def test_job_targets_the_modelserver_service(manifest):
 
 def test_job_arguments_rebuild_the_same_plan(manifest):
     """The pod parses the args the CLI wrote; the plan it builds is the one asked for."""
-    from spillway.loadtest.__main__ import main  # noqa: F401 - the pod's parser is the CLI's own
-    import argparse
-
-    from spillway.loadtest.cli import add_subcommands
-
-    parser = argparse.ArgumentParser()
-    add_subcommands(parser.add_subparsers(dest="cmd", required=True))
     container, = manifest["spec"]["template"]["spec"]["containers"]
-    args = parser.parse_args(container["args"][1:])
+    args = loadtest_parser().parse_args(container["args"][1:])
     plan = plan_from_args(args)
     assert plan.experiments == ["throughput"]
     assert plan.throughput.hit_rates == [0.0, 0.5, 1.0]
@@ -69,17 +69,11 @@ def test_job_arguments_rebuild_the_same_plan(manifest):
 
 
 def test_plan_round_trips_through_flags():
-    import argparse
-
-    from spillway.loadtest.cli import add_subcommands
-
     plan = Plan(experiments=["ttft"], ttft=TtftPlan(lengths=[128, 4096], repetitions=3, flush_tokens=5000),
                 throughput=ThroughputPlan(num_prompts=7, prompt_len=96, hit_rates=[0.25], flush_tokens=5000),
                 concurrency=9, output_tokens=2, prompt_format="ids", id_range=500, seed=42, settle_s=0.5,
                 block_size=16, gpu_kv_tokens=1024, max_error_rate=0.1, request_timeout_s=60.0)
-    parser = argparse.ArgumentParser()
-    add_subcommands(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(["run", "--endpoint", "http://x", *plan_to_args(plan)])
+    args = loadtest_parser().parse_args(["run", "--endpoint", "http://x", *plan_to_args(plan)])
     assert plan_from_args(args) == plan
 
 

@@ -89,7 +89,7 @@ class Snapshot:
 
 
 def counter_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str, float]:
-    """after - before for every known counter present in both scrapes."""
+    """after - before for every known counter the server exports after the point."""
     if before is None or after is None:
         return {}
     deltas = {}
@@ -106,8 +106,8 @@ def counter_deltas(before: Snapshot | None, after: Snapshot | None) -> dict[str,
 def _put_delta(deltas: dict[str, float], key: str, before: Snapshot, after: Snapshot, name: str,
                labels: dict[str, str]) -> None:
     a, b = after.counter(name, **labels), before.counter(name, **labels)
-    if a is not None and b is not None:
-        deltas[key] = a - b
+    if a is not None:
+        deltas[key] = a - (b or 0.0)  # counters with labels appear at their first increment
 
 
 def _direction_key(name: str, direction: str) -> str:

@@ -97,5 +97,8 @@ def prefix_tokens(hit_rate: float, prompt_len: int, block_size: int) -> int:
 
 
 def hittable_tokens(prefix: int, prompt_len: int, block_size: int) -> int:
-    """Tokens the server can serve from cache: whole blocks, never the prompt's last token."""
+    """Tokens the server can serve from cache at least: whole blocks short of the prompt's last token.
+
+    Some vLLM versions load a fully cached prompt whole (the last token's logits are recomputed from
+    loaded KV); others recompute its last block. The achieved rate lies between this and prefix/len."""
     return min(prefix, (prompt_len - 1) // block_size * block_size)

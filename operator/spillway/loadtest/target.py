@@ -110,7 +110,7 @@ class Target:
                 progress.update(result.ok)
 
         start = time.perf_counter()
-        workers = [asyncio.create_task(worker()) for _ in range(min(self.plan.concurrency, len(prompts)))]
+        workers = [asyncio.create_task(worker()) for _ in range(min(self.plan.concurrency, len(bodies)))]
         try:
             await asyncio.gather(*workers)
             bodies.clear()

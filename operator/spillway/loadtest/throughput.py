@@ -14,8 +14,11 @@ import asyncio
 
 from .client import EndpointError
 from .plan import hittable_tokens, prefix_tokens
+from .progress import log
 from .results import ResultSink, percentiles
 from .target import Target, error_samples, measured
+
+MISS_TOLERANCE = 0.05
 
 
 async def run(target: Target, sink: ResultSink) -> None:
@@ -24,6 +27,7 @@ async def run(target: Target, sink: ResultSink) -> None:
         point = await _point(target, index, rate)
         sink.result["throughput"]["points"].append(point)
         sink.publish()
+        _warn_if_missed(point, plan.throughput.num_prompts, plan.throughput.prompt_len)
         failed = point["errors"] + point["warmup"].get("errors", 0)
         sent = point["requests"] + point["warmup"].get("requests", 0)
         if failed > plan.max_error_rate * sent:
@@ -62,7 +66,8 @@ async def _point(target: Target, index: int, rate: float) -> dict:
     point = {
         "target_hit_rate": rate,
         "prefix_tokens": prefix,
-        "hittable_rate": hittable_tokens(prefix, length, target.block_size) / length,
+        "placed_rate": prefix / length,  # prompt tokens placed in the CPU pool by the warm-up
+        "hittable_rate": hittable_tokens(prefix, length, target.block_size) / length,  # at least served from it
         "requests": n,
         "ok": len(ok),
         "errors": n - len(ok),
@@ -78,3 +83,14 @@ async def _point(target: Target, index: int, rate: float) -> dict:
     }
     point.update(measured(before, after, prompt_tokens))
     return point
+
+
+def _warn_if_missed(point: dict, n: int, length: int) -> None:
+    achieved = point["achieved"]["cpu_hit_rate"]
+    if achieved is None:
+        log(f"hit {point['target_hit_rate']:.0%}: the server reports no external prefix cache hits "
+            "(no offloading connector?)")
+    elif achieved < point["hittable_rate"] - MISS_TOLERANCE:
+        log(f"hit {point['target_hit_rate']:.0%}: achieved CPU hit rate {achieved:.1%} is below the "
+            f"{point['hittable_rate']:.1%} placed in the pool: the pool holds less than this point's working set "
+            f"({n} x {length} = {n * length} tokens, prefixes and the timed phase's own stores)")
