@@ -5,8 +5,10 @@
 set -uo pipefail
 T0=$(date +%s)
 LIMIT=${LIMIT:-585}  # seconds this call may take (the device allows 600)
-python3 .gpu/extract.py .gpu/chunks/b.tar.xz || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | grep -v WARNING
+if [ -f .gpu/chunks/b.tar.xz ]; then  # a warm machine keeps /tmp/site from the previous call
+  python3 .gpu/extract.py .gpu/chunks/b.tar.xz || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | grep -v WARNING
+fi
 export PYTHONPATH=/tmp/site:$PWD/operator:$PWD/connector VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 python3 -c "import vllm, uvicorn, aiohttp; print('vllm', vllm.__version__)" || exit 1
@@ -25,7 +27,7 @@ for step in $STEPS; do
         ${ENGINES:+--only $ENGINES} 2>&1 | tee /tmp/work/serve_bench.log | grep -v "^(\|^INFO\|^WARNING" ;;
   esac
 done
-cp /tmp/work/serve_bench.json $OUT/ 2>/dev/null
+cp /tmp/work/serve_bench.json /tmp/work/loadtest-*.json $OUT/ 2>/dev/null
 cat /tmp/work/transfers-*/transfers-*.jsonl > /tmp/work/transfers.jsonl 2>/dev/null
 tar czf $OUT/logs.tgz -C /tmp/work --exclude='transfers-*' . 2>/dev/null
 ls -la $OUT

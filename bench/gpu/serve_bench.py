@@ -35,6 +35,7 @@ BENCH_FLAGS = [api.FLAG_LOAD_FORMAT, "dummy", api.FLAG_SKIP_TOKENIZER_INIT, api.
                api.FLAG_NO_ENABLE_PREFIX_CACHING]
 MODEL_NAME = "llama"
 NUDGE = 32  # tokens of the request that makes an idle engine take a step
+RETRIES = [0]  # requests sent a second time after a dropped connection
 TOKEN_LOW, TOKEN_HIGH = 1000, 120000  # ordinary vocabulary ids of Llama 3 (specials start at 128000)
 COUNTERS = {
     "load_bytes": Metric.OFFLOAD_LOAD_BYTES, "load_time_s": Metric.OFFLOAD_LOAD_TIME,
@@ -245,12 +246,19 @@ async def batch(session, url: str, prompts: list[list[int]]) -> tuple[float, lis
     t0 = time.perf_counter()
 
     async def one(data: bytes) -> float:
-        async with session.post(url + "/v1/completions", data=data,
-                                headers={"Content-Type": "application/json"}) as r:
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
-            await r.read()
-        return time.perf_counter() - t0
+        for attempt in range(2):  # one retry when a kept-alive connection was closed under us
+            try:
+                async with session.post(url + "/v1/completions", data=data,
+                                        headers={"Content-Type": "application/json"}) as r:
+                    if r.status != 200:
+                        raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
+                    await r.read()
+                return time.perf_counter() - t0
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                RETRIES[0] += 1
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
 
     tasks = []
     for data in bodies:  # created in order so the server sees the hits first
@@ -269,13 +277,16 @@ def stats(values: list[float]) -> dict[str, float]:
 
 
 # -- experiments -------------------------------------------------------------------------------------------
-async def exp_ttft(session, url: str, cfg: dict, prompts: Prompts, offload: bool, deadline: float) -> dict:
-    """Per length: a fresh prompt (recompute), then the same prompt again (served from CPU when offloading)."""
-    out: dict[str, Any] = {"lengths": {}}
+async def exp_ttft(session, url: str, cfg: dict, prompts: Prompts, offload: bool, deadline: float,
+                   out: dict[str, Any]) -> dict:
+    """Per length: a fresh prompt (recompute), then the same prompt again (served from CPU when offloading).
+    Fills `out` as it goes, so a failure keeps what was measured."""
+    out["lengths"] = {}
     for _ in range(2):  # warm-up, not recorded
         await ttft(session, url, prompts.fresh(1024))
     for length in cfg["lengths"]:
-        rows = []
+        rows: list[dict] = []
+        out["lengths"][str(length)] = {"rows": rows}
         for rep in range(cfg["reps"]):
             if time.time() > deadline:
                 out["cut_short"] = f"deadline reached at {length} tokens, repeat {rep}"
@@ -291,12 +302,8 @@ async def exp_ttft(session, url: str, cfg: dict, prompts: Prompts, offload: bool
             rows.append({"rep": rep, "recompute_s": first, "second_s": second, "first_t0": first_t0,
                          "second_t0": second_t0,
                          "first_metrics": delta(m1, m0), "second_metrics": delta(m2, m1)})
-        out["lengths"][str(length)] = {
-            "rows": rows,
-            "recompute_s": stats([r["recompute_s"] for r in rows]),
-            "second_s": stats([r["second_s"] for r in rows]),
-        }
         r = out["lengths"][str(length)]
+        r.update(recompute_s=stats([x["recompute_s"] for x in rows]), second_s=stats([x["second_s"] for x in rows]))
         if rows:
             log(f"  TTFT {length:6d}: recompute {r['recompute_s']['median'] * 1e3:7.1f} ms, second "
                 f"{r['second_s']['median'] * 1e3:7.1f} ms ({'from CPU' if offload else 'recompute'})")
@@ -305,7 +312,8 @@ async def exp_ttft(session, url: str, cfg: dict, prompts: Prompts, offload: bool
     return out
 
 
-async def exp_throughput(session, url: str, cfg: dict, prompts: Prompts, offload: bool, deadline: float) -> dict:
+async def exp_throughput(session, url: str, cfg: dict, prompts: Prompts, offload: bool, deadline: float,
+                         out: dict[str, Any]) -> dict:
     """A working set W of n prompts is sent once (warm-up); then passes of n prompts, a fraction h from W
     (the most recently served ones, sent first) and the rest fresh."""
     n, length = cfg["n"], cfg["len"]
@@ -313,8 +321,8 @@ async def exp_throughput(session, url: str, cfg: dict, prompts: Prompts, offload
     m0 = await scrape(session, url)
     wall, _ = await batch(session, url, working)
     m1 = (await settle(session, url, prompts.fresh(NUDGE), timeout=60)) if offload else await scrape(session, url)
-    out: dict[str, Any] = {"n": n, "len": length, "warm": {"wall_s": wall, "tok_s": n * length / wall,
-                                                          "metrics": delta(m1, m0)}, "passes": {}}
+    out.update({"n": n, "len": length, "warm": {"wall_s": wall, "tok_s": n * length / wall,
+                                                "metrics": delta(m1, m0)}, "passes": {}})
     log(f"  warm-up pass: {n * length / wall / 1e3:.1f}K prompt tok/s")
     recent = working
     for h in cfg["hits"]:
@@ -335,6 +343,7 @@ async def exp_throughput(session, url: str, cfg: dict, prompts: Prompts, offload
             rows.append({"rep": rep, "t0": t_start, "wall_s": wall, "tok_s": n * length / wall,
                          "latency_s": stats(lat),
                          "metrics": d})
+            out["passes"][str(h)] = {"rows": rows, "tok_s": stats([r["tok_s"] for r in rows])}
             log(f"  hit {h:.0%} rep {rep}: {n * length / wall / 1e3:7.1f}K prompt tok/s, server-counted CPU hit "
                 f"rate {d.get('external_hit_rate', 0):.2f}, load {d.get('load_gbps', 0):.1f} GB/s (GPU time)")
         out["passes"][str(h)] = {"rows": rows, "tok_s": stats([r["tok_s"] for r in rows])}
@@ -343,8 +352,30 @@ async def exp_throughput(session, url: str, cfg: dict, prompts: Prompts, offload
     return out
 
 
+async def run_loadtest(url: str, spec: dict, out_dir: Path, deadline: float) -> dict:
+    """`spillway loadtest run` against this engine; its JSON lands beside ours."""
+    path = out_dir / f"loadtest-{spec['name']}.json"
+    cmd = [sys.executable, "-m", "spillway.loadtest", "run", "--endpoint", url, "-o", str(path), "--no-plot",
+           "--progress", "log", "--label", f"engine={spec['name']}", *spec["loadtest"]]
+    log(f"  spillway loadtest {' '.join(cmd[3:])}")
+    t0 = time.time()
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=max(10.0, deadline - time.time()))
+        rc = proc.returncode
+    except asyncio.TimeoutError:
+        proc.kill()
+        out, rc = b"", "killed at the deadline"
+    (out_dir / f"loadtest-{spec['name']}.log").write_bytes(out or b"")
+    for line in (out or b"").decode(errors="replace").splitlines()[-15:]:
+        log("    " + line)
+    return {"command": ["spillway", *cmd[3:]], "rc": rc, "seconds": time.time() - t0,
+            "result_file": path.name if path.exists() else None}
+
+
 async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -> dict:
     result: dict[str, Any] = {"name": spec["name"]}
+    RETRIES[0] = 0
     planned = spillway_plan(common["model"], common["node_memory"], spec.get("plan_flags", []))
     plan = planned["plan"]
     result["plan_command"] = planned["command"]
@@ -358,6 +389,10 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
             del env[name]
     result.update(vllm_args=args, vllm_env=env, plan_env_dropped=dropped, plan_pool=plan.get("pool"),
                   plan_warnings=plan.get("warnings"))
+    runner = spec.get("model_runner")
+    if runner:  # vLLM 0.26: "v1" keeps the runner that builds cross-layer KV blocks
+        env[api.ENV_USE_V2_MODEL_RUNNER] = "1" if runner == "v2" else "0"
+        result["vllm_env"] = env
     full_env = {**os.environ, **common.get("env", {}), **env, **spec.get("extra_env", {})}
     if spec.get("probe"):
         full_env["SPILLWAY_TRANSFER_LOG"] = str(out_dir / f"transfers-{spec['name']}")
@@ -369,19 +404,27 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
     log(f"  env {env} (dropped: {list(dropped)})")
     offload = plan.get("pool") is not None
     timeout = aiohttp.ClientTimeout(total=900)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)  # no keep-alive: no reuse of closed connections
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         server.start()
         try:
             result["startup_s"] = await server.wait_ready(session, common.get("start_timeout_s", 300))
             log(f"  ready after {result['startup_s']:.0f} s")
             result["metrics_at_start"] = await scrape(session, server.url)
             if "ttft" in spec and time.time() < deadline:
-                result["ttft"] = await exp_ttft(session, server.url, spec["ttft"], Prompts(spec.get("seed", 1)),
-                                                offload, deadline)
+                result["ttft"] = {}
+                await exp_ttft(session, server.url, spec["ttft"], Prompts(spec.get("seed", 1)), offload, deadline,
+                               result["ttft"])
             if "throughput" in spec and time.time() < deadline:
-                result["throughput"] = await exp_throughput(session, server.url, spec["throughput"],
-                                                            Prompts(spec.get("seed", 1) + 1000), offload, deadline)
+                result["throughput"] = {}
+                await exp_throughput(session, server.url, spec["throughput"], Prompts(spec.get("seed", 1) + 1000),
+                                     offload, deadline, result["throughput"])
+            if "loadtest" in spec and time.time() < deadline:
+                m0 = await scrape(session, server.url)
+                result["loadtest"] = await run_loadtest(server.url, spec, out_dir, deadline)
+                result["loadtest"]["metrics"] = delta(await scrape(session, server.url), m0)
             result["metrics_at_end"] = await scrape(session, server.url)
+            result["client_retries"] = RETRIES[0]
         except Exception as exc:  # noqa: BLE001 - keep what was measured, say what failed
             result["error"] = f"{type(exc).__name__}: {exc}"
             log(f"  FAILED: {result['error']}")

@@ -34,6 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--directions", default=",".join(DIRECTIONS), help=f"subset of {','.join(DIRECTIONS)}")
     p.add_argument("--host-memory", default="alloc", choices=HOST_KINDS,
                    help="alloc: cudaHostAlloc; shm: /dev/shm mmap + cudaHostRegister (vLLM >= 0.27's pool)")
+    p.add_argument("--bidir-submit", default="interleaved", choices=["interleaved", "sequential"],
+                   help="dma method, both directions: alternate the two streams' copies, or submit one after the other")
     p.add_argument("--plan-block-size", default="2Mi", help="block size whose CPU->GPU rate is annotated")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the full result as JSON ('-' for stdout)")
@@ -91,13 +93,15 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.time()
     log = (lambda line: print(line, file=sys.stderr, flush=True))
-    rows = cuda.qualify(sizes, methods, directions, args.blocks, args.repeats, args.host_memory, args.seed, log)
+    rows = cuda.qualify(sizes, methods, directions, args.blocks, args.repeats, args.host_memory, args.seed, log,
+                        args.bidir_submit == "interleaved")
     meta = {
         **cuda.device_facts(),
         "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "blocks_per_transfer": args.blocks,
         "repeats": args.repeats,
         "host_memory": args.host_memory,
+        "bidir_submit": args.bidir_submit,
         "seconds": round(time.time() - started, 1),
     }
     doc = document(rows, meta, plan_block)

@@ -100,8 +100,10 @@ class HostBuffer:
 class Qualifier:
     """Holds one GPU pool and one host pool big enough for every block size asked for."""
 
-    def __init__(self, device_bytes: int, host_bytes: int, host_kind: str = "alloc", seed: int = 0):
+    def __init__(self, device_bytes: int, host_bytes: int, host_kind: str = "alloc", seed: int = 0,
+                 interleave_bidir: bool = True):
         torch = self.torch = _torch()
+        self.interleave_bidir = interleave_bidir  # dma: alternate the two directions' cudaMemcpyAsync calls
         self.rng = random.Random(seed)
         self.gpu = torch.empty(device_bytes, dtype=torch.uint8, device="cuda")
         self.gpu.random_(0, 256)  # never time on zeros
@@ -222,7 +224,7 @@ class Qualifier:
         start.record(main)
         if direction == "bidir":
             other.wait_event(start)
-            if method == "dma":  # interleave the two directions' submissions
+            if method == "dma" and self.interleave_bidir:  # alternate the two directions' submissions
                 self._dma_interleaved(args, block_bytes, main, other)
             else:
                 run(*args["g2c"], block_bytes, main, False)
@@ -275,12 +277,13 @@ class Qualifier:
 
 
 def qualify(block_sizes: list[int], methods: list[str], directions: list[str], blocks: int, repeats: int,
-            host_kind: str = "alloc", seed: int = 0, progress: Callable[[str], None] = lambda _: None) -> list[Row]:
+            host_kind: str = "alloc", seed: int = 0, progress: Callable[[str], None] = lambda _: None,
+            interleave_bidir: bool = True) -> list[Row]:
     """Measure every (method, direction, block size); a method that cannot run yields rows with its error."""
     from .measure import pool_bytes
 
     size = pool_bytes(block_sizes, blocks)
-    q = Qualifier(size, size, host_kind, seed)
+    q = Qualifier(size, size, host_kind, seed, interleave_bidir)
     rows: list[Row] = []
     try:
         usable = q.available_methods(methods)
