@@ -23,7 +23,9 @@ class PromptSource:
 
     def token_ids(self, n: int, *key: object) -> list[int]:
         digest = hashlib.blake2b(repr((self.seed, *key)).encode(), digest_size=8).digest()
-        return random.Random(int.from_bytes(digest, "little")).choices(self.ids, k=n)
+        words = memoryview(random.Random(int.from_bytes(digest, "little")).randbytes(4 * n)).cast("I")
+        first, size = self.ids.start, len(self.ids)
+        return [first + w % size for w in words]
 
     def render(self, token_ids: list[int]) -> list[int] | str:
         """The prompt as sent: ids, or one short word per id (about one token each) in text mode."""

@@ -96,7 +96,9 @@ class Target:
         """Send prompts with the plan's concurrency; (results in order, seconds from first send to last reply).
 
         Request bodies are encoded before the clock starts."""
-        bodies = [self.client.body(p, self.plan.output_tokens) for p in prompts]
+        return await self.send_encoded(label, [self.client.body(p, self.plan.output_tokens) for p in prompts])
+
+    async def send_encoded(self, label: str, bodies: list[bytes]) -> tuple[list[Completion], float]:
         progress = Progress(label, len(bodies), self.progress_mode)
         results: list[Completion] = [None] * len(bodies)  # type: ignore[list-item]
         next_index = 0
