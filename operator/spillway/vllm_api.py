@@ -69,6 +69,8 @@ HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 MODELS_PATH = "/v1/models"
 COMPLETIONS_PATH = "/v1/completions"
+RESET_PREFIX_CACHE_PATH = "/reset_prefix_cache"  # POST; served only with ENV_SERVER_DEV_MODE=1
+ENV_SERVER_DEV_MODE = "VLLM_SERVER_DEV_MODE"
 
 
 class Metric:
