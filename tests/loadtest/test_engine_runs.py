@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from spillway.vllm_api import ENV_SERVER_DEV_MODE
 from support import VllmServer, vllm_server_fixture
 
 pytestmark = pytest.mark.engine
@@ -30,8 +31,10 @@ def offload_args() -> list[str]:
     return cpu_offload_args(CPU_POOL_BYTES)
 
 
+# Dev mode serves POST /reset_prefix_cache: the TTFT test evicts GPU copies with it, the throughput test
+# with a flush of never-seen prompts.
 server = vllm_server_fixture(num_gpu_blocks=GPU_BLOCKS, block_size=BLOCK, max_model_len=1024, max_num_seqs=8,
-                             extra_args=offload_args())
+                             extra_args=offload_args(), env={ENV_SERVER_DEV_MODE: "1"})
 
 
 def loadtest(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -48,7 +51,8 @@ def test_ttft_repeat_is_served_from_the_cpu_pool(server: VllmServer, tmp_path: P
     env = result["environment"]
     assert env["model"] == server.model and env["vllm_version"] and env["block_size"] == BLOCK
     assert env["gpu_kv_tokens"] == GPU_BLOCKS * BLOCK
-    assert result["ttft"]["flush_tokens"] >= 1.25 * GPU_BLOCKS * BLOCK  # prefix caching is on: flushed
+    assert env["evict_gpu"] == "reset"
+    assert result["ttft"]["evictions"] == [{"method": "reset"}] * 2
     samples = result["ttft"]["samples"]
     assert len(samples) == 2 * 2 * 2
     for sample in samples:
@@ -58,7 +62,7 @@ def test_ttft_repeat_is_served_from_the_cpu_pool(server: VllmServer, tmp_path: P
             assert achieved["cpu_hit_tokens"] == 0 and achieved["gpu_hit_tokens"] == 0
         else:
             hittable = (sample["length"] - 1) // BLOCK * BLOCK  # vLLM may recompute the last block
-            assert achieved["gpu_hit_tokens"] == 0, "the flush left the prompt in the GPU cache"
+            assert achieved["gpu_hit_tokens"] == 0, "the reset left the prompt in the GPU cache"
             assert hittable <= achieved["cpu_hit_tokens"] <= sample["length"], sample
             assert achieved["offload_load_bytes"] > 0
     summary = {row["length"]: row for row in result["ttft"]["summary"]}
@@ -70,7 +74,7 @@ def test_ttft_repeat_is_served_from_the_cpu_pool(server: VllmServer, tmp_path: P
 
 def test_throughput_achieves_the_target_hit_rates(server: VllmServer, tmp_path: Path):
     out = loadtest("run", "--endpoint", server.base_url, "--experiment", "throughput", "--num-prompts", "24",
-                   "--prompt-len", "128", "--hit-rates", "0,0.5,1", "--concurrency", "8", "-o",
+                   "--prompt-len", "128", "--hit-rates", "0,0.5,1", "--concurrency", "8", "--evict-gpu", "flush", "-o",
                    str(tmp_path / "tp.json"), "--no-plot")
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "tp.json").read_text())
@@ -84,6 +88,10 @@ def test_throughput_achieves_the_target_hit_rates(server: VllmServer, tmp_path: 
         assert p["hittable_rate"] - 0.02 <= achieved["cpu_hit_rate"] <= p["placed_rate"], p
     assert points[0]["achieved"]["cpu_hit_rate"] == 0
     assert points[1]["prefix_tokens"] == 64 and points[1]["warmup"]["tokens"] == 24 * 64
+    # 24 x 64 tokens fit the GPU cache (1536 tokens): flushed with 1.25x its size; 24 x 128 evict themselves
+    assert points[1]["warmup"]["eviction"]["method"] == "flush"
+    assert points[1]["warmup"]["eviction"]["tokens"] >= 1.25 * GPU_BLOCKS * BLOCK
+    assert points[2]["warmup"]["eviction"] == {"method": "flush", "tokens": 0}
     assert points[2]["achieved"]["cpu_hit_rate"] >= 96 / 128
     assert points[2]["achieved"]["offload_load_bytes"] > points[1]["achieved"]["offload_load_bytes"] > 0
     assert "Throughput" in out.stdout

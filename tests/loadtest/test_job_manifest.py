@@ -69,8 +69,9 @@ def test_job_arguments_rebuild_the_same_plan(manifest):
 
 
 def test_plan_round_trips_through_flags():
-    plan = Plan(experiments=["ttft"], ttft=TtftPlan(lengths=[128, 4096], repetitions=3, flush_tokens=5000),
-                throughput=ThroughputPlan(num_prompts=7, prompt_len=96, hit_rates=[0.25], flush_tokens=5000),
+    plan = Plan(experiments=["ttft"], ttft=TtftPlan(lengths=[128, 4096], repetitions=3),
+                throughput=ThroughputPlan(num_prompts=7, prompt_len=96, hit_rates=[0.25]),
+                evict_gpu="flush", flush_tokens=5000,
                 concurrency=9, output_tokens=2, prompt_format="ids", id_range=500, seed=42, settle_s=0.5,
                 block_size=16, gpu_kv_tokens=1024, max_error_rate=0.1, request_timeout_s=60.0)
     args = loadtest_parser().parse_args(["run", "--endpoint", "http://x", *plan_to_args(plan)])

@@ -16,6 +16,7 @@ from .plan import (
     DEFAULT_PROMPT_LEN,
     DEFAULT_TTFT_LENGTHS,
     DEFAULT_TTFT_REPETITIONS,
+    EVICT_METHODS,
     EXPERIMENTS,
     Plan,
     ThroughputPlan,
@@ -110,9 +111,12 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT_LEN, help="tokens per throughput prompt")
     g.add_argument("--hit-rates", type=_csv(float), default=list(DEFAULT_HIT_RATES),
                    help="target CPU hit rates, fractions 0..1 (default: 0,0.25,0.5,0.8,1)")
+    g.add_argument("--evict-gpu", choices=EVICT_METHODS, default=AUTO,
+                   help="how GPU copies are evicted before re-reads: reset (POST /reset_prefix_cache, vLLM with "
+                        "VLLM_SERVER_DEV_MODE=1), flush (never-seen prompts), none; auto: none without GPU prefix "
+                        "caching, else reset where offered, else flush")
     g.add_argument("--flush-tokens", type=_auto_int, default=AUTO,
-                   help="tokens of never-seen prompts that evict the GPU prefix cache before repeats "
-                        "(auto: 1.25x the server's GPU KV capacity, 0 when it runs without prefix caching)")
+                   help="size of a flush (auto: 1.25x the server's GPU KV capacity)")
     g.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests in flight")
     g.add_argument("--output-tokens", type=int, default=1, help="max_tokens of each request")
     g.add_argument("--prompt-format", choices=[AUTO, "ids", "text"], default=AUTO,
@@ -141,9 +145,11 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
 def plan_from_args(args: argparse.Namespace) -> Plan:
     return Plan(
         experiments=list(args.experiment),
-        ttft=TtftPlan(lengths=list(args.ttft_lengths), repetitions=args.ttft_repetitions, flush_tokens=args.flush_tokens),
+        ttft=TtftPlan(lengths=list(args.ttft_lengths), repetitions=args.ttft_repetitions),
         throughput=ThroughputPlan(num_prompts=args.num_prompts, prompt_len=args.prompt_len,
-                                  hit_rates=list(args.hit_rates), flush_tokens=args.flush_tokens),
+                                  hit_rates=list(args.hit_rates)),
+        evict_gpu=args.evict_gpu,
+        flush_tokens=args.flush_tokens,
         concurrency=args.concurrency,
         output_tokens=args.output_tokens,
         prompt_format=args.prompt_format,
@@ -166,7 +172,8 @@ def plan_to_args(plan: Plan) -> list[str]:
         "--num-prompts", str(plan.throughput.num_prompts),
         "--prompt-len", str(plan.throughput.prompt_len),
         "--hit-rates", ",".join(f"{x:g}" for x in plan.throughput.hit_rates),
-        "--flush-tokens", str(plan.ttft.flush_tokens),
+        "--evict-gpu", plan.evict_gpu,
+        "--flush-tokens", str(plan.flush_tokens),
         "--concurrency", str(plan.concurrency),
         "--output-tokens", str(plan.output_tokens),
         "--prompt-format", plan.prompt_format,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from ..errors import SpillwayError
-from ..vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH
+from ..vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH, RESET_PREFIX_CACHE_PATH
 
 VERSION_PATH = "/version"  # vLLM's own: {"version": "..."}
 ERROR_TEXT_LIMIT = 300
@@ -110,6 +110,24 @@ class OpenAIClient:
     async def healthy(self) -> bool:
         status, _ = await self._get(HEALTH_PATH)
         return status == 200
+
+    async def reset_prefix_cache(self) -> bool | None:
+        """Empty the engine's GPU prefix cache, keeping the CPU pool. None: the server does not offer it
+        (vLLM serves it with VLLM_SERVER_DEV_MODE=1); False: refused for now (blocks still held)."""
+        url = self.url(RESET_PREFIX_CACHE_PATH)
+        try:
+            async with self._session.post(url) as response:
+                if response.status in (404, 405):
+                    return None
+                body = await response.text()
+                if response.status != 200:
+                    raise EndpointError(f"{url} answered HTTP {response.status}: {_clip(_message(body))}")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise EndpointError(f"cannot reach {url}: {_describe(exc)}") from None
+        try:
+            return bool(json.loads(body).get("success", True))
+        except (ValueError, AttributeError):
+            return True
 
     async def metrics_text(self) -> str | None:
         """The server's /metrics, None where it has none."""

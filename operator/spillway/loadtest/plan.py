@@ -18,11 +18,18 @@ FLUSH_FACTOR = 1.25  # a flush allocates this many times the GPU KV capacity
 AUTO = "auto"
 
 
+# How the GPU copies of prompts are evicted before they are re-read (so repeats come from the CPU pool):
+#   reset: POST /reset_prefix_cache (vLLM with VLLM_SERVER_DEV_MODE=1; the CPU pool is kept)
+#   flush: never-seen prompts of ~1.25x the GPU KV capacity (they pass through the CPU pool too)
+#   none:  nothing (a server without GPU prefix caching)
+#   auto:  none without GPU prefix caching, else reset where the server offers it, else flush
+EVICT_METHODS = (AUTO, "reset", "flush", "none")
+
+
 @dataclass
 class TtftPlan:
     lengths: list[int] = field(default_factory=lambda: list(DEFAULT_TTFT_LENGTHS))
     repetitions: int = DEFAULT_TTFT_REPETITIONS
-    flush_tokens: int | str = AUTO  # tokens of unique prompts sent to evict the GPU copies; auto: from the server
 
 
 @dataclass
@@ -30,7 +37,6 @@ class ThroughputPlan:
     num_prompts: int = DEFAULT_NUM_PROMPTS
     prompt_len: int = DEFAULT_PROMPT_LEN
     hit_rates: list[float] = field(default_factory=lambda: list(DEFAULT_HIT_RATES))
-    flush_tokens: int | str = AUTO
 
 
 @dataclass
@@ -38,6 +44,8 @@ class Plan:
     experiments: list[str] = field(default_factory=lambda: list(EXPERIMENTS))
     ttft: TtftPlan = field(default_factory=TtftPlan)
     throughput: ThroughputPlan = field(default_factory=ThroughputPlan)
+    evict_gpu: str = AUTO
+    flush_tokens: int | str = AUTO  # size of a flush; auto: from the server's GPU KV capacity
     concurrency: int = DEFAULT_CONCURRENCY
     output_tokens: int = 1
     prompt_format: str = AUTO  # auto | ids | text
@@ -73,10 +81,11 @@ class Plan:
         if not self.ttft.lengths:
             raise InvalidSpec("give at least one TTFT prompt length")
         for name, value in (("--block-size", self.block_size), ("--gpu-kv-tokens", self.gpu_kv_tokens),
-                            ("--flush-tokens", self.ttft.flush_tokens),
-                            ("--flush-tokens", self.throughput.flush_tokens)):
+                            ("--flush-tokens", self.flush_tokens)):
             if value != AUTO and (not isinstance(value, int) or value < 0):
                 raise InvalidSpec(f"{name} must be '{AUTO}' or a whole number >= 0; got {value!r}")
+        if self.evict_gpu not in EVICT_METHODS:
+            raise InvalidSpec(f"GPU eviction must be one of {', '.join(EVICT_METHODS)}; got {self.evict_gpu!r}")
         if self.prompt_format not in (AUTO, "ids", "text"):
             raise InvalidSpec(f"prompt format must be auto, ids or text; got {self.prompt_format!r}")
         if not 0.0 <= self.max_error_rate <= 1.0:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..errors import InvalidSpec
+from ..vllm_api import ENV_SERVER_DEV_MODE, RESET_PREFIX_CACHE_PATH, Metric
 from .client import Completion, EndpointError, OpenAIClient
 from .metrics import CacheFacts, Snapshot, counter_deltas, hit_summary
 from .plan import AUTO, FLUSH_FACTOR, Plan
@@ -16,6 +17,7 @@ from .progress import Progress
 from .prompts import PromptSource
 
 PROBE_TOKENS = 16
+RESET_RETRY_S = 60.0
 ERROR_SAMPLES = 5
 
 
@@ -31,6 +33,7 @@ class Target:
     has_metrics: bool = False
     block_size: int = 16
     gpu_kv_tokens: int | None = None
+    evict_method: str = "none"
 
     @property
     def max_model_len(self) -> int | None:
@@ -50,6 +53,7 @@ class Target:
         fmt = await self.client.probe_prompt_format(self.prompts.token_ids(PROBE_TOKENS, "probe"),
                                                     self.plan.prompt_format)
         self.prompts.fmt = fmt
+        await self.resolve_eviction()
 
     def _check_lengths(self) -> None:
         limit = self.max_model_len
@@ -83,6 +87,7 @@ class Target:
             "block_size": self.block_size,
             "gpu_kv_tokens": self.gpu_kv_tokens,
             "prompt_format": self.prompts.fmt,
+            "evict_gpu": self.evict_method,
             "client": {"host": platform.node(), "python": platform.python_version(), "spillway": __version__,
                        "aiohttp": _version("aiohttp")},
         }
@@ -122,20 +127,63 @@ class Target:
             progress.close()
         return results, time.perf_counter() - start
 
-    def flush_tokens(self, requested: int | str, resident_tokens: int | None = None) -> int:
-        """Tokens of unique prompts that evict everything from the GPU prefix cache (0: no need)."""
-        if requested != AUTO:
-            return int(requested)
-        if self.cache is not None and self.cache.prefix_caching is False:
-            return 0  # the server keeps no GPU prefix cache: every repeat comes from the CPU pool or is recomputed
-        if self.gpu_kv_tokens is None:
+    # -- evicting the GPU copies ------------------------------------------------------------------
+    async def resolve_eviction(self) -> None:
+        """Pick how GPU copies are evicted (plan.evict_gpu), checking that the server allows it."""
+        method = self.plan.evict_gpu
+        no_gpu_cache = self.cache is not None and self.cache.prefix_caching is False
+        if method == AUTO and no_gpu_cache:
+            method = "none"
+        if method in (AUTO, "reset"):
+            available = await self._reset_gpu_cache()
+            if available:
+                method = "reset"
+            elif method == "reset":
+                raise InvalidSpec(f"{self.client.base_url} offers no {RESET_PREFIX_CACHE_PATH} (start vLLM with "
+                                  f"{ENV_SERVER_DEV_MODE}=1) to evict the GPU prefix cache; use --evict-gpu flush")
+            else:
+                method = "flush"
+        if method == "flush" and self.plan.flush_tokens == AUTO and self.gpu_kv_tokens is None:
             raise InvalidSpec(f"cannot size the GPU cache flush: {self.client.base_url} reports no "
-                              "vllm:cache_config_info; pass --gpu-kv-tokens or --flush-tokens")
-        if resident_tokens is not None and resident_tokens >= 2 * self.gpu_kv_tokens:
-            return 0  # a working set twice the GPU cache, re-read in order, evicts itself under LRU
+                              f"{Metric.CACHE_CONFIG_INFO}; pass --gpu-kv-tokens or --flush-tokens")
+        self.evict_method = method
+
+    async def _reset_gpu_cache(self) -> bool:
+        """True once the GPU prefix cache is empty, False where the server offers no reset."""
+        deadline = time.monotonic() + RESET_RETRY_S
+        while True:
+            done = await self.client.reset_prefix_cache()
+            if done is None:
+                return False
+            if done:
+                return True
+            if time.monotonic() > deadline:
+                raise EndpointError(f"{self.client.base_url}{RESET_PREFIX_CACHE_PATH} kept refusing for "
+                                    f"{RESET_RETRY_S:.0f}s (blocks still held by requests or transfers)")
+            await asyncio.sleep(0.5)
+
+    async def evict_gpu(self, key: object, working_set_tokens: int | None = None) -> dict:
+        """Evict the GPU copies of everything sent so far; the CPU pool keeps its copies.
+
+        working_set_tokens: tokens about to be re-read in the order they were written; twice the GPU
+        capacity or more evicts itself under LRU, and no flush is sent."""
+        await asyncio.sleep(self.plan.settle_s)  # offload stores complete asynchronously
+        if self.evict_method == "none":
+            return {"method": "none"}
+        if self.evict_method == "reset":
+            await self._reset_gpu_cache()
+            return {"method": "reset"}
+        tokens = self._flush_size(working_set_tokens)
+        return {"method": "flush", **(await self._flush(tokens, key))}
+
+    def _flush_size(self, working_set_tokens: int | None) -> int:
+        if self.plan.flush_tokens != AUTO:
+            return int(self.plan.flush_tokens)
+        if working_set_tokens is not None and working_set_tokens >= 2 * self.gpu_kv_tokens:
+            return 0
         return math.ceil(FLUSH_FACTOR * self.gpu_kv_tokens)
 
-    async def flush(self, tokens: int, key: object) -> dict:
+    async def _flush(self, tokens: int, key: object) -> dict:
         """Send `tokens` tokens of never-seen prompts so the GPU prefix cache evicts what came before."""
         if tokens <= 0:
             return {"tokens": 0}

@@ -2,15 +2,13 @@
 
 For a target hit rate h, every prompt is a prefix of h*L tokens (whole blocks) followed by a fresh
 suffix. Warm-up (not timed) sends the prefixes alone, so their KV is stored in the CPU pool. Hits must
-come from the CPU pool, not the GPU prefix cache: unless the warm-up's working set is at least twice the
-GPU KV capacity (re-read in the same order, an LRU cache then evicts each prefix before its turn), a flush
-of never-seen prompts evicts the GPU copies first. The timed phase sends all N prompts with the plan's
+come from the CPU pool, not the GPU prefix cache: the GPU copies are evicted after the warm-up (a reset
+where the server offers it; else, unless the working set is at least twice the GPU KV capacity, which
+re-read in the same order evicts itself under LRU, a flush of never-seen prompts). The timed phase sends all N prompts with the plan's
 concurrency. /metrics scraped around the timed phase gives the hit rate the server achieved.
 Every point uses its own prompts: nothing carries over between points.
 """
 from __future__ import annotations
-
-import asyncio
 
 from .client import EndpointError
 from .plan import hittable_tokens, prefix_tokens
@@ -36,7 +34,7 @@ async def run(target: Target, sink: ResultSink) -> None:
 
 
 async def _point(target: Target, index: int, rate: float) -> dict:
-    plan, tp = target.plan, target.plan.throughput
+    tp = target.plan.throughput
     length, n = tp.prompt_len, tp.num_prompts
     prefix = prefix_tokens(rate, length, target.block_size)
     label = f"hit {rate:.0%}"
@@ -50,9 +48,7 @@ async def _point(target: Target, index: int, rate: float) -> dict:
         results, elapsed = await target.send_all(f"{label} warm-up", (prompts.render(prefix_of(i)) for i in range(n)))
         warmup = {"requests": n, "errors": sum(not r.ok for r in results), "elapsed_s": elapsed,
                   "tokens": prefix * n, "error_samples": error_samples(results)}
-        await asyncio.sleep(plan.settle_s)
-    warmup["flush"] = await target.flush(target.flush_tokens(tp.flush_tokens, prefix * n) if prefix else 0,
-                                         ("tp", index))
+        warmup["eviction"] = await target.evict_gpu(("tp", index), prefix * n)
 
     timed = (prompts.render(prefix_of(i) + prompts.token_ids(length - prefix, "tp", index, i, "suffix"))
              for i in range(n))

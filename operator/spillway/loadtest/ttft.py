@@ -1,14 +1,13 @@
 """Experiment "ttft": a prompt's first request (recompute) against its repeat once the GPU copy is gone.
 
-Per repetition: every length's first request, one at a time; a flush of never-seen prompts that evicts
-the GPU prefix cache (skipped where the server keeps none); every length's repeat. With offloading the
+Per repetition: every length's first request, one at a time; eviction of the GPU prefix cache (a reset
+where the server offers it, else a flush of never-seen prompts; nothing where it keeps no GPU prefix
+cache); every length's repeat. With offloading the
 repeat loads the prompt's KV from the CPU pool; without it, the repeat recomputes. Each request is
 streamed (TTFT = first token on the client) and bracketed by /metrics scrapes, so each sample carries
 the hits the server reports for it.
 """
 from __future__ import annotations
-
-import asyncio
 
 from .client import EndpointError
 from .results import ResultSink
@@ -18,15 +17,12 @@ from .target import Target, measured
 async def run(target: Target, sink: ResultSink) -> None:
     plan = target.plan
     lengths = sorted(plan.ttft.lengths)
-    flush_tokens = target.flush_tokens(plan.ttft.flush_tokens)
     section = sink.result["ttft"]
-    section["flush_tokens"] = flush_tokens
-    section["flushes"] = []
+    section["evictions"] = []
     for rep in range(plan.ttft.repetitions):
         for length in lengths:
             await _sample(target, sink, length, rep, "cold")
-        await asyncio.sleep(plan.settle_s)
-        section["flushes"].append(await target.flush(flush_tokens, ("ttft", rep)))
+        section["evictions"].append(await target.evict_gpu(("ttft", rep)))
         for length in lengths:
             await _sample(target, sink, length, rep, "warm")
         sink.publish()
