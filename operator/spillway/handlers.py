@@ -68,6 +68,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = names.FINALIZER
     # Post our own events (and warnings), not one per handler run.
     settings.posting.level = logging.WARNING
+    # Serve the namespaces named on the command line and the resources found at startup: the chart grants no
+    # access to Namespaces or CRDs, which kopf would otherwise retry for a minute before falling back.
+    settings.scanning.disabled = True
     kube()
 
 
