@@ -3,8 +3,10 @@ What the operator does in a watched namespace: reconcile ModelServers (kopf patc
 bookkeeping; the operator patches their status), server-side apply their Deployment and Service
 (garbage collection through owner references deletes them), watch the Deployments' readiness,
 read a spec.modelConfig ConfigMap, post Events.
-kopf runs with --standalone (no peering objects) and discovers resources through /api and /apis
-(readable by every authenticated user), so it needs neither CustomResourceDefinitions nor Namespaces.
+kopf runs with --standalone (no peering objects), discovers resources through /api and /apis
+(readable by every authenticated user) and, with scanning disabled by the operator, observes neither
+CustomResourceDefinitions nor Namespaces. tests/chart/test_operator_rbac.py runs the operator under
+exactly these rules.
 */}}
 {{- define "spillway.operatorRules" -}}
 - apiGroups: ["spillway.dev"]
