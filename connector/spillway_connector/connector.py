@@ -30,7 +30,7 @@ class PreemptionReloads:
 
     def __init__(self) -> None:
         self._queried: dict[str, int] = {}  # request id -> tokens its last lookup asked for
-        self._stats = OffloadingConnectorStats()
+        self._stats: OffloadingConnectorStats | None = None
 
     def looked_up(self, request: Any, num_computed_tokens: int) -> None:
         if request.num_preemptions > 0:
@@ -40,6 +40,8 @@ class PreemptionReloads:
         queried = self._queried.pop(request.request_id, 0)
         if queried <= 0:
             return
+        if self._stats is None:
+            self._stats = OffloadingConnectorStats()
         self._stats.increase_counter(names.PREEMPTED_QUERIED_TOKENS, queried)
         if num_external_tokens > 0:
             self._stats.increase_counter(names.PREEMPTED_RELOAD_REQUESTS, 1)
@@ -48,17 +50,19 @@ class PreemptionReloads:
     def finished(self, request: Any) -> None:
         self._queried.pop(request.request_id, None)
 
-    def take_stats(self) -> OffloadingConnectorStats:
-        stats, self._stats = self._stats, OffloadingConnectorStats()
+    def take_stats(self) -> OffloadingConnectorStats | None:
+        """The counts since the last call; None when there are none."""
+        stats, self._stats = self._stats, None
         return stats
 
 
 def _merge(first: Any, second: Any) -> Any:
-    if first is None or first.is_empty():
-        return second if second is not None and not second.is_empty() else first
-    if second is not None and not second.is_empty():
-        first.aggregate(second)
-    return first
+    """One stats object holding both (either may be None)."""
+    if second is None:
+        return first
+    if first is None:
+        return second
+    return first.aggregate(second)
 
 
 class SpillwayOffloadingConnector(OffloadingConnector):
@@ -112,11 +116,7 @@ class SpillwayOffloadingConnector(OffloadingConnector):
         if self.connector_scheduler is None:
             return self._transfers.take_stats() if self._transfers is not None else None
         stats = _merge(super().get_kv_connector_stats(), self._reloads.take_stats())
-        if self._pool is not None:
-            pool_stats = OffloadingConnectorStats()
-            self._pool.record(pool_stats)
-            stats = _merge(stats, pool_stats)
-        return stats
+        return _merge(stats, self._pool.take_stats()) if self._pool is not None else stats
 
     @classmethod
     def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: Any, per_engine_labelvalues: Any):

@@ -78,7 +78,8 @@ class PoolProbe:
     """Wraps the scheduler's OffloadingManager; counts resident and evicted chunks.
 
     Resident = chunks allocated by prepare_store (in flight or stored) less those evicted
-    to make room, zeroed by reset_cache. Every other attribute reaches the manager as is.
+    to make room, zeroed by reset_cache. Every other attribute reaches the manager as is
+    (`inner` is fixed at construction: its methods are cached on first use).
     """
 
     def __init__(self, inner: Any, capacity_chunks: int | None):
@@ -89,7 +90,10 @@ class PoolProbe:
         self._reported: tuple[int | None, int] | None = None  # gauges last put on a payload
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        value = getattr(self.inner, name)
+        if callable(value):  # a bound method of the manager: keep it, later calls skip this lookup
+            self.__dict__[name] = value
+        return value
 
     def prepare_store(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
         output = self.inner.prepare_store(keys, *args, **kwargs)
@@ -103,9 +107,12 @@ class PoolProbe:
         self.resident_chunks = 0
         return self.inner.reset_cache(*args, **kwargs)
 
-    def record(self, stats: OffloadingConnectorStats) -> None:
-        """Put the evictions since the last call, and the gauges when they changed, on `stats`."""
+    def take_stats(self) -> OffloadingConnectorStats | None:
+        """The evictions since the last call and, when they changed, the gauges; None when neither."""
         gauges = (self.capacity_chunks, self.resident_chunks)
+        if gauges == self._reported and not self._evicted_chunks:
+            return None
+        stats = OffloadingConnectorStats()
         if gauges != self._reported:
             if self.capacity_chunks is not None:
                 stats.set_gauge(names.POOL_CAPACITY_CHUNKS, self.capacity_chunks)
@@ -114,3 +121,4 @@ class PoolProbe:
         if self._evicted_chunks:
             stats.increase_counter(names.POOL_EVICTED_CHUNKS, self._evicted_chunks)
             self._evicted_chunks = 0
+        return stats

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("vllm")
 
 from spillway_connector import names
-from spillway_connector.compat import OffloadingConnectorStats, pool_capacity_chunks, stats_sections
+from spillway_connector.compat import pool_capacity_chunks, stats_sections
 from spillway_connector.connector import PreemptionReloads
 from spillway_connector.host_backend import HostOffloadingWorker
 from spillway_connector.probes import PoolProbe, TransferProbe, throughput_gbps
@@ -82,15 +82,11 @@ def test_pool_probe_follows_vllms_cpu_manager_through_stores_and_evictions():
     assert len(output.evicted_keys) == 2
     assert pool.resident_chunks == 4
 
-    first = OffloadingConnectorStats()
-    pool.record(first)
-    values = data(first)
+    values = data(pool.take_stats())
     assert values[names.POOL_CAPACITY_CHUNKS][()] == 4
     assert values[names.POOL_RESIDENT_CHUNKS][()] == 4
     assert values[names.POOL_EVICTED_CHUNKS][()] == 2
-    again = OffloadingConnectorStats()
-    pool.record(again)
-    assert again.is_empty()  # nothing changed since
+    assert pool.take_stats() is None  # nothing changed since
     pool.complete_store(keys[3:6], context)
     assert pool.prepare_store(keys[6:], context) is not None
     pool.reset_cache()
@@ -121,4 +117,4 @@ def test_preemption_reloads_count_resumed_requests_at_admission():
     assert values[names.PREEMPTED_RELOAD_REQUESTS][()] == 1
     assert values[names.PREEMPTED_RELOAD_TOKENS][()] == 192
     assert values[names.PREEMPTED_QUERIED_TOKENS][()] == (300 - 64) + 200
-    assert reloads.take_stats().is_empty()
+    assert reloads.take_stats() is None
