@@ -24,6 +24,7 @@ import kubernetes
 
 from . import k8s_names as names
 from .controller import conditions as cond
+from .controller import metrics
 from .controller.kube import ApiError, Kube, path
 from .errors import ModelGeometryUnknown, NoEligibleNodes, SpillwayError
 from .facts import NodeSummary, eligible_nodes, nodes_fingerprint, summarize_node
@@ -72,6 +73,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # access to Namespaces or CRDs, which kopf would otherwise retry for a minute before falling back.
     settings.scanning.disabled = True
     kube()
+    if os.environ.get(names.ENV_METRICS_PORT):
+        metrics.serve(int(os.environ[names.ENV_METRICS_PORT]))
 
 
 # -- facts kept in memory --------------------------------------------------------------------------------
@@ -113,6 +116,7 @@ def eligible_fingerprint(spec: Any, nodes: Iterable[NodeSummary]) -> str | None:
 @kopf.on.event("", "v1", "nodes")
 def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, logger: logging.Logger, **_: Any) -> None:
     nodes = _all_nodes(gpu_nodes)
+    metrics.publish_nodes(nodes)
     for (namespace, name), store in list(modelservers.items()):
         for entry in store:
             fingerprint = eligible_fingerprint(entry["spec"], nodes)

@@ -53,4 +53,5 @@ PODMONITOR_KIND = "PodMonitor"
 # Operator settings (environment of the operator process).
 ENV_ALLOW_HUB_FETCH = "SPILLWAY_ALLOW_HUB_FETCH"  # "true": fetch config.json of unknown model ids from the hub
 ENV_POD_MONITORS = "SPILLWAY_POD_MONITORS"  # "auto" (when the CRD exists, default) | "false"
+ENV_METRICS_PORT = "SPILLWAY_METRICS_PORT"  # serve the operator's /metrics on this port (unset: off)
 ENV_RETRY_SECONDS = "SPILLWAY_RETRY_SECONDS"  # wait before retrying API errors and missing ConfigMaps (30)

@@ -56,7 +56,9 @@ def test_defaults_install_the_operator_without_monitoring_crs(helm):
 
 def test_prometheus_operator_api_turns_on_monitors_and_rules(helm):
     docs = render_scenario(helm, "prometheus-operator")
-    pod_monitor = one(docs, "PodMonitor")
+    monitors = {m["metadata"]["name"].rsplit("-", 1)[-1]: m for m in of_kind(docs, "PodMonitor")}
+    assert sorted(monitors) == ["operator", "vllm"]
+    pod_monitor = monitors["vllm"]
     assert pod_monitor["spec"]["selector"]["matchLabels"] == {
         k8s_names.LABEL_COMPONENT: k8s_names.COMPONENT_VLLM, k8s_names.LABEL_MANAGED_BY: k8s_names.MANAGED_BY}
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
@@ -66,6 +68,10 @@ def test_prometheus_operator_api_turns_on_monitors_and_rules(helm):
     # One PodMonitor for all vLLM pods: the operator is told to write none of its own.
     env = {e["name"]: e.get("value") for e in operator_container(docs)["env"]}
     assert env[k8s_names.ENV_POD_MONITORS] == "false"
+    # The operator's own metrics (each node's qualified DMA figure) are scraped from its metrics port.
+    operator_endpoint, = monitors["operator"]["spec"]["podMetricsEndpoints"]
+    ports = {p["name"]: p["containerPort"] for p in operator_container(docs)["ports"]}
+    assert operator_endpoint["port"] == "metrics" and str(ports["metrics"]) == env[k8s_names.ENV_METRICS_PORT]
     assert len(of_kind(docs, "PrometheusRule")) == len(RULE_FILES)
 
 
@@ -112,7 +118,7 @@ def test_monitoring_labels_reach_monitors_and_rules_and_dashboards_go_to_their_n
     for config_map in dashboards(docs):
         assert config_map["metadata"]["namespace"] == "monitoring"
         assert config_map["metadata"]["annotations"] == {"grafana_folder": "Spillway"}
-    assert one(docs, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert one(docs, "PodMonitor", f"{RELEASE}-vllm")["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 
 def test_models_become_modelservers(helm):
@@ -230,10 +236,11 @@ def test_rbac_and_network_policy_can_be_left_to_the_cluster_admin(helm):
     assert not kinds(docs) & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "NetworkPolicy"}
 
 
-def test_network_policies_admit_only_the_health_port(helm):
+def test_network_policies_admit_only_the_health_and_metrics_ports(helm):
     docs = render(helm)
     operator_policy = one(docs, "NetworkPolicy", f"{RELEASE}-operator")
-    assert operator_policy["spec"]["ingress"] == [{"ports": [{"port": "health", "protocol": "TCP"}]}]
+    assert operator_policy["spec"]["ingress"] == [
+        {"ports": [{"port": "health", "protocol": "TCP"}, {"port": "metrics", "protocol": "TCP"}]}]
     test_policy = one(docs, "NetworkPolicy", f"{RELEASE}-test")
     assert test_policy["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in test_policy["spec"]
     pod_labels = test_pod(docs)["metadata"]["labels"]
@@ -318,7 +325,7 @@ def test_pod_monitor_and_helm_test_reach_what_the_operator_deploys(helm):
     deployment, = [o for o in objects if o["kind"] == "Deployment"]
     service, = [o for o in objects if o["kind"] == "Service"]
     pod = deployment["spec"]["template"]
-    pod_monitor = one(docs, "PodMonitor")
+    pod_monitor = one(docs, "PodMonitor", f"{RELEASE}-vllm")
     assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     endpoint, = pod_monitor["spec"]["podMetricsEndpoints"]
     container_ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}

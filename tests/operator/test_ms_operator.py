@@ -6,6 +6,8 @@ ModelServers select), so one operator process serves the whole module.
 from __future__ import annotations
 
 import json
+import socket
+import urllib.request
 import uuid
 
 import kubernetes
@@ -19,7 +21,14 @@ from spillway.manifests import desired
 from spillway.planner import plan
 from spillway.quantity import parse_bytes
 
-OPERATOR_ENV = {names.ENV_RETRY_SECONDS: "1"}
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+METRICS_PORT = _free_port()
+OPERATOR_ENV = {names.ENV_RETRY_SECONDS: "1", names.ENV_METRICS_PORT: str(METRICS_PORT)}
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +297,23 @@ def test_model_geometry_from_a_configmap_that_appears_later(api):
     assert status["blockBytes"] == expected.layout.block_bytes
     assert status["blockBytes"] * 2 == kv_layout(resolve_geometry(LLAMA_8B)).block_bytes  # 16 of Llama's 32 layers
     assert status["offloadBytes"] == expected.pool.bytes
+
+
+def _qualified_dma_samples() -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith(names.METRIC_NODE_QUALIFIED_DMA_GBPS + "{"):
+            labels, value = line.rsplit(" ", 1)
+            samples[labels.split('node="', 1)[1].split('"', 1)[0]] = float(value)
+    return samples
+
+
+def test_operator_exports_the_qualified_dma_figure_of_each_node(api):
+    api.node("qualified", dma="51.3")
+    api.node("unqualified")
+    qualified, unqualified = f"{api.pool}-qualified", f"{api.pool}-unqualified"
+    eventually(lambda: _qualified_dma_samples().get(qualified) == 51.3, what="the qualified node's gauge")
+    assert unqualified not in _qualified_dma_samples()
+    api.core.delete_node(qualified)
+    eventually(lambda: qualified not in _qualified_dma_samples(), what="the deleted node's gauge to go")

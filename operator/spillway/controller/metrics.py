@@ -1,0 +1,33 @@
+"""The operator's own Prometheus metrics (served when SPILLWAY_METRICS_PORT is set).
+
+`spillway_node_qualified_dma_gbps{node}`: the GPU<->pinned-CPU copy rate `spillway qualify` wrote
+on each GPU node, so alerts can compare a pod's reload throughput with its node's measured figure.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from .. import k8s_names as names
+from ..facts import NodeSummary
+
+REGISTRY = CollectorRegistry()
+QUALIFIED_DMA = Gauge(
+    names.METRIC_NODE_QUALIFIED_DMA_GBPS,
+    "GPU<->pinned-CPU copy rate measured by spillway qualify on the node (GB/s, 1e9 B/s, one direction)",
+    ["node"],
+    registry=REGISTRY,
+)
+
+
+def serve(port: int) -> None:
+    start_http_server(port, registry=REGISTRY)
+
+
+def publish_nodes(nodes: Iterable[NodeSummary]) -> None:
+    """Make the gauge show exactly the qualified GPU nodes now known."""
+    QUALIFIED_DMA.clear()
+    for node in nodes:
+        if node.dma_gbps is not None:
+            QUALIFIED_DMA.labels(node=node.name).set(node.dma_gbps)
