@@ -1,0 +1,125 @@
+"""A preempting workload against a real `vllm serve` with SpillwayOffloadingConnector, and its checks.
+
+A small engine KV cache (prefix caching off, so every cache hit comes from the CPU pool) and several
+concurrent requests that outgrow it force preemptions. Phase "alone" runs each prompt by itself: nothing
+is in the pool for it and its blocks fit, so no KV is loaded from the pool (checked on /metrics) and its
+greedy output is the output without offloading. Phase "pressure" runs the same prompts together: they
+are served from the pool, preempted and reloaded; their greedy outputs must not change.
+
+A test module defines the fixtures `workload` (a Workload) and `run` (run_phases on its server) and
+subclasses OffloadChecks.
+"""
+from __future__ import annotations
+
+import json
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from promtext import samples, total
+from spillway import vllm_api as V
+from spillway_connector import names
+from support import SERVED_MODEL_NAME, TinyLlama, VllmServer
+
+
+@dataclass(frozen=True)
+class Workload:
+    block_tokens: int
+    engine_blocks: int  # must hold one request alone but not `concurrency` of them
+    prompt_blocks: int = 3
+    output_blocks: int = 2
+    prompts: int = 6
+    concurrency: int = 4
+    pool_chunks: int = 64  # holds every prompt: no evictions
+    model: TinyLlama = field(default_factory=TinyLlama)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.prompt_blocks * self.block_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.output_blocks * self.block_tokens
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.pool_chunks * self.model.kv_bytes_per_token * self.block_tokens
+
+    def server_kwargs(self) -> dict:
+        request_blocks = self.prompt_blocks + self.output_blocks
+        assert request_blocks < self.engine_blocks - 1 < self.concurrency * request_blocks
+        return {
+            "model": self.model,
+            "num_gpu_blocks": self.engine_blocks,
+            "block_size": self.block_tokens,
+            "max_model_len": 2 * request_blocks * self.block_tokens,
+            "max_num_seqs": self.concurrency,
+            "prefix_caching": False,
+        }
+
+
+def complete(server: VllmServer, prompt: list[int], max_tokens: int) -> list[int]:
+    body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    request = urllib.request.Request(
+        server.url(V.COMPLETIONS_PATH), json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.load(response)["choices"][0]["token_ids"]
+
+
+def run_phases(server: VllmServer, workload: Workload) -> dict:
+    prompts = [server.token_ids(workload.prompt_tokens, seed=seed) for seed in range(workload.prompts)]
+    alone = [complete(server, prompt, workload.output_tokens) for prompt in prompts]
+    after_alone = server.metrics_text()
+    with ThreadPoolExecutor(workload.concurrency) as pool:
+        pressure = list(pool.map(lambda prompt: complete(server, prompt, workload.output_tokens), prompts))
+    return {"alone": alone, "after_alone": after_alone, "pressure": pressure, "final": server.metrics_text()}
+
+
+class OffloadChecks:
+    def test_alone_phase_loads_nothing_from_the_pool(self, run):
+        text = run["after_alone"]
+        assert total(text, V.Metric.OFFLOAD_STORE_BYTES + "_total") > 0, "prompts were not stored to the pool"
+        assert total(text, V.Metric.OFFLOAD_LOAD_BYTES + "_total") == 0
+        assert total(text, V.Metric.PREEMPTIONS + "_total") == 0
+
+    def test_greedy_outputs_match_the_run_without_pool_loads(self, run, workload):
+        assert all(len(tokens) == workload.output_tokens for tokens in run["alone"])
+        assert run["pressure"] == run["alone"]
+
+    def test_pressure_preempts_and_reloads_from_the_pool(self, run, workload):
+        text = run["final"]
+        assert total(text, V.Metric.PREEMPTIONS + "_total") > 0
+        assert total(text, V.Metric.EXTERNAL_HITS + "_total") > 0, "fresh requests got no CPU-pool hits"
+        assert total(text, V.Metric.OFFLOAD_LOAD_BYTES + "_total") > 0
+        requests = total(text, names.exported(names.PREEMPTED_RELOAD_REQUESTS))
+        tokens = total(text, names.exported(names.PREEMPTED_RELOAD_TOKENS))
+        queried = total(text, names.exported(names.PREEMPTED_QUERIED_TOKENS))
+        assert requests >= 1
+        assert tokens >= requests * workload.block_tokens
+        assert tokens % workload.block_tokens == 0  # whole chunks
+        assert queried >= tokens
+
+    def test_throughput_histogram_has_one_observation_per_transfer(self, run):
+        text = run["final"]
+        for direction, size_metric in ((names.DIRECTION_STORE, "vllm:kv_offload_store_size"),
+                                       (names.DIRECTION_LOAD, "vllm:kv_offload_load_size")):
+            observed = total(text, names.TRANSFER_THROUGHPUT + "_count", direction=direction)
+            assert observed > 0, direction
+            assert observed == total(text, size_metric + "_count"), direction
+            assert total(text, names.TRANSFER_THROUGHPUT + "_sum", direction=direction) > 0
+
+    def test_metrics_carry_vllm_engine_labels(self, run):
+        found = samples(run["final"], names.exported(names.PREEMPTED_RELOAD_REQUESTS))
+        assert found
+        labels = found[0][0]
+        assert labels.get("model_name") == SERVED_MODEL_NAME
+        assert labels.get("engine") == "0"
+
+    def test_pool_gauges(self, run, workload):
+        text = run["final"]
+        assert total(text, names.POOL_CAPACITY_CHUNKS) == workload.pool_chunks
+        resident = total(text, names.POOL_RESIDENT_CHUNKS)
+        assert workload.prompts * workload.prompt_blocks <= resident <= workload.pool_chunks
+        assert total(text, names.exported(names.POOL_EVICTED_CHUNKS)) == 0
