@@ -143,3 +143,32 @@ def test_interrupted_run_keeps_finished_points(server: VllmServer, tmp_path: Pat
     assert result["status"] == "interrupted"
     assert 1 <= len(result["throughput"]["points"]) < 10
     assert all(p["ok"] == 8 for p in result["throughput"]["points"])
+
+
+def test_job_mode_takes_the_result_from_the_pod_log(server: VllmServer, tmp_path: Path):
+    """A real run's log, served as the Job pod's log by an emulated API server, becomes the local result."""
+    from kube_emulator import KubeEmulator, job_pod, modelserver
+
+    pod = loadtest("run", "--endpoint", server.base_url, "--experiment", "ttft", "--ttft-lengths", "64",
+                   "--ttft-repetitions", "1", "--emit-result", "--progress", "log", "--no-plot",
+                   "-o", str(tmp_path / "pod.json"))
+    assert pod.returncode == 0, pod.stderr
+    with KubeEmulator(tmp_path) as cluster:
+        cluster.create(modelserver("tiny", "ns"))
+        cluster.create(job_pod("tiny-loadtest", "ns"))
+        cluster.serve_log("ns", "tiny-loadtest-x1", pod.stderr + pod.stdout)
+        env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        out = subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", "job", "--modelserver", "tiny",
+                              "--experiment", "ttft", "-o", str(tmp_path / "job.json")], check=False,
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "job.json").read_text()) == json.loads((tmp_path / "pod.json").read_text())
+    assert "TTFT, ms" in out.stdout
+    assert (tmp_path / "job.png").read_bytes()[:4] == b"\x89PNG"
+    # a saved `kubectl logs` works as a result file too
+    (tmp_path / "pod.log").write_text(pod.stderr + pod.stdout)
+    report = loadtest("report", str(tmp_path / "pod.log"), "--plot", str(tmp_path / "from-log.png"))
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.strip() == out.stdout.strip()  # the same table
+    assert (tmp_path / "from-log.png").exists()

@@ -164,6 +164,7 @@ class VllmServer:
         self._proc = subprocess.Popen(
             self.args, env=self.env, cwd=self._workdir, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - one prctl call, resolved before the fork
         )
         try:
             self._wait_healthy()
@@ -237,6 +238,26 @@ class VllmServer:
 
         rng = random.Random(seed)
         return [rng.randrange(FIRST_TOKEN_ID, self.model_config.vocab_size) for _ in range(n)]
+
+
+def _load_prctl():
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # resolved here: the child between fork and exec must not import or allocate much
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies (Linux), so a killed
+    test run leaves no server behind; the server then stops its engine core itself."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:

@@ -252,6 +252,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     from . import job as jobs
 
     plan = plan_from_args(args)
+    labels_from_args(args.label)
     namespace = args.namespace or jobs.default_namespace(args.context)
     run_args = plan_to_args(plan)
     if args.model:
@@ -276,7 +277,6 @@ def cmd_job(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(manifest, sort_keys=False), end="")
         return 0
-    labels_from_args(args.label)
     check = [args.modelserver] + ([args.baseline_modelserver] if args.baseline_modelserver else [])
     result = jobs.run_job(manifest, output=args.output, context=args.context, check=check)
     if result is None:

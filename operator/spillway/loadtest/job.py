@@ -7,6 +7,7 @@ is readable with `kubectl logs job/NAME | grep SPILLWAY_LOADTEST_RESULT | tail -
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -170,7 +171,7 @@ def run_job(job: dict, *, output: Path | None, context: str | None = None, check
                 if on_result is not None:
                     on_result(result)
             else:
-                print(line, flush=True)
+                print(line, file=sys.stderr, flush=True)  # the pod's progress; stdout gets the table
     except KeyboardInterrupt:
         raise SpillwayError(f"stopped following; the Job keeps running: `kubectl logs job/{name} -n {namespace}`"
                             + (f"; partial result in {output}" if result is not None and output else "")) from None

@@ -51,11 +51,18 @@ def _series(ax, rows: list[dict], key: str, label: str, style: str) -> None:
 
 
 def _ttft(ax, summary: list[dict], baseline: list[dict]) -> None:
+    from matplotlib.ticker import NullLocator, ScalarFormatter
+
     _series(ax, summary, "recompute_s", "first request (recompute)", "o-")
     _series(ax, summary, "repeat_s", "repeat, GPU copy evicted (from CPU)", "s-")
     _series(ax, baseline, "repeat_s", "repeat without offloading (baseline)", "x--")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    lengths = sorted({row["length"] for row in summary + baseline})
+    ax.set_xticks(lengths, [f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n) for n in lengths])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("prompt tokens")
     ax.set_ylabel("TTFT, ms (median, min-max)")
     ax.set_title("Time to first token")
