@@ -79,7 +79,10 @@ def plot_qualify(rows: list[dict], path: Path) -> None:
 
 
 def transfers(run: Path) -> list[dict]:
+    """The engine's transfer log: in the run directory, or one shared by the calls of a session (parent)."""
     f = run / "transfers.jsonl.gz"
+    if not f.exists():
+        f = run.parent / "transfers.jsonl.gz"
     if not f.exists():
         return []
     with gzip.open(f, "rt") as fh:
@@ -146,6 +149,19 @@ def engine_summary(e: dict, log: list[dict]) -> dict[str, Any]:
     return out
 
 
+def engine_window(e: dict) -> tuple[float, float] | None:
+    """Wall-clock span of an engine's measured requests (the transfer log is shared by a session's calls)."""
+    times = []
+    for v in e.get("ttft", {}).get("lengths", {}).values():
+        for r in v["rows"]:
+            times += [r["first_t0"], r["second_t0"] + r["second_s"]]
+    for p in e.get("throughput", {}).get("passes", {}).values():
+        for r in p["rows"]:
+            if "t0" in r:
+                times += [r["t0"], r["t0"] + r["wall_s"]]
+    return (min(times) - 30, max(times) + 30) if times else None
+
+
 def transfer_stats(log: list[dict]) -> dict[str, Any]:
     out = {}
     for d in ("c2g", "g2c"):
@@ -159,6 +175,24 @@ def transfer_stats(log: list[dict]) -> dict[str, Any]:
                   "submit_cpu_us_per_2mib_median": round(med([t["submit_cpu_s"] * 1e6 / (t["bytes"] / (2 * MiB))
                                                               for t in xs]), 1)}
     return out
+
+
+def loadtest_summary(d: dict) -> dict[str, Any]:
+    """`spillway loadtest` result: TTFT medians per length and phase, throughput points as it reported them."""
+    by: dict[tuple[int, str], list[float]] = {}
+    hits: dict[tuple[int, str], list[float]] = {}
+    for s in d["ttft"]["samples"]:
+        if s["ok"]:
+            by.setdefault((s["length"], s["phase"]), []).append(s["ttft_s"] * 1e3)
+            hits.setdefault((s["length"], s["phase"]), []).append(s["achieved"]["cpu_hit_rate"])
+    ttft = {}
+    for (length, phase), xs in sorted(by.items()):
+        ttft.setdefault(str(length), {})[phase] = {"median_ms": round(med(xs), 1), "min_ms": round(min(xs), 1),
+                                                   "max_ms": round(max(xs), 1), "n": len(xs),
+                                                   "cpu_hit_rate": hits[(length, phase)]}
+    points = [{k: p.get(k) for k in ("target_hit_rate", "requests", "ok", "errors", "prompt_tokens_per_s",
+                                     "elapsed_s", "achieved")} for p in d.get("throughput", {}).get("points", [])]
+    return {"status": d["status"], "error": d.get("error"), "ttft": ttft, "throughput_points": points}
 
 
 def plot_serve(engines: list[dict], path: Path) -> None:
@@ -216,8 +250,13 @@ def main(argv: list[str]) -> int:
             engines = [engine_summary(e, log)
                        for e in doc["engines"] if "skipped" not in e]
             summary["engines"] = engines
-            summary["transfer_log"] = transfer_stats(log)
+            windows = [w for w in (engine_window(e) for e in doc["engines"]) if w]
+            summary["transfer_log"] = transfer_stats([t for t in log if any(a <= t["submit_t"] <= b
+                                                                             for a, b in windows)])
             plot_serve(engines, run / "serve.png")
+        loadtests = {f.stem: loadtest_summary(json.loads(f.read_text())) for f in sorted(run.glob("loadtest-*.json"))}
+        if loadtests:
+            summary["loadtest"] = loadtests
         (run / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"{run}: summary.json, plots")
     return 0
