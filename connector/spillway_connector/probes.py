@@ -90,6 +90,8 @@ class PoolProbe:
         self._reported: tuple[int | None, int] | None = None  # gauges last put on a payload
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (e.g. during copy): no recursion
+            raise AttributeError(name)
         value = getattr(self.inner, name)
         if callable(value):  # a bound method of the manager: keep it, later calls skip this lookup
             self.__dict__[name] = value
