@@ -120,7 +120,6 @@ class Target:
         workers = [asyncio.create_task(worker()) for _ in range(min(self.plan.concurrency, len(bodies)))]
         try:
             await asyncio.gather(*workers)
-            bodies.clear()
         finally:
             for task in workers:
                 task.cancel()
