@@ -15,6 +15,8 @@ from . import k8s_names as names
 from .errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes
 from .geometry import ModelGeometry, catalog_config, geometry_from_config
 from .planner import NodeFacts
+from .qualify.measure import production_method
+from .qualify.report import rows_from_summary
 from .quantity import format_bytes, parse_bytes
 from .spec import ModelServerSpec
 
@@ -34,9 +36,10 @@ class NodeSummary:
     allocatable_memory: int
     gpus: int
     dma_gbps: float | None
+    dma_table: tuple[tuple[int, float], ...] = ()
 
     def facts(self) -> NodeFacts:
-        return NodeFacts(self.allocatable_memory, self.gpus, self.name, self.dma_gbps)
+        return NodeFacts(self.allocatable_memory, self.gpus, self.name, self.dma_gbps, self.dma_table)
 
 
 def _gpu_count(status: Mapping[str, Any]) -> int:
@@ -68,8 +71,21 @@ def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
     except ValueError:
         dma_gbps = None
     taints = tuple(t for t in ((node.get("spec") or {}).get("taints") or []) if isinstance(t, Mapping))
+    table = qualification_table((meta.get("annotations") or {}).get(names.ANNOTATION_QUALIFICATION))
     return NodeSummary(str(meta.get("name", "node")), dict(meta.get("labels") or {}), taints,
-                       memory_bytes, gpus, dma_gbps)
+                       memory_bytes, gpus, dma_gbps, table)
+
+
+def qualification_table(raw: str | None) -> tuple[tuple[int, float], ...]:
+    """(block bytes, CPU->GPU GB/s) of the production copy method from `spillway qualify`'s annotation."""
+    if not raw:
+        return ()
+    try:
+        rows = [r for r in rows_from_summary(json.loads(raw)) if r.direction == "c2g"]
+        method = production_method(rows)
+        return tuple(sorted((r.block_bytes, r.median) for r in rows if r.method == method))
+    except (ValueError, TypeError, AttributeError):
+        return ()  # a damaged annotation: fall back to the single figure
 
 
 def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None) -> dict:

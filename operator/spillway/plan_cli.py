@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import vllm_api as api
 from .errors import InvalidSpec
 from .geometry import DEFAULT_BLOCK_SIZE, catalog_config, catalog_ids, resolve_geometry
 from .hub import fetch_config
@@ -29,6 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--connector", default="spillway", choices=["spillway", "native"])
     p.add_argument("--no-offload", action="store_true", help="plan the replica without a CPU pool")
     p.add_argument("--replicas-per-node", type=int)
+    p.add_argument("--vllm-version", default=api.IMAGE_VLLM_VERSION,
+                   help=f"vLLM release the replica runs (default: our image's, {api.IMAGE_VLLM_VERSION})")
     p.add_argument("--qualified-gbps", type=float, help="the node's measured GPU<->CPU rate (spillway qualify)")
     p.add_argument("--allow-hub", action="store_true",
                    help="fetch config.json from the Hugging Face hub (needs HF_TOKEN) when the catalog lacks the model")
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         kv_cache_dtype=args.kv_cache_dtype,
         replicas_per_node=args.replicas_per_node,
+        vllm_version=args.vllm_version,
         offload=OffloadRequest(
             enabled=not args.no_offload,
             size=args.offload_size,
@@ -117,7 +121,7 @@ def format_plan(p: Plan) -> str:
     if p.transfer is not None:
         t = p.transfer
         lines += _rows("Transfer (qualified node)", [
-            ("GPU<->CPU", f"{t.qualified_gbps:.1f} GB/s"),
+            ("CPU->GPU", f"{t.qualified_gbps:.1f} GB/s for {format_bytes(t.copy_bytes)} copies"),
             ("block reload", f"{t.block_reload_us:.0f} us"),
             ("reload rate", f"{t.reload_tokens_per_s:,.0f} tokens/s"),
         ])

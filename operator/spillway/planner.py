@@ -26,10 +26,13 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from spillway_connector.versions import UnsupportedVLLMVersion, require_supported
+
 from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
 from .quantity import GiB, MiB, format_bytes, parse_bytes
+from .rates import interpolate_log2
 
 SHM_OVERHEAD_FACTOR = 2.0  # measured 1.92x (vllm#53042), rounded up
 SHM_EXTRA_BYTES = 1 * GiB
@@ -48,7 +51,8 @@ class NodeFacts:
     allocatable_memory: int  # bytes
     gpus: int
     name: str = "described-node"
-    dma_gbps: float | None = None  # qualified GPU<->CPU copy rate at the plan's block size, if known
+    dma_gbps: float | None = None  # qualified CPU->GPU copy rate at 2 MiB blocks (the node annotation), if known
+    dma_table: tuple[tuple[int, float], ...] = ()  # (block bytes, CPU->GPU GB/s) from the full qualification
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class ServingRequest:
     kv_cache_dtype: str = "auto"
     replicas_per_node: int | None = None
     offload: OffloadRequest = field(default_factory=OffloadRequest)
+    vllm_version: str = api.IMAGE_VLLM_VERSION
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,8 @@ class NodePlan:
 class TransferPlan:
     """What the node's qualified copy rate means for this model (present when the node was qualified)."""
 
-    qualified_gbps: float  # GPU<->pinned CPU, one direction, at ~the plan's block size (1e9 B/s)
+    qualified_gbps: float  # CPU->GPU at the size of each copy (1e9 B/s), from the node's qualification
+    copy_bytes: int  # one copy: a whole block when the layout is contiguous, else one layer's K and V
     block_reload_us: float  # one KV block (one rank) back from CPU
     reload_tokens_per_s: float  # tokens of KV one replica can reload per second (ranks load in parallel)
 
@@ -282,7 +288,7 @@ def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None
 
 
 def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | None, pool: PoolPlan | None,
-              request: ServingRequest) -> list[str]:
+              request: ServingRequest, transfer: TransferPlan | None) -> list[str]:
     out = []
     if layout.block_bytes < SMALL_BLOCK_WARNING and request.offload.enabled:
         out.append(
@@ -290,13 +296,18 @@ def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | N
             "under 1 MiB; consider a larger --block-size or offload block size"
         )
     if request.offload.layout == "default" and request.offload.enabled:
-        out.append("layout 'default' splits each block per layer: offload transfers become many small copies")
+        slower = f" ({transfer.qualified_gbps:.1f} GB/s on this node)" if transfer else ""
+        out.append(
+            f"layout 'default' splits each block per layer: offload transfers become "
+            f"{layout.geometry.num_layers} copies of {format_bytes(copy_bytes(layout, request))}{slower}"
+        )
     if node is not None and node_facts is not None and node.replicas_per_node * request.tensor_parallel_size < node_facts.gpus:
         idle = node_facts.gpus - node.replicas_per_node * request.tensor_parallel_size
         out.append(f"{idle} of {node_facts.gpus} GPUs on node {node.name} stay idle with this plan")
-    if node_facts is not None and node_facts.dma_gbps is not None and node_facts.dma_gbps < SLOW_LINK_GBPS:
+    if transfer is not None and transfer.qualified_gbps < SLOW_LINK_GBPS:
         out.append(
-            f"node {node_facts.name} qualified at {node_facts.dma_gbps:.1f} GB/s GPU<->CPU (under {SLOW_LINK_GBPS:.0f}): "
+            f"node {node_facts.name} qualified at {transfer.qualified_gbps:.1f} GB/s CPU->GPU for "
+            f"{format_bytes(transfer.copy_bytes)} copies (under {SLOW_LINK_GBPS:.0f}): "
             "reloading KV may be slower than recomputing it"
         )
     if pool is not None and pool.tokens < 16_384:
@@ -317,13 +328,44 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
         reserve = process_reserve(request.tensor_parallel_size)
         limit = _round_up(shm + reserve, MiB)
         pod = PodPlan(limit, limit, shm, reserve, request.tensor_parallel_size)
-    env = {}
-    if request.offload.enabled and request.offload.layout == "contiguous":
-        env[api.ENV_KV_CACHE_LAYOUT] = api.CONTIGUOUS_LAYOUT
+    env = engine_env(request)
     args = engine_args(layout, request.offload, pool)
-    transfer = None
-    if node is not None and node.dma_gbps and pool is not None:
-        rate = node.dma_gbps * 1e9
-        transfer = TransferPlan(node.dma_gbps, layout.block_bytes / rate * 1e6,
-                                rate * layout.block_size / layout.block_bytes)
-    return Plan(layout, node_plan, pool, pod, args, env, _warnings(layout, node_plan, node, pool, request), transfer)
+    transfer = _transfer_plan(layout, request, node) if pool is not None else None
+    warnings = _warnings(layout, node_plan, node, pool, request, transfer)
+    return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer)
+
+
+def engine_env(request: ServingRequest) -> dict[str, str]:
+    """Environment that makes each offloaded block one contiguous copy on the given vLLM version."""
+    if not (request.offload.enabled and request.offload.layout == "contiguous"):
+        return {}
+    if _version_tuple(request.vllm_version) < api.BLOCK_LAYOUT_ENV_SINCE:
+        # Older releases know only NHD/HND layouts; their V1 model runner already allocates cross-layer blocks
+        # for the offloading connector, while the default V2 runner copies each layer separately.
+        return {api.ENV_USE_V2_MODEL_RUNNER: "0"}
+    return {api.ENV_KV_CACHE_LAYOUT: api.CONTIGUOUS_LAYOUT}
+
+
+def copy_bytes(layout: KVLayout, request: ServingRequest) -> int:
+    """Bytes of one host<->GPU copy: the whole block when it is contiguous, else one layer's K and V."""
+    if request.offload.layout == "contiguous":
+        return layout.block_bytes
+    return layout.layer_page_bytes * layout.kv_per_layer
+
+
+def _transfer_plan(layout: KVLayout, request: ServingRequest, node: NodeFacts | None) -> TransferPlan | None:
+    if node is None:
+        return None
+    unit = copy_bytes(layout, request)
+    gbps = interpolate_log2(node.dma_table, unit) if node.dma_table else node.dma_gbps
+    if not gbps:
+        return None
+    rate = gbps * 1e9
+    return TransferPlan(gbps, unit, layout.block_bytes / rate * 1e6, rate * layout.block_size / layout.block_bytes)
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    try:
+        return require_supported(version)
+    except UnsupportedVLLMVersion as exc:
+        raise InvalidSpec(str(exc)) from None

@@ -5,6 +5,8 @@ vLLM's /metrics (dashboards, alerts, load test) takes the names from here.
 """
 from __future__ import annotations
 
+from spillway_connector.versions import SUPPORTED_MINORS
+
 # -- engine flags -------------------------------------------------------------
 FLAG_TENSOR_PARALLEL_SIZE = "--tensor-parallel-size"
 FLAG_TENSOR_PARALLEL_SIZE_SHORT = "-tp"
@@ -30,6 +32,11 @@ FLAG_DTYPE = "--dtype"
 LOAD_FORMAT_DUMMY = "dummy"
 
 NATIVE_BACKEND = "native"
+
+# Releases Spillway plans for: the connector's supported minors (oldest first; the last is our image's).
+SUPPORTED_VLLM_MINORS = SUPPORTED_MINORS
+IMAGE_VLLM_VERSION = "0.33.0"
+BLOCK_LAYOUT_ENV_SINCE = (0, 32)  # VLLM_KV_CACHE_LAYOUT accepts block-outermost layouts (BLHNC) from here
 
 # -- environment --------------------------------------------------------------
 ENV_KV_CACHE_LAYOUT = "VLLM_KV_CACHE_LAYOUT"

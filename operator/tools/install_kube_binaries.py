@@ -39,7 +39,7 @@ def _version_ok(binary: Path, args: list[str], expected: str) -> bool:
     if not binary.exists():
         return False
     try:
-        out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30, check=False).stdout
     except OSError:
         return False
     return expected in out

@@ -21,6 +21,7 @@ from spillway.manifests import desired
 from spillway.planner import plan
 from spillway.quantity import parse_bytes
 
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from spillway.errors import InvalidSpec, ModelGeometryUnknown
 from spillway.geometry import catalog_ids, geometry_from_config, kv_layout, load_config_file, resolve_geometry
 

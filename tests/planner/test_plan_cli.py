@@ -6,12 +6,11 @@ import subprocess
 import sys
 
 import pytest
-
 from spillway.geometry import catalog_config
 
 
 def spillway(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spillway.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "spillway.cli", *args], capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_json_contract():

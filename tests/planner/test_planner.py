@@ -6,12 +6,16 @@ import json
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
 from spillway import vllm_api as api
 from spillway.errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit, SpillwayError
 from spillway.geometry import ModelGeometry, catalog_ids, resolve_geometry
 from spillway.planner import (
-    SHM_OVERHEAD_FACTOR, NodeFacts, OffloadRequest, ServingRequest, plan, process_reserve,
+    SHM_OVERHEAD_FACTOR,
+    NodeFacts,
+    OffloadRequest,
+    ServingRequest,
+    plan,
+    process_reserve,
 )
 
 GiB = 2**30
@@ -178,3 +182,28 @@ def test_qualified_node_gets_transfer_estimates_and_slow_link_warning():
     slow = plan(LLAMA_8B, request(), NodeFacts(2 * 2**40, 8, "slow", dma_gbps=3.0))
     assert any("qualified at 3.0 GB/s" in w for w in slow.warnings)
     assert plan(LLAMA_8B, request(), H100_NODE).transfer is None
+
+
+H200_TABLE = ((64 * 2**10, 16.4), (1 * 2**20, 47.5), (2 * 2**20, 51.3), (4 * 2**20, 53.3))  # anchor C2G figures
+
+
+def test_transfer_rate_is_read_at_the_size_of_each_copy():
+    node = NodeFacts(2 * 2**40, 8, "h200", dma_gbps=51.3, dma_table=H200_TABLE)
+    contiguous = plan(LLAMA_8B, request(), node)
+    assert contiguous.transfer.copy_bytes == 2 * 2**20 and contiguous.transfer.qualified_gbps == 51.3
+    small = plan(resolve_geometry("meta-llama/Llama-3.2-1B-Instruct"), request(), node)
+    assert small.transfer.copy_bytes == 2**19  # 0.5 MiB block: halfway (log2) between 64 KiB and 1 MiB
+    assert small.transfer.qualified_gbps == pytest.approx(16.4 + (47.5 - 16.4) * 3 / 4)
+    per_layer = plan(LLAMA_8B, request(layout="default"), node)
+    assert per_layer.transfer.copy_bytes == 64 * 2**10 and per_layer.transfer.qualified_gbps == 16.4
+    assert any("32 copies of 64.00 KiB (16.4 GB/s on this node)" in w for w in per_layer.warnings)
+
+
+def test_engine_env_follows_the_vllm_version():
+    modern = plan(LLAMA_8B, ServingRequest(vllm_version="0.33.0"), H100_NODE)
+    assert modern.env == {api.ENV_KV_CACHE_LAYOUT: api.CONTIGUOUS_LAYOUT}
+    # 0.26 accepts only NHD/HND layouts; its V1 model runner gives the offloading connector whole-block copies.
+    old = plan(LLAMA_8B, ServingRequest(vllm_version="0.26.0"), H100_NODE)
+    assert old.env == {api.ENV_USE_V2_MODEL_RUNNER: "0"}
+    with pytest.raises(InvalidSpec, match="supports vLLM 0.26, 0.32, 0.33"):
+        plan(LLAMA_8B, ServingRequest(vllm_version="0.29.1"), H100_NODE)

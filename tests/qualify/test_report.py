@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from spillway import k8s_names as names
+from spillway.facts import summarize_node, synthetic_node
+from spillway.geometry import resolve_geometry
+from spillway.planner import OffloadRequest, ServingRequest, plan
 from spillway.qualify.measure import KiB, MiB, Row
-from spillway.qualify.report import SCHEMA, document, format_table, node_patch, qualified_rate, summary
+from spillway.qualify.report import SCHEMA, document, format_table, node_patch, summary
 
 META = {"gpu": "NVIDIA H200", "measured_at": "2026-11-30T10:00:00Z"}
 
@@ -49,14 +53,22 @@ def test_node_patch_sets_label_rate_and_compact_table():
     assert len(ann[names.ANNOTATION_QUALIFICATION]) < 1024  # annotations share a 256 KiB budget per object
 
 
-def test_the_operator_reads_the_rate_at_its_own_block_size_back():
+def _transfer(annotations: dict, **offload):
+    node = synthetic_node("2Ti", 8, name="qualified")
+    node["metadata"]["annotations"] = annotations
+    facts = summarize_node(node).facts()
+    return plan(resolve_geometry("meta-llama/Llama-3.1-8B-Instruct"), ServingRequest(offload=OffloadRequest(**offload)),
+                facts).transfer
+
+
+def test_the_operator_reads_the_rate_at_its_own_copy_size_back():
     ann = node_patch(rows(), META)["metadata"]["annotations"]
-    assert qualified_rate(ann, 2 * MiB) == 50.0
-    assert qualified_rate(ann, 64 * KiB) == 16.0
-    assert qualified_rate({names.ANNOTATION_QUALIFIED_DMA_GBPS: "41.5"}, 2 * MiB) == 41.5
-    assert qualified_rate({names.ANNOTATION_QUALIFICATION: "not json", names.ANNOTATION_QUALIFIED_DMA_GBPS: "x"},
-                          2 * MiB) is None
-    assert qualified_rate({}, 2 * MiB) is None
+    assert _transfer(ann).qualified_gbps == pytest.approx(50.0)  # 2 MiB blocks: between 1 and 4 MiB
+    assert _transfer(ann, layout="default").qualified_gbps == 16.0  # per-layer 64 KiB copies
+    assert _transfer({names.ANNOTATION_QUALIFIED_DMA_GBPS: "41.5"}).qualified_gbps == 41.5
+    damaged = {names.ANNOTATION_QUALIFICATION: "not json", names.ANNOTATION_QUALIFIED_DMA_GBPS: "x"}
+    assert _transfer(damaged) is None
+    assert _transfer({}) is None
 
 
 def test_summary_of_a_vllm_run_prefers_the_vllm_rows():

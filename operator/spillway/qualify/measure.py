@@ -5,13 +5,13 @@ GB/s here is always 1e9 bytes per second.
 """
 from __future__ import annotations
 
-import itertools
-import math
 import random
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..rates import interpolate_log2
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -130,20 +130,7 @@ def rate_at(rows: Iterable[Row], block_bytes: int, direction: str = "c2g", metho
     """
     rows = [r for r in rows if r.ok and r.direction == direction and (host is None or r.host == host)]
     method = method or production_method(rows)
-    points = sorted((r.block_bytes, getattr(r, stat)) for r in rows if r.method == method)
-    if not points or block_bytes <= 0:
-        return None
-    if block_bytes <= points[0][0]:
-        return points[0][1]
-    if block_bytes >= points[-1][0]:
-        return points[-1][1]
-    for (b0, r0), (b1, r1) in itertools.pairwise(points):
-        if b0 <= block_bytes <= b1:
-            if b1 == b0:
-                return r1
-            t = (math.log2(block_bytes) - math.log2(b0)) / (math.log2(b1) - math.log2(b0))
-            return r0 + t * (r1 - r0)
-    return None  # pragma: no cover - the loop covers the range
+    return interpolate_log2(((r.block_bytes, getattr(r, stat)) for r in rows if r.method == method), block_bytes)
 
 
 def relative_gap(measured: float, reference: float) -> float:

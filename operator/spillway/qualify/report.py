@@ -121,19 +121,3 @@ def node_patch(rows: list[Row], meta: dict[str, Any], plan_block_bytes: int = PL
             },
         }
     }
-
-
-def qualified_rate(annotations: dict[str, str], block_bytes: int) -> float | None:
-    """What the operator reads back: the rate at the plan's block size from a node's annotations."""
-    raw = annotations.get(names.ANNOTATION_QUALIFICATION)
-    if raw:
-        try:
-            rate = rate_at(rows_from_summary(json.loads(raw)), block_bytes, "c2g")
-        except (ValueError, TypeError, AttributeError):
-            rate = None
-        if rate is not None:
-            return rate
-    try:
-        return float(annotations[names.ANNOTATION_QUALIFIED_DMA_GBPS])
-    except (KeyError, ValueError):
-        return None
