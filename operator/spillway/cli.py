@@ -19,13 +19,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed subcommand; a SpillwayError becomes one line on stderr and exit code 2."""
     try:
         return args.func(args) or 0
     except SpillwayError as exc:
         print(f"spillway: error: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

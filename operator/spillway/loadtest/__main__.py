@@ -4,19 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import SpillwayError
+from ..cli import dispatch
 from .cli import add_subcommands
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spillway.loadtest", description=__doc__)
     add_subcommands(parser.add_subparsers(dest="loadtest_command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args) or 0
-    except SpillwayError as exc:
-        print(f"spillway: error: {exc}", file=sys.stderr)
-        return 2
+    return dispatch(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import SpillwayError
+from ..cli import dispatch
 from . import add_parser
 
 
@@ -12,12 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="spillway-qualify")
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser(sub)
-    args = parser.parse_args(["qualify", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args) or 0
-    except SpillwayError as exc:
-        print(f"spillway: error: {exc}", file=sys.stderr)
-        return 2
+    return dispatch(parser.parse_args(["qualify", *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":
