@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import json
 import subprocess
 import tempfile
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import yaml
 from spillway import k8s_names
+from support.tools import require_binary  # noqa: F401 - re-exported for the tests here
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "spillway"
@@ -24,15 +24,6 @@ KUBE_OLDEST, KUBE_NEWEST = "1.30.0", "1.37.0"
 
 
 
-def _shared_conftest():
-    # tests/conftest.py, loaded under its own name (every test directory may have a `conftest`).
-    spec = importlib.util.spec_from_file_location("spillway_tests_conftest", REPO / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-require_binary = _shared_conftest().require_binary
 
 MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -1,12 +1,12 @@
 """The chart's generated observability files, parsed, and the shared test helpers."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import yaml
 from spillway.observability import __main__ as generator
+from support.tools import require_binary  # noqa: F401 - re-exported for the tests here
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -16,15 +16,6 @@ DASHBOARD_FILES = sorted((CHART_FILES / generator.DASHBOARD_DIR).glob("*.json"))
 ALERT_TESTS = HERE / "alerts_test.yaml"
 
 
-def _shared_conftest():
-    # tests/conftest.py under a name of its own (every test directory may have a `conftest`).
-    spec = importlib.util.spec_from_file_location("spillway_tests_conftest", REPO / "tests" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-require_binary = _shared_conftest().require_binary
 
 
 def load_boards() -> dict[str, dict]:
