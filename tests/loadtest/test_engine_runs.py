@@ -172,3 +172,25 @@ def test_job_mode_takes_the_result_from_the_pod_log(server: VllmServer, tmp_path
     assert report.returncode == 0, report.stderr
     assert report.stdout.strip() == out.stdout.strip()  # the same table
     assert (tmp_path / "from-log.png").exists()
+
+
+def test_no_request_fails_on_a_connection_the_server_is_closing(server: VllmServer):
+    """vLLM (uvicorn) closes keep-alive connections idle for 5 s. A phase starting right then must not reuse
+    them: with aiohttp's default 15 s pool, some of these requests fail with "Server disconnected"."""
+    import asyncio
+
+    from spillway.loadtest.client import OpenAIClient
+
+    async def phases() -> list:
+        results = []
+        async with OpenAIClient(server.base_url, concurrency=32) as client:
+            await client.resolve_model(None)
+            for n, pause in enumerate((4.96, 4.98, 5.0, 5.02, 5.04)):
+                results += await asyncio.gather(*(client.complete(server.token_ids(10, 1000 * n + i)) for i in range(32)))
+                await asyncio.sleep(pause)
+            results += await asyncio.gather(*(client.complete(server.token_ids(10, i)) for i in range(32)))
+            await client.metrics_text()
+        return results
+
+    results = asyncio.run(phases())
+    assert [r.error for r in results if not r.ok] == []

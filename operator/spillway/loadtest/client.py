@@ -18,6 +18,7 @@ from ..vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH,
 
 VERSION_PATH = "/version"  # vLLM's own: {"version": "..."}
 ERROR_TEXT_LIMIT = 300
+KEEPALIVE_S = 1.0
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -53,7 +54,9 @@ class OpenAIClient:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self):  # -> OpenAIClient
-        connector = aiohttp.TCPConnector(limit=self._concurrency, force_close=False)
+        # Idle connections are dropped well before the server drops them (vLLM/uvicorn: 5 s); reusing one the
+        # server has closed fails the request with "Server disconnected" (aiohttp's default keeps them 15 s).
+        connector = aiohttp.TCPConnector(limit=self._concurrency, keepalive_timeout=KEEPALIVE_S)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=self._headers)
         return self
 
@@ -66,12 +69,17 @@ class OpenAIClient:
         return self.base_url + path
 
     # -- discovery --------------------------------------------------------------------------------
-    async def _get(self, path: str) -> tuple[int, str]:
-        try:
-            async with self._session.get(self.url(path)) as response:
-                return response.status, await response.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise EndpointError(f"cannot reach {self.url(path)}: {_describe(exc)}") from None
+    async def _get(self, path: str, attempts: int = 3) -> tuple[int, str]:
+        """GET (idempotent: retried on connection errors, which a dropped idle connection also causes)."""
+        for attempt in range(attempts):
+            try:
+                async with self._session.get(self.url(path)) as response:
+                    return response.status, await response.text()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                if attempt == attempts - 1 or isinstance(exc, aiohttp.ClientConnectorError):
+                    raise EndpointError(f"cannot reach {self.url(path)}: {_describe(exc)}") from None
+                await asyncio.sleep(0.5)
+        raise AssertionError("unreachable")
 
     async def models(self) -> list[dict]:
         status, body = await self._get(MODELS_PATH)
