@@ -169,7 +169,7 @@ class VllmServer:
         try:
             self._wait_healthy()
         except BaseException:
-            self.stop()
+            self.close()  # the error quotes the log; `with` would not reach __exit__
             raise
         return self
 
