@@ -8,7 +8,6 @@ health endpoint must satisfy the chart's `helm test` check.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -28,7 +27,7 @@ from spillway import k8s_names
 from spillway.geometry import catalog_config
 
 sys.path.insert(0, str(REPO / "tests" / "operator"))
-from ms_cluster import CORE, VERBS, Apiserver, EmulatedCluster, eventually
+from ms_cluster import Apiserver, EmulatedCluster, eventually
 from ms_examples import LLAMA_8B, gpu_node, modelserver
 
 OPERATOR_TOKEN = "spillway-operator-token"
@@ -130,15 +129,8 @@ class AuthorizingCluster(EmulatedCluster):
         self.operator_kubeconfig.write_text(json.dumps(config))
         return self
 
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        async with AuthorizingApiserver(policy=self.policy) as emulator, kmock.Server(emulator) as server:
-            for key, info in CORE.items():
-                emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
-            self.emulator = emulator
-            self.url = str(server.url).rstrip("/")
-            self._ready.set()
-            await self._stop.wait()
+    def new_emulator(self) -> kmock.KubernetesEmulator:
+        return AuthorizingApiserver(policy=self.policy)
 
     def operator_requests(self) -> list[tuple]:
         return self.call(lambda: list(self.emulator.seen))

@@ -6,80 +6,30 @@ applied by kmock (lists return every object of the kind).
 """
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
 from pathlib import Path
 
-import kmock
 import kubernetes
 from spillway import k8s_names as names
+from support.kube_api import EmulatedApi
 
 RESOURCES = {
     "v1/pods": {"kind": "Pod", "namespaced": True, "subresources": {"log"}},
     "batch/v1/jobs": {"kind": "Job", "namespaced": True},
     f"{names.API_VERSION}/{names.PLURAL}": {"kind": names.KIND, "namespaced": True},
 }
-VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
-class KubeEmulator:
+class KubeEmulator(EmulatedApi):
     def __init__(self, tmp: Path) -> None:
-        self.kubeconfig = tmp / "kubeconfig"
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self.emulator: kmock.KubernetesEmulator | None = None
-        self.url = ""
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):  # -> KubeEmulator
-        self._thread.start()
-        if not self._ready.wait(20):
-            raise RuntimeError("kmock did not start")
-        self.kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-            "users": [{"name": "test", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test", "namespace": "ns"}}],
-        }))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
-            for key, info in RESOURCES.items():
-                emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
-            self.emulator = emulator
-            self.url = str(server.url).rstrip("/")
-            self._ready.set()
-            await self._stop.wait()
-
-    def call(self, fn):
-        async def run():
-            return fn()
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+        super().__init__(tmp, RESOURCES, namespace="ns")
 
     def serve_log(self, namespace: str, pod: str, text: str) -> None:
         """Answer GET .../pods/<pod>/log with text (what the kubelet would stream)."""
         self.call(lambda: self.emulator[f"get /api/v1/namespaces/{namespace}/pods/{pod}/log"] << text.encode())
 
-    def api(self) -> kubernetes.client.ApiClient:
-        config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=config)
-        return kubernetes.client.ApiClient(config)
 
     def create(self, obj: dict) -> None:
-        api = self.api()
+        api = self.client()
         namespace = obj["metadata"]["namespace"]
         if obj["kind"] == "Pod":
             kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, obj)
@@ -90,7 +40,7 @@ class KubeEmulator:
                 names.GROUP, names.VERSION, namespace, names.PLURAL, obj)
 
     def jobs(self, namespace: str) -> list:
-        return kubernetes.client.BatchV1Api(self.api()).list_namespaced_job(namespace).items
+        return kubernetes.client.BatchV1Api(self.client()).list_namespaced_job(namespace).items
 
 
 def job_pod(job: str, namespace: str, phase: str = "Succeeded") -> dict:

@@ -7,14 +7,11 @@ unless namespaces are declared; List responses lack kind; /version/ is 404 (kopf
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -23,8 +20,8 @@ from typing import Any, Self
 
 import attrs
 import kmock
-import kubernetes
 from spillway import k8s_names as names
+from support.kube_api import VERBS, EmulatedApi  # noqa: F401 - VERBS re-exported for other suites
 
 REPO = Path(__file__).resolve().parents[2]
 KOPF = Path(sys.executable).with_name("kopf")
@@ -42,7 +39,6 @@ CORE = {
 }
 POD_MONITORS = {f"{names.PODMONITOR_GROUP}/{names.PODMONITOR_VERSION}/{names.PODMONITOR_PLURAL}":
                 {"kind": names.PODMONITOR_KIND, "namespaced": True}}
-VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
 @attrs.define(kw_only=True)
@@ -74,64 +70,18 @@ class Apiserver(kmock.KubernetesEmulator):
         return await super()._handle(request)
 
 
-class EmulatedCluster:
-    """kmock's KubernetesEmulator served on 127.0.0.1 from a background thread with its own event loop."""
+class EmulatedCluster(EmulatedApi):
+    """The Kubernetes API the operator talks to: core resources, ModelServers and optionally PodMonitors."""
 
     def __init__(self, tmp: Path, pod_monitors: bool = False):
-        self.kubeconfig = tmp / "kubeconfig"
-        self._declare = dict(CORE, **(POD_MONITORS if pod_monitors else {}))
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self.emulator: kmock.KubernetesEmulator | None = None
-        self.url = ""
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(tmp, dict(CORE, **(POD_MONITORS if pod_monitors else {})))
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        if not self._ready.wait(20):
-            raise RuntimeError("kmock did not start")
-        self.kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-            "users": [{"name": "test", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}],
-        }))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        async with Apiserver() as emulator, kmock.Server(emulator) as server:
-            for key, info in self._declare.items():
-                emulator.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
-            self.emulator = emulator
-            self.url = str(server.url).rstrip("/")
-            self._ready.set()
-            await self._stop.wait()
-
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """Run fn() on the emulator's event loop (kmock is not thread-safe) and return its result."""
-        async def run() -> Any:
-            return fn()
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+    def new_emulator(self) -> kmock.KubernetesEmulator:
+        return Apiserver()
 
     def requests(self, method: str, path_part: str) -> int:
         """How many requests with this method whose path contains path_part the emulator has served."""
         return self.call(lambda: sum(1 for r in self.emulator if r.method == method and path_part in str(r.url.path)))
-
-    def client(self) -> kubernetes.client.ApiClient:
-        config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=config)
-        return kubernetes.client.ApiClient(config)
 
 
 class Operator:
