@@ -56,6 +56,7 @@ class ModelServerSpec:
     block_size: int = DEFAULT_BLOCK_SIZE
     kv_cache_dtype: str = "auto"
     image: str = names.DEFAULT_VLLM_IMAGE
+    vllm_version: str = api.IMAGE_VLLM_VERSION
     image_pull_policy: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
     resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -73,6 +74,7 @@ class ModelServerSpec:
             kv_cache_dtype=self.kv_cache_dtype,
             replicas_per_node=self.replicas_per_node,
             offload=self.offload,
+            vllm_version=self.vllm_version,
         )
 
 
@@ -241,7 +243,7 @@ def parse_spec(spec: Any) -> ModelServerSpec:
     hf_token = spec.get("hfTokenSecretRef")
     token_ref = _key_ref(hf_token, "spec.hfTokenSecretRef", DEFAULT_SECRET_KEY) if hf_token is not None else None
     offload = _offload(spec)
-    reserved = {api.ENV_KV_CACHE_LAYOUT} | ({api.ENV_HF_TOKEN} if token_ref else set())
+    reserved = {api.ENV_KV_CACHE_LAYOUT, api.ENV_USE_V2_MODEL_RUNNER} | ({api.ENV_HF_TOKEN} if token_ref else set())
     pull_secrets = []
     for item in _list(spec, "imagePullSecrets", "spec"):
         name = _mapping(item, "spec.imagePullSecrets[]").get("name")
@@ -261,6 +263,7 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         block_size=_int(spec, "blockSize", "spec", DEFAULT_BLOCK_SIZE, 1),
         kv_cache_dtype=_str(spec, "kvCacheDtype", "spec", "auto", KV_CACHE_DTYPES),
         image=_str(spec, "image", "spec", names.DEFAULT_VLLM_IMAGE) or names.DEFAULT_VLLM_IMAGE,
+        vllm_version=_str(spec, "vllmVersion", "spec", api.IMAGE_VLLM_VERSION),
         image_pull_policy=_str(spec, "imagePullPolicy", "spec", None, PULL_POLICIES),
         image_pull_secrets=tuple(pull_secrets),
         resources=_resources(spec),

@@ -113,6 +113,7 @@ BAD = {
     "env-twice": ({"spec": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, ["duplicate"], True),
     "toleration": ({"spec": {"tolerations": [{"operator": "Maybe"}]}}, ["'Maybe' is not one of"], True),
     "dtype": ({"spec": {"kvCacheDtype": "int4"}}, ["'int4' is not one of"], True),
+    "vllm-version": ({"spec": {"vllmVersion": "0.29.1"}}, ["does not match"], True),
 }
 
 

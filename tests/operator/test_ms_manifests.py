@@ -95,6 +95,18 @@ def test_disabled_offload_and_pod_monitor():
     assert monitor["spec"]["selector"]["matchLabels"] == by_kind(result)["Service"]["spec"]["selector"]
 
 
+def test_engine_env_follows_the_images_vllm_version():
+    def env_of(**spec):
+        container = by_kind(desired(modelserver(**spec), nodes(gpu_node("g"))))["Deployment"]
+        return {e["name"]: e.get("value") for e in container["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert env_of()[api.ENV_KV_CACHE_LAYOUT] == api.CONTIGUOUS_LAYOUT
+    old = env_of(image="registry.example/vllm:0.26.0", vllmVersion="0.26.0")
+    assert old[api.ENV_USE_V2_MODEL_RUNNER] == "0" and api.ENV_KV_CACHE_LAYOUT not in old
+    with pytest.raises(InvalidSpec, match="operator writes"):
+        env_of(env=[{"name": api.ENV_USE_V2_MODEL_RUNNER, "value": "1"}])
+
+
 def test_name_must_be_a_dns_label():
     with pytest.raises(InvalidSpec, match="DNS label"):
         desired(modelserver(name="Llama_8B"), nodes(gpu_node("g")))
