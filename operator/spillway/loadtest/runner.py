@@ -60,22 +60,28 @@ async def run_async(endpoint: str, plan: Plan, *, model: str | None = None, api_
     return sink.result
 
 
+# Ctrl-C and a deleted Job (SIGTERM) end the run, result kept. Handling SIGINT here too makes an interrupt work
+# even where the process inherited SIGINT ignored (commands started in the background by a non-interactive shell).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def run_endpoint(endpoint: str, plan: Plan, **kwargs) -> dict:
-    """run_async in a fresh event loop; SIGTERM (a deleted Job) ends the run like Ctrl-C, result kept."""
-    return asyncio.run(_with_sigterm(run_async(endpoint, plan, **kwargs)))
+    """run_async in a fresh event loop that a stop signal cancels, keeping the partial result."""
+    return asyncio.run(_stopped_by_signals(run_async(endpoint, plan, **kwargs)))
 
 
-async def _with_sigterm(coro):
+async def _stopped_by_signals(coro):
     task = asyncio.ensure_future(coro)
     loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    except (NotImplementedError, RuntimeError, ValueError):
-        pass
+    installed = []
+    for sig in STOP_SIGNALS:
+        try:
+            loop.add_signal_handler(sig, task.cancel)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
     try:
         return await task
     finally:
-        try:
-            loop.remove_signal_handler(signal.SIGTERM)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+        for sig in installed:
+            loop.remove_signal_handler(sig)
