@@ -4,8 +4,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from spillway.geometry import catalog_ids, resolve_geometry
-from spillway.planner import NodeFacts, OffloadRequest, ServingRequest, plan
+from spillway.adapters.model_config import catalog_ids, resolve_geometry
+from spillway.core.planner import NodeFacts, OffloadRequest, ServingRequest, plan
 
 CASES = [
     ("Llama-3.1-8B, TP1, auto", "meta-llama/Llama-3.1-8B-Instruct", 1, "auto"),

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from spillway import vllm_api as api
-from spillway.vllm_api import Metric
+from spillway.core import vllm_api as api
+from spillway.core.vllm_api import Metric
 
 HERE = Path(__file__).resolve().parent
 BENCH_FLAGS = [api.FLAG_LOAD_FORMAT, "dummy", api.FLAG_SKIP_TOKENIZER_INIT, api.FLAG_ENFORCE_EAGER,
@@ -55,7 +55,7 @@ def log(msg: str) -> None:
 # -- plan ----------------------------------------------------------------------------------------------
 def spillway_plan(model: str, node_memory: str, flags: list[str]) -> dict[str, Any]:
     """`spillway plan ... -o json`, run in-process through the plan subcommand alone."""
-    from spillway import plan_cli
+    from spillway.commands import plan as plan_cli
 
     parser = argparse.ArgumentParser(prog="spillway")
     plan_cli.add_parser(parser.add_subparsers(dest="command"))

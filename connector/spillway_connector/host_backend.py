@@ -146,7 +146,7 @@ def kv_transfer_config(
 ) -> dict[str, Any]:
     """The --kv-transfer-config object that runs SpillwayOffloadingConnector with this
     backend and a `cpu_bytes` pool. Needs the `spillway` package (dev/test environments)."""
-    from spillway import vllm_api as api
+    from spillway.core import vllm_api as api
 
     from spillway_connector.connector import SpillwayOffloadingConnector
 
@@ -167,6 +167,6 @@ def kv_transfer_config(
 
 def cpu_offload_args(cpu_bytes: int, eviction_policy: str = "lru", extra: dict[str, Any] | None = None) -> list[str]:
     """`vllm serve` arguments that enable offloading on the CPU platform with this backend."""
-    from spillway import vllm_api as api
+    from spillway.core import vllm_api as api
 
     return [api.FLAG_KV_TRANSFER_CONFIG, json.dumps(kv_transfer_config(cpu_bytes, eviction_policy, extra))]

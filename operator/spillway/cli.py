@@ -5,10 +5,10 @@ import argparse
 import importlib
 import sys
 
-from .errors import SpillwayError
+from .core.errors import SpillwayError
 
-# module names under spillway/ that provide add_parser(subparsers)
-SUBCOMMANDS = ["plan_cli", "render_cli", "qualify", "loadtest"]
+# modules under spillway/ that provide add_parser(subparsers)
+SUBCOMMANDS = ["commands.plan", "commands.render", "qualify", "loadtest"]
 
 
 def build_parser() -> argparse.ArgumentParser:

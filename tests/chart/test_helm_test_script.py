@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from chart_render import CHART
-from spillway import vllm_api
+from spillway.core import vllm_api
 
 SCRIPT = (CHART / "scripts" / "helm_test.py").read_text()
 

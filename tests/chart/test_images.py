@@ -18,7 +18,7 @@ from chart_render import CHART, REPO
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from spillway import k8s_names, vllm_api
+from spillway.core import k8s_names, vllm_api
 
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))

@@ -23,8 +23,8 @@ import kmock
 import kubernetes
 import pytest
 from chart_render import CHART, NAMESPACE, REPO, SCENARIOS, of_kind, operator_container, render, require_binary
-from spillway import k8s_names
-from spillway.geometry import catalog_config
+from spillway.adapters.model_config import catalog_config
+from spillway.core import k8s_names
 
 sys.path.insert(0, str(REPO / "tests" / "operator"))
 from ms_cluster import Apiserver, EmulatedCluster, eventually

@@ -17,7 +17,7 @@ from chart_render import (
     render_scenario,
     test_pod,
 )
-from spillway import k8s_names, vllm_api
+from spillway.core import k8s_names, vllm_api
 
 MONITORING_KINDS = {"PodMonitor", "PrometheusRule"}
 DASHBOARD_FILES = sorted((CHART / "files" / "dashboards").glob("*.json"))
@@ -307,7 +307,7 @@ def test_operator_settings_use_the_operators_names(helm):
     docs = render_scenario(helm, "customized")
     env = {e["name"]: e.get("value") for e in operator_container(docs)["env"]}
     assert env[k8s_names.ENV_ALLOW_HUB_FETCH] == "true"
-    assert env["HF_ENDPOINT"] == "https://hub.example.com"  # the Hugging Face hub's own variable (spillway.hub)
+    assert env["HF_ENDPOINT"] == "https://hub.example.com"  # the Hugging Face hub's own variable (spillway.adapters.hub)
     assert env[k8s_names.ENV_POD_MONITORS] == "false"
     default_env = {e["name"] for e in operator_container(render(helm))["env"]}
     assert k8s_names.ENV_ALLOW_HUB_FETCH not in default_env
@@ -316,8 +316,8 @@ def test_operator_settings_use_the_operators_names(helm):
 def test_pod_monitor_and_helm_test_reach_what_the_operator_deploys(helm):
     """The operator's own manifests for a `models:` entry: the PodMonitor selects its pods' port, and
     `helm test` calls its Service by name and port."""
-    from spillway.facts import summarize_node, synthetic_node
-    from spillway.manifests import desired
+    from spillway.controller.facts import summarize_node, synthetic_node
+    from spillway.controller.manifests import desired
 
     docs = render_scenario(helm, "models")
     server = one(docs, k8s_names.KIND, "llama-8b")

@@ -13,7 +13,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 from chart_render import KUBE_NEWEST, KUBE_OLDEST, SCENARIOS, crd_documents, modelserver_crd, render_scenario
-from spillway import k8s_names
+from spillway.core import k8s_names
 
 # Custom resources of the Prometheus Operator: not in kubernetes-validate's schemas, and this
 # repository does not carry the operator's CRDs; their shape is asserted in test_render.py.

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from promtext import samples, total
-from spillway import vllm_api as V
+from spillway.core import vllm_api as V
 from spillway_connector import names
 from support import SERVED_MODEL_NAME, TinyLlama, VllmServer
 

@@ -11,7 +11,7 @@ import json
 import pytest
 from offload_workload import OffloadChecks, Workload, run_phases
 from promtext import total
-from spillway import vllm_api as V
+from spillway.core import vllm_api as V
 from spillway_connector import names
 from support import TinyLlama, vllm_server_fixture
 

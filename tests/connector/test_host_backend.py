@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from spillway import vllm_api as V
+from spillway.core import vllm_api as V
 from spillway_connector.connector import SpillwayOffloadingConnector
 from spillway_connector.host_backend import (
     HostOffloadingSpec,

@@ -11,7 +11,7 @@ pytest.importorskip("vllm")
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from promtext import total
-from spillway import vllm_api as V
+from spillway.core import vllm_api as V
 from spillway_connector import names
 from spillway_connector.compat import OffloadingConnectorStats
 from spillway_connector.connector import SpillwayOffloadingConnector

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from spillway import k8s_names as names
+from spillway.core import k8s_names as names
 
 pytestmark = pytest.mark.e2e
 
@@ -106,7 +106,7 @@ def gpu_node(kube):
 def operator(kube, crd, tmp_path_factory):
     log = tmp_path_factory.mktemp("operator") / "kopf.log"
     kopf = Path(sys.executable).with_name("kopf")
-    process = subprocess.Popen([str(kopf), "run", "--standalone", "--all-namespaces", "-m", "spillway.handlers"],
+    process = subprocess.Popen([str(kopf), "run", "--standalone", "--all-namespaces", "-m", "spillway.controller.handlers"],
                                cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     yield process
     alive = process.poll() is None

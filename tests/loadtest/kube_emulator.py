@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import kubernetes
-from spillway import k8s_names as names
+from spillway.core import k8s_names as names
 from support.kube_api import EmulatedApi
 
 RESOURCES = {

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from spillway.vllm_api import ENV_SERVER_DEV_MODE
+from spillway.core.vllm_api import ENV_SERVER_DEV_MODE
 from support import VllmServer, vllm_server_fixture
 
 pytestmark = pytest.mark.engine

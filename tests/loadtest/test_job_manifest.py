@@ -8,11 +8,11 @@ import sys
 import kubernetes_validate
 import pytest
 import yaml
-from spillway import k8s_names
+from spillway.core import k8s_names
+from spillway.core.vllm_api import SERVER_PORT
 from spillway.loadtest import job as jobs
 from spillway.loadtest.cli import add_subcommands, plan_from_args, plan_to_args
 from spillway.loadtest.plan import Plan, ThroughputPlan, TtftPlan
-from spillway.vllm_api import SERVER_PORT
 
 KUBE_VERSIONS = ["1.30.0", "1.37.0"]  # the oldest and newest Kubernetes the chart supports
 

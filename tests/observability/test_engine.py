@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 from obs_files import RULE_FILES, alerting_rules, load_boards, query_panels, recording_rules, require_binary
 from prometheus_server import JOB, PrometheusServer
-from spillway import k8s_names
-from spillway import vllm_api as V
+from spillway.core import k8s_names
+from spillway.core import vllm_api as V
 from spillway.observability import dashboards
 from support import TinyLlama, VllmServer, vllm_available
 

@@ -16,10 +16,10 @@ from obs_files import (
     query_panels,
     recording_rules,
 )
-from spillway import k8s_names
+from spillway.core import k8s_names
+from spillway.core.vllm_api import Metric
 from spillway.observability import __main__ as generator
 from spillway.observability import alerts, dashboards, recording
-from spillway.vllm_api import Metric
 from spillway_connector import names as connector
 
 # Series names as they appear in PromQL: vLLM's, the connector's, ours, cAdvisor's, kube-state-metrics'.

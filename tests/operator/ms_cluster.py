@@ -20,7 +20,7 @@ from typing import Any, Self
 
 import attrs
 import kmock
-from spillway import k8s_names as names
+from spillway.core import k8s_names as names
 from support.kube_api import VERBS, EmulatedApi  # noqa: F401 - VERBS re-exported for other suites
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ class EmulatedCluster(EmulatedApi):
 
 
 class Operator:
-    """`kopf run` of spillway.handlers against a kubeconfig, in its own process group."""
+    """`kopf run` of spillway.controller.handlers against a kubeconfig, in its own process group."""
 
     def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None):
         self.kubeconfig, self.log, self.env = kubeconfig, log, env or {}
@@ -96,7 +96,7 @@ class Operator:
         env.pop("KUBERNETES_SERVICE_HOST", None)
         env.pop("HF_TOKEN", None)
         self.process = subprocess.Popen(
-            [str(KOPF), "run", "--standalone", "--all-namespaces", "--verbose", "-m", "spillway.handlers"],
+            [str(KOPF), "run", "--standalone", "--all-namespaces", "--verbose", "-m", "spillway.controller.handlers"],
             cwd=REPO, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
         return self
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from spillway import k8s_names as names
-from spillway.facts import synthetic_node
+from spillway.controller.facts import synthetic_node
+from spillway.core import k8s_names as names
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -11,11 +11,11 @@ import pytest
 import yaml
 from ms_crd_schema import REPO, admit, crd, rules, version_schema
 from ms_examples import gpu_node, modelserver
-from spillway import k8s_names as names
-from spillway.errors import SpillwayError
-from spillway.facts import summarize_node
-from spillway.manifests import desired
-from spillway.spec import parse_spec
+from spillway.controller.facts import summarize_node
+from spillway.controller.manifests import desired
+from spillway.controller.spec import parse_spec
+from spillway.core import k8s_names as names
+from spillway.core.errors import SpillwayError
 
 EXAMPLE = REPO / "docs" / "examples" / "modelserver.yaml"
 

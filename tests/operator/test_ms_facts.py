@@ -5,12 +5,19 @@ import json
 
 import pytest
 from ms_examples import LLAMA_8B, cpu_node, gpu_node
-from spillway import k8s_names as names
-from spillway.errors import ModelGeometryUnknown, NoEligibleNodes
-from spillway.facts import affinity_allows, eligible_nodes, model_geometry, nodes_fingerprint, summarize_node, tolerated
-from spillway.geometry import catalog_config
-from spillway.quantity import GiB
-from spillway.spec import parse_spec
+from spillway.adapters.model_config import catalog_config
+from spillway.controller.facts import (
+    affinity_allows,
+    eligible_nodes,
+    model_geometry,
+    nodes_fingerprint,
+    summarize_node,
+    tolerated,
+)
+from spillway.controller.spec import parse_spec
+from spillway.core import k8s_names as names
+from spillway.core.errors import ModelGeometryUnknown, NoEligibleNodes
+from spillway.core.quantity import GiB
 
 
 def summaries(*nodes):

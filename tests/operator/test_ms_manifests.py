@@ -9,14 +9,15 @@ import kubernetes_validate
 import pytest
 from cloudcoil.models.prometheus_operator.v1 import PodMonitor
 from ms_examples import LLAMA_8B, gpu_node, modelserver
-from spillway import k8s_names as names
-from spillway import vllm_api as api
-from spillway.errors import InvalidSpec, PoolDoesNotFit
-from spillway.facts import summarize_node
-from spillway.geometry import resolve_geometry
-from spillway.manifests import desired, status_plan
-from spillway.planner import NodeFacts, plan
-from spillway.quantity import parse_bytes
+from spillway.adapters.model_config import resolve_geometry
+from spillway.controller.facts import summarize_node
+from spillway.controller.manifests import desired
+from spillway.controller.status import status_plan
+from spillway.core import k8s_names as names
+from spillway.core import vllm_api as api
+from spillway.core.errors import InvalidSpec, PoolDoesNotFit
+from spillway.core.planner import NodeFacts, plan
+from spillway.core.quantity import parse_bytes
 
 KUBERNETES_VERSIONS = ("1.30", "1.37")
 

@@ -1,4 +1,4 @@
-"""The real operator (`kopf run -m spillway.handlers`) against an emulated Kubernetes API over HTTP.
+"""The real operator (`kopf run -m spillway.controller.handlers`) against an emulated Kubernetes API over HTTP.
 
 Each test works in its own namespace with its own node pool (nodes carry a `pool` label the test's
 ModelServers select), so one operator process serves the whole module.
@@ -14,12 +14,13 @@ import kubernetes
 import pytest
 from ms_cluster import EmulatedCluster, Operator, eventually
 from ms_examples import LLAMA_8B, gpu_node, modelserver
-from spillway import k8s_names as names
-from spillway.facts import summarize_node
-from spillway.geometry import catalog_config, kv_layout, resolve_geometry
-from spillway.manifests import desired
-from spillway.planner import plan
-from spillway.quantity import parse_bytes
+from spillway.adapters.model_config import catalog_config, resolve_geometry
+from spillway.controller.facts import summarize_node
+from spillway.controller.manifests import desired
+from spillway.core import k8s_names as names
+from spillway.core.geometry import kv_layout
+from spillway.core.planner import plan
+from spillway.core.quantity import parse_bytes
 
 
 def _free_port() -> int:

@@ -13,8 +13,8 @@ import kmock
 import pytest
 from ms_cluster import EmulatedCluster, Operator, eventually
 from ms_examples import LLAMA_8B
-from spillway import k8s_names as names
-from spillway.geometry import catalog_config
+from spillway.adapters.model_config import catalog_config
+from spillway.core import k8s_names as names
 from test_ms_operator import Api, memory_limit, planned_limit, wait_planned
 
 HUB_TOKEN = "hub-secret"

@@ -8,9 +8,9 @@ import sys
 import yaml
 from ms_crd_schema import REPO
 from ms_examples import gpu_node, modelserver
-from spillway import k8s_names as names
-from spillway.facts import summarize_node, synthetic_node
-from spillway.manifests import desired
+from spillway.controller.facts import summarize_node, synthetic_node
+from spillway.controller.manifests import desired
+from spillway.core import k8s_names as names
 
 EXAMPLE = REPO / "docs" / "examples" / "modelserver.yaml"
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 from ms_examples import LLAMA_8B
-from spillway import k8s_names as names
-from spillway import vllm_api as api
-from spillway.errors import InvalidSpec
-from spillway.geometry import DEFAULT_BLOCK_SIZE
-from spillway.spec import parse_spec
+from spillway.controller.spec import parse_spec
+from spillway.core import k8s_names as names
+from spillway.core import vllm_api as api
+from spillway.core.errors import InvalidSpec
+from spillway.core.geometry import DEFAULT_BLOCK_SIZE
 
 
 def test_defaults():

@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from spillway.errors import InvalidSpec, ModelGeometryUnknown
-from spillway.geometry import catalog_ids, geometry_from_config, kv_layout, load_config_file, resolve_geometry
+from spillway.adapters.model_config import catalog_ids, load_config_file, resolve_geometry
+from spillway.core.errors import InvalidSpec, ModelGeometryUnknown
+from spillway.core.geometry import geometry_from_config, kv_layout
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -128,7 +129,7 @@ def test_catalog_is_case_insensitive_and_every_entry_sizes():
 
 
 def test_config_from_file_matches_catalog(tmp_path):
-    from spillway.geometry import catalog_config
+    from spillway.adapters.model_config import catalog_config
     path = tmp_path / "config.json"
     path.write_text(json.dumps(catalog_config("meta-llama/Llama-3.1-8B-Instruct")))
     assert resolve_geometry(config_path=path).num_kv_heads == 8

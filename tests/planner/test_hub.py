@@ -8,9 +8,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from spillway.errors import ModelGeometryUnknown
-from spillway.geometry import catalog_config
-from spillway.hub import fetch_config
+from spillway.adapters.hub import fetch_config
+from spillway.adapters.model_config import catalog_config
+from spillway.core.errors import ModelGeometryUnknown
 
 CONFIG = catalog_config("meta-llama/Llama-3.1-8B-Instruct")
 

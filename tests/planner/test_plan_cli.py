@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from spillway.geometry import catalog_config
+from spillway.adapters.model_config import catalog_config
 
 
 def spillway(*args: str) -> subprocess.CompletedProcess:

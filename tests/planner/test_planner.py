@@ -6,17 +6,11 @@ import json
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from spillway import vllm_api as api
-from spillway.errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit, SpillwayError
-from spillway.geometry import ModelGeometry, catalog_ids, resolve_geometry
-from spillway.planner import (
-    SHM_OVERHEAD_FACTOR,
-    NodeFacts,
-    OffloadRequest,
-    ServingRequest,
-    plan,
-    process_reserve,
-)
+from spillway.adapters.model_config import catalog_ids, resolve_geometry
+from spillway.core import vllm_api as api
+from spillway.core.errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit, SpillwayError
+from spillway.core.geometry import ModelGeometry
+from spillway.core.planner import SHM_OVERHEAD_FACTOR, NodeFacts, OffloadRequest, ServingRequest, plan, process_reserve
 
 GiB = 2**30
 LLAMA_8B = resolve_geometry("meta-llama/Llama-3.1-8B-Instruct")

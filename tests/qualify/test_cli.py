@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from spillway.errors import InvalidSpec
+from spillway.core.errors import InvalidSpec
 from spillway.qualify.cli import parse_choice, parse_sizes
 
 

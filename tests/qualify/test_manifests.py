@@ -7,7 +7,7 @@ import sys
 import kubernetes_validate
 import pytest
 import yaml
-from spillway import k8s_names as names
+from spillway.core import k8s_names as names
 from spillway.qualify import manifests
 from spillway.qualify.measure import MiB
 

@@ -6,17 +6,15 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from spillway.core.qualification import Row, production_method, rate_at
 from spillway.qualify.measure import (
     DEFAULT_BLOCK_SIZES,
     KiB,
     MiB,
-    Row,
     block_pointers,
     gbps,
     pool_blocks,
     pool_bytes,
-    production_method,
-    rate_at,
     scatter,
     transfer_bytes,
 )

@@ -4,12 +4,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from spillway import k8s_names as names
-from spillway.facts import summarize_node, synthetic_node
-from spillway.geometry import resolve_geometry
-from spillway.planner import OffloadRequest, ServingRequest, plan
-from spillway.qualify.measure import KiB, MiB, Row
-from spillway.qualify.report import SCHEMA, document, format_table, node_patch, summary
+from spillway.adapters.model_config import resolve_geometry
+from spillway.controller.facts import summarize_node, synthetic_node
+from spillway.core import k8s_names as names
+from spillway.core.planner import OffloadRequest, ServingRequest, plan
+from spillway.core.qualification import SCHEMA, Row, node_patch, summary
+from spillway.qualify.measure import KiB, MiB
+from spillway.qualify.report import document, format_table
 
 META = {"gpu": "NVIDIA H200", "measured_at": "2026-11-30T10:00:00Z"}
 

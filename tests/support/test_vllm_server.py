@@ -5,7 +5,7 @@ import json
 import urllib.request
 
 import pytest
-from spillway import vllm_api as V
+from spillway.core import vllm_api as V
 
 from support import VllmServer, vllm_server_fixture
 from support.vllm_server import _group_alive, _is_live_member, _pids

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spillway import vllm_api as V
+from spillway.core import vllm_api as V
 
 SERVED_MODEL_NAME = "tiny-llama"
 _EXCEPTION_LINE = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception): ")

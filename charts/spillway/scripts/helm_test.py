@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from spillway.vllm_api import METRICS_PATH, MODELS_PATH, Metric
+from spillway.core.vllm_api import METRICS_PATH, MODELS_PATH, Metric
 
 
 class CheckFailed(Exception):

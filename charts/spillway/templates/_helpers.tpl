@@ -1,5 +1,5 @@
 {{/* The Python module that holds the operator's kopf handlers (operator/spillway/). */}}
-{{- define "spillway.operatorModule" -}}spillway.handlers{{- end }}
+{{- define "spillway.operatorModule" -}}spillway.controller.handlers{{- end }}
 
 {{/* Labels and port name of the vLLM pods the operator writes (operator/spillway/k8s_names.py). */}}
 {{- define "spillway.vllmComponent" -}}vllm{{- end }}

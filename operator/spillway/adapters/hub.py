@@ -12,7 +12,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from .errors import ModelGeometryUnknown
+from ..core.errors import ModelGeometryUnknown
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TIMEOUT_S = 10

@@ -4,12 +4,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import vllm_api as api
-from .errors import InvalidSpec
-from .geometry import DEFAULT_BLOCK_SIZE, catalog_config, catalog_ids, resolve_geometry
-from .hub import fetch_config
-from .planner import NodeFacts, OffloadRequest, Plan, ServingRequest, plan
-from .quantity import format_bytes, parse_bytes
+from ..adapters.hub import fetch_config
+from ..adapters.model_config import catalog_config, catalog_ids, resolve_geometry
+from ..core import vllm_api as api
+from ..core.errors import InvalidSpec
+from ..core.geometry import DEFAULT_BLOCK_SIZE
+from ..core.planner import NodeFacts, OffloadRequest, Plan, ServingRequest, plan
+from ..core.quantity import format_bytes, parse_bytes
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -13,11 +13,11 @@ from typing import Any
 
 import yaml
 
-from . import k8s_names as names
-from .errors import InvalidSpec
-from .facts import NodeSummary, summarize_node, synthetic_node
-from .manifests import Desired, desired
-from .spec import parse_spec
+from ..controller.facts import NodeSummary, summarize_node, synthetic_node
+from ..controller.manifests import Desired, desired
+from ..controller.spec import parse_spec
+from ..core import k8s_names as names
+from ..core.errors import InvalidSpec
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

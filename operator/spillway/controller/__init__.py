@@ -1,4 +1,5 @@
-"""The operator's pieces that talk to the Kubernetes API (kube.py) or keep status (conditions.py).
+"""The kopf operator: handlers.py (`kopf run -m spillway.controller.handlers`) around manifests.desired().
 
-The kopf handlers themselves live in spillway/handlers.py (`kopf run -m spillway.handlers`).
+spec.py checks a ModelServer's spec, facts.py reads GPU nodes, manifests.py renders the objects, status.py the
+status, conditions.py the conditions; kube.py talks to the API server, metrics.py serves /metrics.
 """

@@ -11,13 +11,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import k8s_names as names
-from .errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes
-from .geometry import ModelGeometry, catalog_config, geometry_from_config
-from .planner import NodeFacts
-from .qualify.measure import production_method
-from .qualify.report import rows_from_summary
-from .quantity import format_bytes, parse_bytes
+from ..adapters.model_config import catalog_config
+from ..core import k8s_names as names
+from ..core.errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes
+from ..core.geometry import ModelGeometry, geometry_from_config
+from ..core.planner import NodeFacts
+from ..core.qualification import qualification_table
+from ..core.quantity import format_bytes, parse_bytes
 from .spec import ModelServerSpec
 
 # Taints the node lifecycle controller sets and lifts by itself: a node that is briefly NotReady
@@ -74,18 +74,6 @@ def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
     table = qualification_table((meta.get("annotations") or {}).get(names.ANNOTATION_QUALIFICATION))
     return NodeSummary(str(meta.get("name", "node")), dict(meta.get("labels") or {}), taints,
                        memory_bytes, gpus, dma_gbps, table)
-
-
-def qualification_table(raw: str | None) -> tuple[tuple[int, float], ...]:
-    """(block bytes, CPU->GPU GB/s) of the production copy method from `spillway qualify`'s annotation."""
-    if not raw:
-        return ()
-    try:
-        rows = [r for r in rows_from_summary(json.loads(raw)) if r.direction == "c2g"]
-        method = production_method(rows)
-        return tuple(sorted((r.block_bytes, r.median) for r in rows if r.method == method))
-    except (ValueError, TypeError, AttributeError):
-        return ()  # a damaged annotation: fall back to the single figure
 
 
 def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None) -> dict:

@@ -1,6 +1,6 @@
 """The ModelServer operator: kopf handlers around manifests.desired().
 
-Run: `kopf run --standalone --all-namespaces -m spillway.handlers`.
+Run: `kopf run --standalone --all-namespaces -m spillway.controller.handlers`.
 
 - ModelServer created/changed/resumed -> read facts (GPU nodes from an in-memory index, the
   model's geometry), plan with the pure core, apply Deployment/Service/PodMonitor, write status.
@@ -22,15 +22,16 @@ from typing import Any
 import kopf
 import kubernetes
 
-from . import k8s_names as names
-from .controller import conditions as cond
-from .controller import metrics
-from .controller.kube import ApiError, Kube, path
-from .errors import ModelGeometryUnknown, NoEligibleNodes, SpillwayError
+from ..adapters.hub import fetch_config
+from ..core import k8s_names as names
+from ..core.errors import ModelGeometryUnknown, NoEligibleNodes, SpillwayError
+from . import conditions as cond
+from . import metrics
 from .facts import NodeSummary, eligible_nodes, nodes_fingerprint, summarize_node
-from .hub import fetch_config
-from .manifests import Desired, desired, error_line, selector, status_plan
+from .kube import ApiError, Kube, path
+from .manifests import Desired, desired, selector
 from .spec import parse_spec
+from .status import error_line, status_plan
 
 GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
 # A referenced ConfigMap may appear later; API errors are retried too.

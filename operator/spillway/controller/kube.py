@@ -14,7 +14,7 @@ from typing import Any
 
 import kubernetes
 
-from .. import k8s_names as names
+from ..core import k8s_names as names
 
 PLURALS = {
     "Deployment": "deployments",

@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import k8s_names as names
-from . import vllm_api as api
-from .errors import InvalidSpec, SpillwayError
+from ..core import k8s_names as names
+from ..core import vllm_api as api
+from ..core.errors import InvalidSpec
+from ..core.planner import Plan, plan
+from ..core.quantity import format_bytes, to_quantity
 from .facts import ConfigMapReader, HubFetcher, NodeSummary, describe, eligible_nodes, model_geometry
-from .planner import Plan, plan
-from .quantity import format_bytes, to_quantity
 from .spec import ModelServerSpec, parse_spec
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -237,31 +237,3 @@ def render(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, with_po
     if with_pod_monitor:
         objects.append(pod_monitor(body))
     return objects
-
-
-# -- status ----------------------------------------------------------------------------------------
-
-def status_plan(result: Desired) -> dict[str, Any]:
-    """The plan as ModelServer.status.plan (what `kubectl get ms` shows)."""
-    p, pool, pod = result.plan, result.plan.pool, result.plan.pod
-    assert pod is not None and p.node is not None
-    out: dict[str, Any] = {
-        "offloadBytes": pool.bytes if pool else 0,
-        "offloadGiB": round(pool.gib, 2) if pool else 0,
-        "blockBytes": p.layout.block_bytes,
-        "cpuBlocks": pool.blocks if pool else 0,
-        "cachedTokens": pool.tokens if pool else 0,
-        "memoryLimit": to_quantity(pod.memory_limit_bytes, "Mi"),
-        "shmSize": to_quantity(pod.shm_bytes, "Mi"),
-        "plannedNode": result.node.name,
-        "eligibleNodes": len(result.eligible),
-        "replicasPerNode": p.node.replicas_per_node,
-        "warnings": list(p.warnings),
-    }
-    if result.node.dma_gbps is not None:
-        out["qualifiedDmaGBps"] = result.node.dma_gbps
-    return out
-
-
-def error_line(exc: SpillwayError) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

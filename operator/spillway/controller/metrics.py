@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from .. import k8s_names as names
-from ..facts import NodeSummary
+from ..core import k8s_names as names
+from .facts import NodeSummary
 
 REGISTRY = CollectorRegistry()
 QUALIFIED_DMA = Gauge(

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import k8s_names as names
-from . import vllm_api as api
-from .errors import InvalidSpec
-from .geometry import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPE_BYTES
-from .planner import OffloadRequest, ServingRequest
+from ..core import k8s_names as names
+from ..core import vllm_api as api
+from ..core.errors import InvalidSpec
+from ..core.geometry import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPE_BYTES
+from ..core.planner import OffloadRequest, ServingRequest
 
 # Resources the plan sets; a spec may add others (cpu, ephemeral-storage, ...) but not these.
 PLANNED_RESOURCES = ("memory", names.GPU_RESOURCE)

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import InvalidSpec
+from ..core.errors import InvalidSpec
 from .plan import (
     AUTO,
     DEFAULT_CONCURRENCY,

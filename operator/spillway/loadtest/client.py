@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from ..errors import SpillwayError
-from ..vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH, RESET_PREFIX_CACHE_PATH
+from ..core.errors import SpillwayError
+from ..core.vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH, RESET_PREFIX_CACHE_PATH
 
 VERSION_PATH = "/version"  # vLLM's own: {"version": "..."}
 ERROR_TEXT_LIMIT = 300

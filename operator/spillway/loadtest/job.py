@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import k8s_names as names
-from ..errors import InvalidSpec, SpillwayError
-from ..vllm_api import SERVER_PORT
+from ..core import k8s_names as names
+from ..core.errors import InvalidSpec, SpillwayError
+from ..core.vllm_api import SERVER_PORT
 from .progress import log
 from .results import RESULT_MARKER, write_atomic
 

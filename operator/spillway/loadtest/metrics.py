@@ -1,6 +1,6 @@
 """Read a vLLM server's Prometheus /metrics: counters before/after a load point, cache facts.
 
-Stdlib only. Metric names come from spillway.vllm_api.Metric (vLLM) and spillway_connector.names
+Stdlib only. Metric names come from spillway.core.vllm_api.Metric (vLLM) and spillway_connector.names
 (the connector); both are written without the `_total` suffix that counters are exported with.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from spillway_connector import names as connector_names
 
-from ..vllm_api import Metric
+from ..core.vllm_api import Metric
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..errors import InvalidSpec
+from ..core.errors import InvalidSpec
 
 EXPERIMENTS = ("ttft", "throughput")
 # Defaults from the source document: single-request TTFT over prompt lengths; 10 000 unique 512-token

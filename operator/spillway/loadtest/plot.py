@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidSpec
+from ..core.errors import InvalidSpec
 
 
 def plot(result: dict[str, Any], path: Path, baseline: dict[str, Any] | None = None) -> Path:

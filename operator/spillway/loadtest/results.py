@@ -81,7 +81,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 def load(path: Path) -> dict[str, Any]:
     """A result file, or the last RESULT_MARKER line of a saved log (`kubectl logs job/... > log`)."""
-    from ..errors import InvalidSpec
+    from ..core.errors import InvalidSpec
 
     try:
         text = Path(path).read_text()

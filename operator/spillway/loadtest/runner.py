@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from typing import TextIO
 
-from ..errors import SpillwayError
+from ..core.errors import SpillwayError
 from . import throughput, ttft
 from .client import OpenAIClient
 from .plan import Plan

@@ -8,8 +8,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..errors import InvalidSpec
-from ..vllm_api import ENV_SERVER_DEV_MODE, RESET_PREFIX_CACHE_PATH, Metric
+from ..core.errors import InvalidSpec
+from ..core.vllm_api import ENV_SERVER_DEV_MODE, RESET_PREFIX_CACHE_PATH, Metric
 from .client import Completion, EndpointError, OpenAIClient
 from .metrics import CacheFacts, Snapshot, counter_deltas, hit_summary
 from .plan import AUTO, FLUSH_FACTOR, Plan

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from spillway_connector import names as connector
 
-from spillway import k8s_names
-from spillway.vllm_api import Metric
+from spillway.core import k8s_names
+from spillway.core.vllm_api import Metric
 
 from . import recording as rec
 from .promql import CONTAINER, NAMESPACE, NODE, POD, POD_KEY, by, eq, selector

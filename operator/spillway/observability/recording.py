@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from spillway_connector import names as connector
 
-from spillway.vllm_api import Metric
+from spillway.core.vllm_api import Metric
 
 from .promql import BY_POD, DIRECTION, POD_KEY, WINDOW, counter, quantile, rate_sum
 

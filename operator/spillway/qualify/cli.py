@@ -16,12 +16,13 @@ import time
 
 import yaml
 
-from .. import k8s_names as names
-from ..errors import InvalidSpec
-from ..quantity import parse_bytes
+from ..core import k8s_names as names
+from ..core.errors import InvalidSpec
+from ..core.qualification import DIRECTIONS, HOST_KINDS, METHODS, node_patch
+from ..core.quantity import parse_bytes
 from . import manifests
-from .measure import BLOCKS_PER_TRANSFER, DEFAULT_BLOCK_SIZES, DIRECTIONS, HOST_KINDS, METHODS
-from .report import document, format_table, node_patch
+from .measure import BLOCKS_PER_TRANSFER, DEFAULT_BLOCK_SIZES
+from .report import document, format_table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

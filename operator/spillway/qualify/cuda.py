@@ -1,6 +1,6 @@
 """GPU side of `spillway qualify`: time scattered block copies between GPU memory and pinned host memory.
 
-Three ways to copy (measure.METHODS): vLLM's own batched op (`swap_blocks_batch`, what its offload
+Three ways to copy (core.qualification.METHODS): vLLM's own batched op (`swap_blocks_batch`, what its offload
 worker calls), one cudaMemcpyAsync per block, and one Triton copy kernel. Two kinds of host memory:
 cudaHostAlloc'd ("alloc") and an mmap of /dev/shm registered with cudaHostRegister ("shm", how
 vLLM >= 0.27 holds its pool). Timing: CUDA events around each transfer on non-blocking streams.
@@ -15,8 +15,9 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..errors import SpillwayError
-from .measure import Row, block_pointers, gbps, pool_blocks, scatter, transfer_bytes
+from ..core.errors import SpillwayError
+from ..core.qualification import Row
+from .measure import block_pointers, gbps, pool_blocks, scatter, transfer_bytes
 
 CUDA_MEMCPY_DEFAULT = 4  # cudaMemcpyKind: direction inferred from the unified addresses
 POISON = 0xA5

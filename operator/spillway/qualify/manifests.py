@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import k8s_names as names
-from ..quantity import GiB, MiB, to_quantity
+from ..core import k8s_names as names
+from ..core.quantity import GiB, MiB, to_quantity
 from .measure import MiB as _MiB
 from .measure import pool_bytes
 
@@ -99,7 +99,7 @@ def pod_spec(image: str, block_sizes: list[int], host_memory: str, repeats: int,
 def _split_label(label: str) -> tuple[str, str]:
     key, sep, value = label.partition("=")
     if not sep or not key:
-        from ..errors import InvalidSpec
+        from ..core.errors import InvalidSpec
 
         raise InvalidSpec(f"--gpu-node-label must be KEY=VALUE, got {label!r}")
     return key, value

@@ -10,7 +10,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SpillwayError
+from ..core.errors import SpillwayError
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 MERGE_PATCH = "application/merge-patch+json"

@@ -1,15 +1,11 @@
-"""The qualification's outputs: a table for people, a JSON document, and the Node patch."""
+"""The qualification's outputs for people and files: a table and a JSON document (the Node patch is core's)."""
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
-from .. import k8s_names as names
-from ..quantity import format_bytes
-from .measure import DIRECTION_TITLES, PLAN_BLOCK_BYTES, Row, production_method, rate_at
-
-SCHEMA = f"{names.GROUP}/qualification/v1"
+from ..core.qualification import DIRECTION_TITLES, PLAN_BLOCK_BYTES, SCHEMA, Row, production_method, rate_at, round_gbps
+from ..core.quantity import format_bytes
 
 
 def size_label(n: int) -> str:
@@ -69,55 +65,7 @@ def document(rows: list[Row], meta: dict[str, Any], plan_block_bytes: int = PLAN
             "method": method,
             "direction": "c2g",
             "block_bytes": plan_block_bytes,
-            "gbps": _round(rate_at(rows, plan_block_bytes, "c2g", method)),
+            "gbps": round_gbps(rate_at(rows, plan_block_bytes, "c2g", method)),
         },
         "rows": [r.to_dict() for r in rows],
-    }
-
-
-def _round(x: float | None, digits: int = 1) -> float | None:
-    return None if x is None else round(x, digits)
-
-
-def summary(rows: list[Row], meta: dict[str, Any]) -> dict[str, Any]:
-    """The compact table stored in the node annotation: median GB/s of the production method per size."""
-    method = production_method(rows)
-    picked = [r for r in rows if r.ok and r.method == method]
-    sizes = sorted({r.block_bytes for r in picked})
-    cell = {(r.direction, r.block_bytes): r.median for r in picked}
-    out: dict[str, Any] = {"v": 1, "method": method, "blocks": picked[0].blocks if picked else None,
-                           "host": picked[0].host if picked else None, "sizes": sizes}
-    for key in ("gpu", "measured_at", "vllm"):
-        if meta.get(key):
-            out[key] = meta[key]
-    for d in DIRECTION_TITLES:
-        if any((d, b) in cell for b in sizes):
-            out[d] = [_round(cell.get((d, b))) for b in sizes]
-    return out
-
-
-def rows_from_summary(s: dict[str, Any]) -> list[Row]:
-    """Rebuild medians from an annotation's summary (for `rate_at` on the operator side)."""
-    rows = []
-    for d in DIRECTION_TITLES:
-        for b, v in zip(s.get("sizes", []), s.get(d, [])):
-            if v is not None:
-                rows.append(Row(s.get("method") or "dma", d, b, s.get("blocks") or 0, s.get("host") or "alloc", [v]))
-    return rows
-
-
-def node_patch(rows: list[Row], meta: dict[str, Any], plan_block_bytes: int = PLAN_BLOCK_BYTES) -> dict[str, Any]:
-    """JSON merge patch for the Node: the annotated CPU->GPU rate, the compact table, the 'qualified' label."""
-    rate = rate_at(rows, plan_block_bytes, "c2g")
-    if rate is None:
-        raise ValueError("no CPU->GPU measurement to annotate")
-    return {
-        "metadata": {
-            "labels": {names.LABEL_QUALIFIED: "true"},
-            "annotations": {
-                names.ANNOTATION_QUALIFIED_DMA_GBPS: f"{rate:.1f}",
-                names.ANNOTATION_QUALIFICATION: json.dumps(summary(rows, meta), separators=(",", ":"),
-                                                           sort_keys=True),
-            },
-        }
     }
