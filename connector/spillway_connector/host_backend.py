@@ -14,13 +14,13 @@ Load it through kv_connector_extra_config: `"spec_name": "HostOffloadingSpec",
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
+from spillway_connector import transfer_config as tc
 from spillway_connector.compat import (
     BlockIDsLoadStoreSpec,
     CanonicalKVCaches,
@@ -145,28 +145,11 @@ def kv_transfer_config(
     cpu_bytes: int, eviction_policy: str = "lru", extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The --kv-transfer-config object that runs SpillwayOffloadingConnector with this
-    backend and a `cpu_bytes` pool. Needs the `spillway` package (dev/test environments)."""
-    from spillway.core import vllm_api as api
-
-    from spillway_connector.connector import SpillwayOffloadingConnector
-
-    extra_config = {
-        api.EXTRA_CPU_BYTES: int(cpu_bytes),
-        api.EXTRA_EVICTION_POLICY: eviction_policy,
-        api.EXTRA_SPEC_NAME: HostOffloadingSpec.__name__,
-        api.EXTRA_SPEC_MODULE_PATH: __name__,
-        **(extra or {}),
-    }
-    return {
-        api.KV_CONNECTOR_KEY: SpillwayOffloadingConnector.__name__,
-        api.KV_CONNECTOR_MODULE_PATH_KEY: SpillwayOffloadingConnector.__module__,
-        api.KV_ROLE_KEY: api.KV_ROLE_BOTH,
-        api.KV_CONNECTOR_EXTRA_CONFIG_KEY: extra_config,
-    }
+    backend and a `cpu_bytes` pool."""
+    backend = {tc.EXTRA_SPEC_NAME: HostOffloadingSpec.__name__, tc.EXTRA_SPEC_MODULE_PATH: __name__}
+    return tc.kv_transfer_config(cpu_bytes, eviction_policy, extra={**backend, **(extra or {})})
 
 
 def cpu_offload_args(cpu_bytes: int, eviction_policy: str = "lru", extra: dict[str, Any] | None = None) -> list[str]:
     """`vllm serve` arguments that enable offloading on the CPU platform with this backend."""
-    from spillway.core import vllm_api as api
-
-    return [api.FLAG_KV_TRANSFER_CONFIG, json.dumps(kv_transfer_config(cpu_bytes, eviction_policy, extra))]
+    return [tc.FLAG_KV_TRANSFER_CONFIG, tc.flag_value(kv_transfer_config(cpu_bytes, eviction_policy, extra))]

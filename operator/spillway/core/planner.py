@@ -275,16 +275,10 @@ def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None
     simple_native = offload.eviction_policy == "lru" and offload.offload_block_size is None
     if offload.connector == "native" and simple_native:
         return args + [api.FLAG_KV_OFFLOADING_BACKEND, api.NATIVE_BACKEND, api.FLAG_KV_OFFLOADING_SIZE, repr(pool.gib)]
-    extra: dict[str, Any] = {api.EXTRA_CPU_BYTES: pool.bytes, api.EXTRA_EVICTION_POLICY: offload.eviction_policy}
-    if offload.offload_block_size is not None:
-        extra[api.EXTRA_OFFLOAD_BLOCK_SIZE] = offload.offload_block_size
-    config: dict[str, Any] = {"kv_role": "kv_both", "kv_connector_extra_config": extra}
-    if offload.connector == "spillway":
-        config["kv_connector"] = api.SPILLWAY_CONNECTOR
-        config["kv_connector_module_path"] = api.SPILLWAY_CONNECTOR_MODULE
-    else:
-        config["kv_connector"] = api.OFFLOADING_CONNECTOR
-    return args + [api.FLAG_KV_TRANSFER_CONFIG, json.dumps(config, sort_keys=True, separators=(",", ":"))]
+    connector = api.SPILLWAY_CONNECTOR if offload.connector == "spillway" else api.OFFLOADING_CONNECTOR
+    config = api.kv_transfer_config(pool.bytes, offload.eviction_policy, connector=connector,
+                                    offload_block_size=offload.offload_block_size)
+    return args + [api.FLAG_KV_TRANSFER_CONFIG, api.flag_value(config)]
 
 
 def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | None, pool: PoolPlan | None,

@@ -5,6 +5,26 @@ vLLM's /metrics (dashboards, alerts, load test) takes the names from here.
 """
 from __future__ import annotations
 
+from spillway_connector.transfer_config import (  # noqa: F401 - re-exported: the names live with the builder
+    EXTRA_CPU_BYTES,
+    EXTRA_EVICTION_POLICY,
+    EXTRA_OFFLOAD_BLOCK_SIZE,
+    EXTRA_SPEC_MODULE_PATH,
+    EXTRA_SPEC_NAME,
+    FLAG_KV_TRANSFER_CONFIG,
+    HOST_OFFLOADING_SPEC,
+    HOST_OFFLOADING_SPEC_MODULE,
+    KV_CONNECTOR_EXTRA_CONFIG_KEY,
+    KV_CONNECTOR_KEY,
+    KV_CONNECTOR_MODULE_PATH_KEY,
+    KV_ROLE_BOTH,
+    KV_ROLE_KEY,
+    OFFLOADING_CONNECTOR,
+    SPILLWAY_CONNECTOR,
+    SPILLWAY_CONNECTOR_MODULE,
+    flag_value,
+    kv_transfer_config,
+)
 from spillway_connector.versions import SUPPORTED_MINORS
 
 # -- engine flags -------------------------------------------------------------
@@ -14,7 +34,6 @@ FLAG_BLOCK_SIZE = "--block-size"
 FLAG_KV_CACHE_DTYPE = "--kv-cache-dtype"
 FLAG_KV_OFFLOADING_BACKEND = "--kv-offloading-backend"
 FLAG_KV_OFFLOADING_SIZE = "--kv-offloading-size"  # GiB, total across TP ranks
-FLAG_KV_TRANSFER_CONFIG = "--kv-transfer-config"
 FLAG_PORT = "--port"
 FLAG_HOST = "--host"
 FLAG_SERVED_MODEL_NAME = "--served-model-name"
@@ -47,24 +66,9 @@ CONTIGUOUS_LAYOUT = "BLHNC"  # block-outermost: one region holds a block's KV of
 ENV_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"  # CPU platform, legacy: whole GiB, overrides --kv-cache-memory-bytes
 
 # -- connectors ---------------------------------------------------------------
-OFFLOADING_CONNECTOR = "OffloadingConnector"
-SPILLWAY_CONNECTOR = "SpillwayOffloadingConnector"
-SPILLWAY_CONNECTOR_MODULE = "spillway_connector.connector"
-EXTRA_CPU_BYTES = "cpu_bytes_to_use"
-EXTRA_EVICTION_POLICY = "eviction_policy"
-EXTRA_OFFLOAD_BLOCK_SIZE = "block_size"
+# The --kv-transfer-config object: its keys, the connector classes and its one builder live in the
+# dependency-free spillway_connector.transfer_config (the connector's CPU backend builds it too).
 EVICTION_POLICIES = ("lru", "arc")
-EXTRA_SPEC_NAME = "spec_name"  # out-of-tree OffloadingSpec class ...
-EXTRA_SPEC_MODULE_PATH = "spec_module_path"  # ... and its module
-# Keys of the --kv-transfer-config JSON object.
-KV_CONNECTOR_KEY = "kv_connector"
-KV_CONNECTOR_MODULE_PATH_KEY = "kv_connector_module_path"
-KV_ROLE_KEY = "kv_role"
-KV_ROLE_BOTH = "kv_both"
-KV_CONNECTOR_EXTRA_CONFIG_KEY = "kv_connector_extra_config"
-# Host-memory transfer backend for the CPU platform (spillway_connector.host_backend).
-HOST_OFFLOADING_SPEC = "HostOffloadingSpec"
-HOST_OFFLOADING_SPEC_MODULE = "spillway_connector.host_backend"
 
 # -- the pool's backing file ---------------------------------------------------
 SHM_DIR = "/dev/shm"

@@ -1,0 +1,56 @@
+"""The --kv-transfer-config object that turns on KV offloading, built in this one place (dependency-free).
+
+The keys are vLLM's KVTransferConfig fields and the extra-config keys its OffloadingConnector reads
+(vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py, vllm/v1/kv_offload/cpu.py).
+The operator's planner (through spillway.core.vllm_api, which re-exports these names) and the CPU-platform
+backend (host_backend.py) both build the object with `kv_transfer_config()`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+FLAG_KV_TRANSFER_CONFIG = "--kv-transfer-config"
+
+# Keys of the --kv-transfer-config JSON object.
+KV_CONNECTOR_KEY = "kv_connector"
+KV_CONNECTOR_MODULE_PATH_KEY = "kv_connector_module_path"
+KV_ROLE_KEY = "kv_role"
+KV_ROLE_BOTH = "kv_both"
+KV_CONNECTOR_EXTRA_CONFIG_KEY = "kv_connector_extra_config"
+
+# Keys of kv_connector_extra_config.
+EXTRA_CPU_BYTES = "cpu_bytes_to_use"
+EXTRA_EVICTION_POLICY = "eviction_policy"
+EXTRA_OFFLOAD_BLOCK_SIZE = "block_size"
+EXTRA_SPEC_NAME = "spec_name"  # out-of-tree OffloadingSpec class ...
+EXTRA_SPEC_MODULE_PATH = "spec_module_path"  # ... and its module
+
+# Connector classes.
+OFFLOADING_CONNECTOR = "OffloadingConnector"  # vLLM's own
+SPILLWAY_CONNECTOR = "SpillwayOffloadingConnector"
+SPILLWAY_CONNECTOR_MODULE = "spillway_connector.connector"
+# Host-memory transfer backend for the CPU platform (host_backend.py).
+HOST_OFFLOADING_SPEC = "HostOffloadingSpec"
+HOST_OFFLOADING_SPEC_MODULE = "spillway_connector.host_backend"
+
+
+def kv_transfer_config(cpu_bytes: int, eviction_policy: str = "lru", *, connector: str = SPILLWAY_CONNECTOR,
+                       offload_block_size: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The object for a `cpu_bytes` CPU pool served by `connector` (SPILLWAY_CONNECTOR or OFFLOADING_CONNECTOR)."""
+    extra_config: dict[str, Any] = {EXTRA_CPU_BYTES: int(cpu_bytes), EXTRA_EVICTION_POLICY: eviction_policy}
+    if offload_block_size is not None:
+        extra_config[EXTRA_OFFLOAD_BLOCK_SIZE] = offload_block_size
+    config: dict[str, Any] = {
+        KV_CONNECTOR_KEY: connector,
+        KV_ROLE_KEY: KV_ROLE_BOTH,
+        KV_CONNECTOR_EXTRA_CONFIG_KEY: {**extra_config, **(extra or {})},
+    }
+    if connector == SPILLWAY_CONNECTOR:
+        config[KV_CONNECTOR_MODULE_PATH_KEY] = SPILLWAY_CONNECTOR_MODULE
+    return config
+
+
+def flag_value(config: dict[str, Any]) -> str:
+    """The object as the flag's value: compact JSON with sorted keys, so equal configs render equal."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
