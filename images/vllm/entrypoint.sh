@@ -8,6 +8,10 @@
 # VLLM_KV_CACHE_LAYOUT is unset; VLLM_KV_CACHE_LAYOUT=auto leaves the choice to the attention backend.
 # (It is not an image ENV: a pod cannot unset an image's variable, and `offload.layout: default` must
 # get the backend's own layout.)
+#
+# Before vLLM starts, offload pool files that no process holds any more are removed from /dev/shm
+# (stale_pools.py beside this script says why and how): a pod restarted in place keeps its /dev/shm.
+# SPILLWAY_SHM_DIR names another directory to clean (tests).
 set -eu
 case "${VLLM_KV_CACHE_LAYOUT:-}" in
   "") export VLLM_KV_CACHE_LAYOUT=BLHNC ;;
@@ -19,5 +23,9 @@ fi
 if [ "$#" -eq 0 ]; then
   echo "spillway-vllm: no arguments; expected MODEL and vLLM engine flags (the operator supplies them)" >&2
   exit 2
+fi
+here="$(dirname "$(readlink -f "$0")")"
+if ! python3 "$here/stale_pools.py" "${SPILLWAY_SHM_DIR:-/dev/shm}"; then
+  echo "spillway-vllm: stale pool cleanup failed (see above); starting vLLM anyway" >&2
 fi
 exec vllm serve "$@"

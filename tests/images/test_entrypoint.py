@@ -1,0 +1,133 @@
+"""The vLLM image's entrypoint, run directly with sh: the planned arguments, the layout preset, and the
+removal of stale offload pool files from /dev/shm (here a temporary directory: SPILLWAY_SHM_DIR).
+
+The built image runs the same entrypoint in test_vllm_cpu_image.py, with the holder in another container.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from spillway.core import vllm_api
+
+ENTRYPOINT = Path(__file__).resolve().parents[2] / "images" / "vllm" / "entrypoint.sh"
+POOL = 1 << 20
+
+
+def stub(directory: Path, name: str, script: str) -> None:
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+
+
+def entrypoint(tmp_path: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
+    # A vllm stand-in that prints what it was started with: its arguments and the layout variable.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub(bin_dir, "vllm", f'echo "$@"; echo "layout=${{{vllm_api.ENV_KV_CACHE_LAYOUT}-unset}}"\n')
+    shm = tmp_path / "shm"
+    shm.mkdir(exist_ok=True)
+    env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin", "SPILLWAY_SHM_DIR": str(shm), **env_vars}
+    return subprocess.run(["sh", str(ENTRYPOINT), *args], check=False, capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["Qwen/Qwen2.5-7B-Instruct", "--tensor-parallel-size", "2"], "serve Qwen/Qwen2.5-7B-Instruct --tensor-parallel-size 2"),
+    (["vllm", "serve", "m", "--port", "8000"], "serve m --port 8000"),
+])
+def test_entrypoint_runs_vllm_serve_with_the_planned_args(tmp_path, args, expected):
+    proc = entrypoint(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == expected
+
+
+@pytest.mark.parametrize("given, seen", [
+    (None, vllm_api.CONTIGUOUS_LAYOUT),  # the preset
+    ("HND", "HND"),  # a planned or chosen layout is kept
+    ("auto", "unset"),  # the attention backend chooses
+])
+def test_entrypoint_presets_the_contiguous_layout(tmp_path, given, seen):
+    env_vars = {} if given is None else {vllm_api.ENV_KV_CACHE_LAYOUT: given}
+    proc = entrypoint(tmp_path, "m", **env_vars)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[1] == f"layout={seen}"
+
+
+def test_entrypoint_without_args_explains(tmp_path):
+    proc = subprocess.run(["sh", str(ENTRYPOINT)], check=False, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "MODEL" in proc.stderr
+
+
+def plant(path: Path, size: int = POOL) -> Path:
+    """A pool file as vLLM leaves it: created O_EXCL, sized, its pages written (they hold memory)."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as region:
+            region[::mmap.PAGESIZE] = b"\1" * (size // mmap.PAGESIZE)
+    finally:
+        os.close(fd)
+    return path
+
+
+HOLDER = """
+import mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+region = mmap.mmap(fd, 0)
+os.close(fd)  # vLLM's engine keeps only the mapping alive once the pool is set up
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_entrypoint_removes_stale_pool_files_and_keeps_held_ones(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    stale = plant(shm / "vllm_offload_0f3a9c1e.mmap")
+    stale_segment = plant(shm / "vllm_offload_0f3a9c1e.mmap.1")
+    held = plant(shm / "vllm_offload_5b7d2e44.mmap")
+    other = plant(shm / "vllm_offload_notes.txt")  # not vLLM's name pattern: never touched
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(held)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        proc = entrypoint(tmp_path, "m", "--port", "8000")
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "serve m --port 8000", "vLLM must still start after the cleanup"
+    assert not stale.exists() and not stale_segment.exists()
+    assert held.exists() and other.exists()
+    log = proc.stderr
+    assert f"removed stale pool file {stale}" in log and f"removed stale pool file {stale_segment}" in log
+    assert f"kept {held}" in log and "a running process holds it" in log
+    assert str(other) not in log
+
+
+def test_entrypoint_removes_a_pool_file_once_its_holder_is_gone(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    pool = plant(shm / "vllm_offload_77aa.mmap")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(pool)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    assert "kept" in entrypoint(tmp_path, "m").stderr and pool.exists()
+    holder.kill()
+    holder.wait(10)
+    assert "removed stale pool file" in entrypoint(tmp_path, "m").stderr and not pool.exists()
+
+
+def test_entrypoint_with_a_clean_shm_logs_nothing(tmp_path):
+    proc = entrypoint(tmp_path, "m")
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
+def test_an_unreadable_shm_is_reported_and_vllm_still_starts(tmp_path):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    proc = entrypoint(tmp_path, "m", SPILLWAY_SHM_DIR=str(blocked))
+    assert proc.returncode == 0 and proc.stdout.splitlines()[0] == "serve m"
+    assert "cannot list" in proc.stderr and "starting vLLM anyway" in proc.stderr
