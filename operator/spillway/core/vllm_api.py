@@ -101,11 +101,25 @@ class Metric:
     PREEMPTIONS = "vllm:num_preemptions"
     TTFT = "vllm:time_to_first_token_seconds"
     PROMPT_TOKENS = "vllm:prompt_tokens"
+    # Prefix-cache hit tokens by the tier that supplied them, label CacheHitSource.LABEL (vLLM 0.32+:
+    # vllm/v1/metrics/loggers.py, counter_prompt_tokens_cached_by_source).
+    PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source"
     GENERATION_TOKENS = "vllm:generation_tokens"
     REQUESTS_RUNNING = "vllm:num_requests_running"
     REQUESTS_WAITING = "vllm:num_requests_waiting"
     GPU_CACHE_USAGE = "vllm:kv_cache_usage_perc"
     CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: num_gpu_blocks, block_size, enable_prefix_caching, ...
+
+
+class CacheHitSource:
+    """The `source` label of vllm:prompt_tokens_cached_by_source (vllm/v1/metrics/cache_hit_source.py)."""
+
+    LABEL = "source"
+    DEVICE = "device"  # the GPU prefix cache
+    HOST = "host"  # the CPU pool (OffloadingConnector's CPU manager)
+    DISK = "disk"
+    P2P = "p2p"  # another vLLM instance
+    OFFLOADED = (HOST, DISK, P2P)  # the tiers outside the GPU
 
 
 class OffloadConfigInfoLabel:

@@ -1,9 +1,10 @@
-"""Regenerate the chart's dashboards and rule files: `python -m spillway.observability`.
+"""Write the chart's dashboards and rule files: `python -m spillway.observability`.
 
-  --check           exit 1 (listing the files) when a committed file differs from what
-                    the generator writes now, instead of writing
+`make generate` writes them with the repository's other generated files, with the defaults;
+this command also writes them with a site's own alert settings:
+
   --out DIR         write under DIR instead of charts/spillway/files
-  --<threshold> X   override an alert threshold (see alerts.Thresholds)
+  --<setting> X     override an alert threshold or the runbook URL pattern (see alerts.Config)
 """
 from __future__ import annotations
 
@@ -22,37 +23,29 @@ RECORDING_FILE = "spillway-recording.yaml"
 ALERTS_FILE = "spillway-alerts.yaml"
 
 
-def generated(thresholds: alerts.Thresholds = alerts.DEFAULT) -> dict[str, str]:
+def generated(config: alerts.Config = alerts.DEFAULT) -> dict[str, str]:
     """Relative path under the chart's files/ -> content."""
     files = {f"{DASHBOARD_DIR}/{d.filename}": dashboards.render(d.builder) for d in dashboards.dashboards()}
     files[f"{RULES_DIR}/{RECORDING_FILE}"] = rules.render_recording()
-    files[f"{RULES_DIR}/{ALERTS_FILE}"] = rules.render_alerts(thresholds)
+    files[f"{RULES_DIR}/{ALERTS_FILE}"] = rules.render_alerts(config)
     return files
 
 
-def stale(out: Path, files: dict[str, str]) -> list[str]:
-    return [
-        relative for relative, content in files.items()
-        if not (out / relative).is_file() or (out / relative).read_text() != content
-    ]
+def generated_files() -> dict[Path, str]:
+    """For `make generate`: path in this tree -> content, with the default settings."""
+    return {CHART_FILES / relative: content for relative, content in generated().items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spillway.observability", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail when the committed files are stale")
     parser.add_argument("--out", type=Path, default=CHART_FILES, help="the chart's files/ directory")
-    defaults = alerts.DEFAULT
-    for field in dataclasses.fields(alerts.Thresholds):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=float, default=getattr(defaults, field.name))
+    for field in dataclasses.fields(alerts.Config):
+        default = getattr(alerts.DEFAULT, field.name)
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(default), default=default,
+                            metavar=type(default).__name__.upper())
     args = parser.parse_args(argv)
-    thresholds = alerts.Thresholds(**{f.name: getattr(args, f.name) for f in dataclasses.fields(alerts.Thresholds)})
-    files = generated(thresholds)
-    if args.check:
-        outdated = stale(args.out, files)
-        for relative in outdated:
-            print(f"stale: {args.out / relative} (run `make dashboards`)", file=sys.stderr)
-        return 1 if outdated else 0
-    for relative, content in files.items():
+    config = alerts.Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(alerts.Config)})
+    for relative, content in generated(config).items():
         path = args.out / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)

@@ -1,7 +1,7 @@
 """Alerts that say when offloading stops paying, each with its runbook.
 
-Thresholds live in `Thresholds`; `python -m spillway.observability --help` lists the
-flags that override them when regenerating the rules files.
+Thresholds and the runbook location live in `Config`; `python -m spillway.observability --help`
+lists the flags that override them when regenerating the rules files.
 """
 from __future__ import annotations
 
@@ -23,8 +23,15 @@ POD_INFO = "kube_pod_info"
 SEVERITY = "severity"
 
 
+# The anchor GitHub gives a heading `### <alert name>` in docs/metrics.md.
+RUNBOOK_URL_PATTERN = "https://github.com/spillway-dev/spillway/blob/main/docs/metrics.md#{anchor}"
+
+
 @dataclass(frozen=True)
-class Thresholds:
+class Config:
+    """Every threshold and where the runbooks live, in one object (kubernetes-mixin's `_config`): a site
+    regenerates the rules with its own values instead of editing PromQL."""
+
     allocation_failures_per_s: float = 0.0  # any sustained failure
     hit_ratio_collapse_fraction: float = 0.5  # hit rate below this fraction of its 6h baseline
     hit_ratio_min_queried_tokens_per_s: float = 100.0  # "under load"
@@ -33,9 +40,17 @@ class Thresholds:
     preemptions_per_s: float = 0.1  # a storm: 6 a minute or more
     reloads_fraction_of_preemptions: float = 0.1
     memory_limit_fraction: float = 0.9
+    runbook_url_pattern: str = RUNBOOK_URL_PATTERN  # {anchor}: the alert's section
+
+    def runbook_url(self, alert_name: str) -> str:
+        return self.runbook_url_pattern.format(anchor=runbook_anchor(alert_name))
 
 
-DEFAULT = Thresholds()
+def runbook_anchor(alert_name: str) -> str:
+    return alert_name.lower()
+
+
+DEFAULT = Config()
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,7 @@ def _on(*labels: str) -> str:
     return f"on ({', '.join(labels)})"
 
 
-def allocation_failures(t: Thresholds) -> Alert:
+def allocation_failures(t: Config) -> Alert:
     return Alert(
         name="SpillwayOffloadAllocationFailures",
         expr=f"{rec.ALLOCATION_FAILURES_RATE} > {t.allocation_failures_per_s:g}",
@@ -77,7 +92,7 @@ def allocation_failures(t: Thresholds) -> Alert:
     )
 
 
-def hit_rate_collapse(t: Thresholds) -> Alert:
+def hit_rate_collapse(t: Config) -> Alert:
     baseline = f"avg_over_time({rec.HIT_RATIO}[6h] offset 30m)"
     expr = (
         f"{rec.HIT_RATIO}\n  < {t.hit_ratio_collapse_fraction:g} * {baseline}\n"
@@ -105,7 +120,7 @@ def hit_rate_collapse(t: Thresholds) -> Alert:
     )
 
 
-def dma_throughput_low(t: Thresholds) -> Alert:
+def dma_throughput_low(t: Config) -> Alert:
     qualified = k8s_names.METRIC_NODE_QUALIFIED_DMA_GBPS
     reload = selector(rec.DMA_GBPS_MEAN, eq("direction", rec.LOAD))
     node_of_pod = f"max {by(NAMESPACE, POD, NODE)} ({POD_INFO})"
@@ -140,7 +155,7 @@ def dma_throughput_low(t: Thresholds) -> Alert:
     )
 
 
-def preemption_storm_without_reloads(t: Thresholds) -> Alert:
+def preemption_storm_without_reloads(t: Config) -> Alert:
     expr = (
         f"{rec.PREEMPTIONS_RATE} > {t.preemptions_per_s:g}\n"
         f"unless {_on(*POD_KEY)}\n"
@@ -168,7 +183,7 @@ def preemption_storm_without_reloads(t: Thresholds) -> Alert:
     )
 
 
-def pool_near_memory_limit(t: Thresholds) -> Alert:
+def pool_near_memory_limit(t: Config) -> Alert:
     container = eq(CONTAINER, k8s_names.CONTAINER_VLLM)
     key = (NAMESPACE, POD, CONTAINER)
     used = f"max {by(*key)} ({selector(CONTAINER_WORKING_SET, container)})"
@@ -198,7 +213,7 @@ def pool_near_memory_limit(t: Thresholds) -> Alert:
     )
 
 
-def alerts(t: Thresholds = DEFAULT) -> list[Alert]:
+def alerts(t: Config = DEFAULT) -> list[Alert]:
     return [
         allocation_failures(t),
         hit_rate_collapse(t),

@@ -365,16 +365,15 @@ UNKNOWN_VARIABLE_KEYS = ("auto", "auto_count", "auto_min", "id")
 UNKNOWN_DASHBOARD_KEYS = ("style",)
 
 
-def to_json(builder: gd.Dashboard) -> dict:
-    """The dashboard as Grafana's schema defines it."""
-    board = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
-    for key in UNKNOWN_DASHBOARD_KEYS:
-        board.pop(key, None)
-    for variable in board.get("templating", {}).get("list", []):
-        for key in UNKNOWN_VARIABLE_KEYS:
-            variable.pop(key, None)
-    return board
+def schema_keys_only(board: dict) -> dict:
+    """The SDK's dashboard JSON without the keys Grafana's schema lacks."""
+    board = {key: value for key, value in board.items() if key not in UNKNOWN_DASHBOARD_KEYS}
+    templating = board.get("templating") or {}
+    variables = [{k: v for k, v in variable.items() if k not in UNKNOWN_VARIABLE_KEYS}
+                 for variable in templating.get("list") or []]
+    return {**board, "templating": {**templating, "list": variables}} if templating else board
 
 
 def render(builder: gd.Dashboard) -> str:
-    return json.dumps(to_json(builder), indent=2, sort_keys=True) + "\n"
+    board = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    return json.dumps(schema_keys_only(board), indent=2, sort_keys=True) + "\n"

@@ -48,6 +48,10 @@ def eq(label: str, value: str) -> str:
     return f'{label}="{value}"'
 
 
+def one_of(label: str, *values: str) -> str:
+    return f'{label}=~"{"|".join(values)}"'
+
+
 def rate_sum(metric: str, group: str = BY_POD, window: str = WINDOW) -> str:
     """Per-second rate of a counter, summed over engines and label values per pod."""
     return f"sum {group} (rate({metric}[{window}]))"

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 from spillway_connector import names as connector
 
-from spillway.core.vllm_api import Metric
+from spillway.core.vllm_api import CacheHitSource, Metric
 
-from .promql import BY_POD, DIRECTION, POD_KEY, WINDOW, counter, quantile, rate_sum
+from .promql import BY_POD, DIRECTION, POD_KEY, WINDOW, by, counter, quantile, rate_sum
 
 LOAD = connector.DIRECTION_LOAD
 STORE = connector.DIRECTION_STORE
@@ -38,6 +38,7 @@ DMA_GBPS_P99 = _level("kv_offload_dma_gbps", f"p99_{WINDOW}")
 HIT_RATIO = _level("kv_offload_hit_ratio", f"rate{WINDOW}")
 QUERIED_TOKENS_RATE = _level("kv_offload_queried_tokens", f"rate{WINDOW}")
 HIT_TOKENS_RATE = _level("kv_offload_hit_tokens", f"rate{WINDOW}")
+CACHED_TOKENS_BY_SOURCE_RATE = _level("prompt_tokens_cached_by_source", f"rate{WINDOW}")
 ALLOCATION_FAILURES_RATE = _level("kv_offload_allocation_failures", f"rate{WINDOW}")
 POOL_RESIDENT_RATIO = _level("kv_offload_pool_resident", "ratio")
 PREEMPTIONS_RATE = _level("preemptions", f"rate{WINDOW}")
@@ -93,6 +94,12 @@ def rules() -> list[Recorded]:
         Recorded(QUERIED_TOKENS_RATE, queries, "Prompt tokens per second looked up in the CPU pool."),
         Recorded(HIT_TOKENS_RATE, hits, "Prompt tokens per second found in the CPU pool (loaded, not recomputed)."),
         Recorded(HIT_RATIO, _ratio(hits, queries), "CPU pool hit rate: tokens found / tokens looked up."),
+        Recorded(
+            CACHED_TOKENS_BY_SOURCE_RATE,
+            rate_sum(counter(Metric.PROMPT_TOKENS_CACHED_BY_SOURCE), by(*POD_KEY, CacheHitSource.LABEL)),
+            "Prompt tokens per second served from a cache, by the tier that held them (label source: device, "
+            "host, disk, p2p; vLLM 0.32+).",
+        ),
         Recorded(
             ALLOCATION_FAILURES_RATE,
             rate_sum(counter(Metric.OFFLOAD_ALLOCATION_FAILURE)),
