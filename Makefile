@@ -52,8 +52,9 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check operator connector tests
 
+# IMAGES="operator vllm-cpu" builds some of them (default: operator, vllm, vllm-cpu).
 images:
-	@bash images/build.sh
+	@bash images/build.sh $(IMAGES)
 
 # Every generated file (dashboards, rules, the chart's values schema and table, the image lock);
 # tests/test_generated_files.py fails when a committed one is stale.

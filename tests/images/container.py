@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -80,11 +81,11 @@ class Container:
         self.name = f"spillway-test-{uuid.uuid4().hex[:10]}"
         self.image, self.args, self.options = image, list(args), list(options)
 
-    def start(self) -> Container:
+    def start(self) -> Self:
         run(["run", "--detach", "--name", self.name, *self.options, self.image, *self.args])
         return self
 
-    def __enter__(self) -> Container:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -5,18 +5,15 @@ The built image runs the same entrypoint in test_vllm_cpu_image.py, with the hol
 """
 from __future__ import annotations
 
-import mmap
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pools import HOLDER, plant
 from spillway.core import vllm_api
 
 ENTRYPOINT = Path(__file__).resolve().parents[2] / "images" / "vllm" / "entrypoint.sh"
-POOL = 1 << 20
-
 
 def stub(directory: Path, name: str, script: str) -> None:
     path = directory / name
@@ -60,28 +57,6 @@ def test_entrypoint_presets_the_contiguous_layout(tmp_path, given, seen):
 def test_entrypoint_without_args_explains(tmp_path):
     proc = subprocess.run(["sh", str(ENTRYPOINT)], check=False, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "MODEL" in proc.stderr
-
-
-def plant(path: Path, size: int = POOL) -> Path:
-    """A pool file as vLLM leaves it: created O_EXCL, sized, its pages written (they hold memory)."""
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as region:
-            region[::mmap.PAGESIZE] = b"\1" * (size // mmap.PAGESIZE)
-    finally:
-        os.close(fd)
-    return path
-
-
-HOLDER = """
-import mmap, os, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR)
-region = mmap.mmap(fd, 0)
-os.close(fd)  # vLLM's engine keeps only the mapping alive once the pool is set up
-print("holding", flush=True)
-time.sleep(120)
-"""
 
 
 def test_entrypoint_removes_stale_pool_files_and_keeps_held_ones(tmp_path):

@@ -1,0 +1,137 @@
+"""The CPU vLLM image (images/vllm/Dockerfile on the CPU build of vLLM) serves with the connector.
+
+Its entrypoint runs `vllm serve` of a tiny dummy-weight Llama (config.json only) with Spillway's connector
+and host-memory offloading, as a non-root user without capabilities, over the host's loopback. Before
+that, in a /dev/shm shared with a second container, it removes a pool file a previous container left and
+keeps the one the second container (another PID namespace) still maps. Then the connector suite's
+preempting workload (tests/connector/offload_workload.py) runs against it: KV stored to the pool, loaded
+back under pressure with unchanged greedy outputs, and Spillway's series on /metrics.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import container
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
+from offload_workload import OffloadChecks, Workload, run_phases
+from pools import HOLDER, plant
+from spillway_connector.host_backend import cpu_offload_args
+from support import VllmServer
+
+pytestmark = pytest.mark.engine
+
+WORKLOAD = Workload(block_tokens=32, engine_blocks=16)  # as tests/connector/test_offload_server.py
+USER = "65532:65532"  # the image's user
+STALE = ("vllm_offload_2c9e1f0b.mmap", "vllm_offload_2c9e1f0b.mmap.1")
+HELD = "vllm_offload_8d41aa37.mmap"
+
+
+class ContainerVllmServer(VllmServer):
+    """VllmServer's command line and checks, served by the image's entrypoint in a container."""
+
+    def __init__(self, image: str, shm: Path, **kwargs):
+        super().__init__(**kwargs)
+        self.container = container.Container(image, self._entrypoint_args(), [
+            "--network", "host", "--user", USER, "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "--volume", f"{self.model_dir}:{self.model_dir}:ro", "--volume", f"{shm}:/dev/shm",
+        ])
+
+    def _entrypoint_args(self) -> list[str]:
+        # `python -m <server> --model DIR flags...` -> the entrypoint's `MODEL flags...`
+        args = self.args[3:]
+        model = args.index("--model")
+        return [args[model + 1], *args[:model], *args[model + 2:]]
+
+    def start(self) -> ContainerVllmServer:
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - held until stop()
+        self.model_dir.chmod(0o755)
+        self.model_dir.parent.chmod(0o755)
+        self._proc = subprocess.Popen(
+            [container.engine(), "run", "--rm", "--name", self.container.name, *self.container.options,
+             self.container.image, *self.container.args],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self.container.close()
+            self._proc.wait(30)
+            self._proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    container.build("vllm-cpu")
+    return container.names()["vllm-cpu"]
+
+
+@pytest.fixture(scope="module")
+def shm(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("shm")
+    directory.chmod(0o1777)  # as /dev/shm
+    uid, gid = (int(n) for n in USER.split(":"))
+    for name in (*STALE, HELD):
+        os.chown(plant(directory / name, 4 << 20), uid, gid)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def sidecar(image, shm):
+    """A second container sharing /dev/shm (its own PID namespace) that maps one pool file."""
+    with container.Container(image, ["-c", HOLDER, f"/dev/shm/{HELD}", "3600"], [
+            "--network", "none", "--user", USER, "--volume", f"{shm}:/dev/shm", "--entrypoint", "python3"]) as side:
+        deadline = time.monotonic() + 60
+        while "holding" not in side.logs():
+            assert side.running() and time.monotonic() < deadline, side.logs()
+            time.sleep(0.5)
+        yield side
+
+
+@pytest.fixture(scope="module")
+def server(image, shm, sidecar):
+    with ContainerVllmServer(image, shm, **WORKLOAD.server_kwargs(),
+                             extra_args=cpu_offload_args(WORKLOAD.pool_bytes)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def workload() -> Workload:
+    return WORKLOAD
+
+
+@pytest.fixture(scope="module")
+def run(server, workload) -> dict:
+    return run_phases(server, workload)
+
+
+def test_entrypoint_removed_the_stale_pool_and_kept_the_one_in_use(server, shm, sidecar):
+    log = server.log_path.read_text(errors="replace")
+    for name in STALE:
+        assert f"removed stale pool file /dev/shm/{name}" in log, log[-3000:]
+        assert not (shm / name).exists()
+    assert f"kept /dev/shm/{HELD}" in log and "a running process holds it" in log
+    assert (shm / HELD).exists() and sidecar.running()
+
+
+def test_served_by_the_entrypoint_as_the_images_user(server):
+    top = container.run(["top", server.container.name, "user", "args"]).stdout
+    serving = [line for line in top.splitlines()[1:] if "vllm" in line or "python" in line]
+    assert serving and all(line.split()[0] in ("65532", "spillway") for line in serving), top
+
+
+class TestCpuImageOffloads(OffloadChecks):
+    pass
