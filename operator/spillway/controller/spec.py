@@ -16,15 +16,10 @@ from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 from ..core.geometry import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPE_BYTES
 from ..core.planner import OffloadRequest, ServingRequest
+from .engine_flags import planned_flag
 
 # Resources the plan sets; a spec may add others (cpu, ephemeral-storage, ...) but not these.
 PLANNED_RESOURCES = ("memory", names.GPU_RESOURCE)
-# Flags the operator writes from the plan and the spec's own fields.
-PLANNED_FLAGS = (
-    api.FLAG_TENSOR_PARALLEL_SIZE, api.FLAG_TENSOR_PARALLEL_SIZE_SHORT, api.FLAG_BLOCK_SIZE, api.FLAG_KV_CACHE_DTYPE,
-    api.FLAG_KV_OFFLOADING_BACKEND, api.FLAG_KV_OFFLOADING_SIZE, api.FLAG_KV_TRANSFER_CONFIG,
-    api.FLAG_PORT, api.FLAG_HOST, api.FLAG_REVISION, api.FLAG_SERVED_MODEL_NAME,
-)
 KV_CACHE_DTYPES = ("auto", *KV_CACHE_DTYPE_BYTES)
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 DEFAULT_SECRET_KEY = "token"
@@ -194,11 +189,12 @@ def _extra_args(spec: Mapping[str, Any]) -> tuple[str, ...]:
     for arg in args:
         if not isinstance(arg, str):
             raise InvalidSpec(f"spec.extraArgs must be strings, got {arg!r}")
-        flag = arg.split("=", 1)[0]
-        if flag in PLANNED_FLAGS:
+        flag = planned_flag(arg)
+        if flag is not None:
             raise InvalidSpec(
-                f"spec.extraArgs sets {flag}, which the operator writes from the plan or the spec "
-                "(tensorParallelSize, blockSize, kvCacheDtype, offload, revision, servedModelName)"
+                f"spec.extraArgs sets {flag}, which changes what the operator plans or writes itself "
+                "(tensorParallelSize, blockSize, kvCacheDtype, offload, revision, servedModelName, apiKeySecretRef; "
+                f"no parallelism, weight offload or {api.FLAG_CONFIG} file either)"
             )
     return tuple(args)
 
@@ -243,7 +239,7 @@ def parse_spec(spec: Any) -> ModelServerSpec:
     hf_token = spec.get("hfTokenSecretRef")
     token_ref = _key_ref(hf_token, "spec.hfTokenSecretRef", DEFAULT_SECRET_KEY) if hf_token is not None else None
     offload = _offload(spec)
-    reserved = {api.ENV_KV_CACHE_LAYOUT, api.ENV_USE_V2_MODEL_RUNNER} | ({api.ENV_HF_TOKEN} if token_ref else set())
+    reserved = set(api.RESERVED_ENV) | ({api.ENV_HF_TOKEN} if token_ref else set())
     pull_secrets = []
     for item in _list(spec, "imagePullSecrets", "spec"):
         name = _mapping(item, "spec.imagePullSecrets[]").get("name")

@@ -43,12 +43,49 @@ FLAG_SKIP_TOKENIZER_INIT = "--skip-tokenizer-init"
 FLAG_KV_CACHE_MEMORY_BYTES = "--kv-cache-memory-bytes"
 FLAG_NUM_GPU_BLOCKS_OVERRIDE = "--num-gpu-blocks-override"
 FLAG_MAX_MODEL_LEN = "--max-model-len"
+FLAG_API_KEY = "--api-key"
+FLAG_CONFIG = "--config"  # a YAML file of flags, read inside the pod: refused in extraArgs
+
+# Flags that change what the plan decides (GPUs per replica, KV bytes per block, the CPU pool, weights
+# kept in CPU memory, the model config, where the server listens) or that would put a secret into the pod's
+# args. extraArgs may not set them in any spelling vLLM's FlexibleArgumentParser accepts: `_` for `-`,
+# `--flag=value`, dotted sub-keys `--flag.key value`, unique prefixes (argparse allow_abbrev), short
+# aliases. Names from vllm/engine/arg_utils.py and vllm/entrypoints/openai/cli_args.py (vLLM 0.33).
+PLAN_FLAGS = (
+    FLAG_TENSOR_PARALLEL_SIZE, "--pipeline-parallel-size", "--data-parallel-size", "--data-parallel-size-local",
+    "--decode-context-parallel-size", "--prefill-context-parallel-size", "--nnodes", "--node-rank",
+    FLAG_BLOCK_SIZE, FLAG_KV_CACHE_DTYPE, "--kv-cache-dtype-skip-layers", FLAG_KV_OFFLOADING_BACKEND,
+    FLAG_KV_OFFLOADING_SIZE, FLAG_KV_TRANSFER_CONFIG, "--cpu-offload-gb", "--cpu-offload-params",
+    "--offload-backend", "--offload-group-size", "--offload-num-in-group", "--offload-prefetch-step",
+    "--offload-params", "--hf-config-path", "--model", FLAG_PORT, FLAG_HOST, FLAG_REVISION,
+    FLAG_SERVED_MODEL_NAME, FLAG_API_KEY, FLAG_CONFIG, "--uds",
+)
+# Their single-dash aliases (-tp, -pp, -dp, ...) and the ones of flags that share a prefix with them.
+PLAN_SHORT_FLAGS = (FLAG_TENSOR_PARALLEL_SIZE_SHORT, "-pp", "-dp", "-dpl", "-dcp", "-pcp", "-n", "-r")
 FLAG_MAX_NUM_SEQS = "--max-num-seqs"
 FLAG_MAX_NUM_BATCHED_TOKENS = "--max-num-batched-tokens"
 FLAG_ENFORCE_EAGER = "--enforce-eager"
 FLAG_NO_ENABLE_PREFIX_CACHING = "--no-enable-prefix-caching"
 FLAG_DTYPE = "--dtype"
 LOAD_FORMAT_DUMMY = "dummy"
+
+# -- KV cache events (ZMQ), which a KV-aware router indexes ----------------------------------------------------
+FLAG_KV_EVENTS_CONFIG = "--kv-events-config"  # JSON of vllm/config/kv_events.py KVEventsConfig
+KV_EVENTS_ENABLE_KEY = "enable_kv_cache_events"
+KV_EVENTS_PUBLISHER_KEY = "publisher"
+KV_EVENTS_PUBLISHER_ZMQ = "zmq"
+KV_EVENTS_ENDPOINT_KEY = "endpoint"  # tcp://*:PORT binds (vllm/distributed/kv_events.py _is_bind_endpoint)
+KV_EVENTS_TOPIC_KEY = "topic"
+KV_EVENTS_TOPIC = "kv"
+# kv_connector_extra_config key: offloaded (CPU-medium) BlockStored events carry token ids, parent hash and
+# block size (vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py; vLLM 0.32 and 0.33).
+EXTRA_SELF_DESCRIBING_KV_EVENTS = "self_describing_kv_events"
+SELF_DESCRIBING_KV_EVENTS_SINCE = (0, 32)
+# The router hashes prompts itself: the workers' block hashes must be reproducible and complete.
+FLAG_PREFIX_CACHING_HASH_ALGO = "--prefix-caching-hash-algo"
+HASH_ALGO_SHA256_CBOR = "sha256_cbor"  # canonical CBOR + SHA-256: the same bytes in every process and language
+ENV_PYTHONHASHSEED = "PYTHONHASHSEED"  # seeds vLLM's NONE_HASH (the root of every block hash chain)
+ENV_KV_EVENTS_USE_INT_BLOCK_HASHES = "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"  # "0": events carry full hash bytes
 
 NATIVE_BACKEND = "native"
 
@@ -64,6 +101,12 @@ ENV_USE_V2_MODEL_RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
 ENV_HF_TOKEN = "HF_TOKEN"  # read by vLLM's Hugging Face downloads
 CONTIGUOUS_LAYOUT = "BLHNC"  # block-outermost: one region holds a block's KV of all layers
 ENV_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"  # CPU platform, legacy: whole GiB, overrides --kv-cache-memory-bytes
+ENV_API_KEY = "VLLM_API_KEY"  # the server's bearer token (vllm/envs.py), from spec.apiKeySecretRef
+# Environment spec.env may not set: the operator writes these, or they open the server (dev endpoints such
+# as /reset_prefix_cache and /collective_rpc, runtime LoRA loading, pickle deserialization) or change its
+# memory (vllm/envs.py, vLLM 0.33).
+RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SPACE, ENV_API_KEY,
+                "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_INSECURE_SERIALIZATION")
 
 # -- connectors ---------------------------------------------------------------
 # The --kv-transfer-config object: its keys, the connector classes and its one builder live in the
@@ -107,6 +150,7 @@ class Metric:
     GENERATION_TOKENS = "vllm:generation_tokens"
     REQUESTS_RUNNING = "vllm:num_requests_running"
     REQUESTS_WAITING = "vllm:num_requests_waiting"
+    REQUEST_SUCCESS = "vllm:request_success"  # finished requests (label finished_reason)
     GPU_CACHE_USAGE = "vllm:kv_cache_usage_perc"
     CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: num_gpu_blocks, block_size, enable_prefix_caching, ...
 
