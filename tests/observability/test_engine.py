@@ -164,6 +164,7 @@ def test_workload_exercised_offloading(prometheus):
         "preemptions/s": value(rec.PREEMPTIONS_RATE),
         "preempted reloads/s": value(rec.PREEMPTED_RELOADS_RATE),
         "CPU hit rate": value(rec.HIT_RATIO),
+        "prompt tokens/s from the host tier": value(f'{rec.CACHED_TOKENS_BY_SOURCE_RATE}{{source="{V.CacheHitSource.HOST}"}}'),
         "allocation failures/s": value(rec.ALLOCATION_FAILURES_RATE),
         "store GB/s (mean)": value(f'{rec.DMA_GBPS_MEAN}{{direction="{rec.STORE}"}}'),
         "load GB/s (mean)": value(f'{rec.DMA_GBPS_MEAN}{{direction="{rec.LOAD}"}}'),
