@@ -24,6 +24,7 @@ from chart_render import CHART, NAMESPACE, operator_container, operator_deployme
 from test_operator_rbac import AuthorizingCluster, Policy, exercise, free_port
 
 KUBECONFIG = "/etc/spillway/kubeconfig"
+pytestmark = pytest.mark.timeout(container.BUILD_TIMEOUT_S + 300)  # a cold build makes the Python base too
 
 
 @pytest.fixture(scope="module")

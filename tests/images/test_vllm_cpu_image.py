@@ -21,10 +21,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
 from offload_workload import OffloadChecks, Workload, run_phases
 from pools import HOLDER, plant
+from spillway.core import vllm_api
 from spillway_connector.host_backend import cpu_offload_args
 from support import VllmServer
 
-pytestmark = pytest.mark.engine
+# The first test also waits for the image build (a cold one installs torch and vLLM) and the engine start.
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(container.BUILD_TIMEOUT_S + 900)]
 
 WORKLOAD = Workload(block_tokens=32, engine_blocks=16)  # as tests/connector/test_offload_server.py
 USER = "65532:65532"  # the image's user
@@ -40,6 +42,9 @@ class ContainerVllmServer(VllmServer):
         self.container = container.Container(image, self._entrypoint_args(), [
             "--network", "host", "--user", USER, "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--volume", f"{self.model_dir}:{self.model_dir}:ro", "--volume", f"{shm}:/dev/shm",
+            # vLLM's CPU attention backend takes its own layout only (LBHNC, not the preset BLHNC); "auto"
+            # is how the entrypoint is told to leave the choice to the backend.
+            "--env", f"{vllm_api.ENV_KV_CACHE_LAYOUT}=auto",
         ])
 
     def _entrypoint_args(self) -> list[str]:

@@ -21,3 +21,19 @@ class PoolDoesNotFit(SpillwayError):
 
 class NoEligibleNodes(SpillwayError):
     reason = "NoEligibleNodes"
+
+
+class NameConflict(SpillwayError):
+    """An object of the name the operator would write exists and is not this ModelServer's."""
+
+    reason = "NameConflict"
+
+
+class InternalError(SpillwayError):
+    """A failure nobody planned for (an operator bug): reported on the resource, contained to it."""
+
+    reason = "InternalError"
+
+    @classmethod
+    def of(cls, exc: BaseException) -> InternalError:
+        return cls(f"internal error ({type(exc).__name__}: {exc})"[:500])
