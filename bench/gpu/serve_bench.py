@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import os
 import random
@@ -22,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +52,14 @@ def log(msg: str) -> None:
 
 # -- plan ----------------------------------------------------------------------------------------------
 def spillway_plan(model: str, node_memory: str, flags: list[str]) -> dict[str, Any]:
-    """`spillway plan ... -o json`, run in-process through the plan subcommand alone."""
+    """The plan `spillway plan ... -o json` prints, from the same arguments through plan_from_args()."""
     from spillway.commands import plan as plan_cli
 
     parser = argparse.ArgumentParser(prog="spillway")
     plan_cli.add_parser(parser.add_subparsers(dest="command"))
     argv = ["plan", "--model", model, "--node-memory", node_memory, "--gpus-per-node", "1", "-o", "json", *flags]
-    buf = io.StringIO()
-    args = parser.parse_args(argv)
-    with redirect_stdout(buf):
-        args.func(args)
-    return {"command": "spillway " + " ".join(argv), "plan": json.loads(buf.getvalue())}
+    result = plan_cli.plan_from_args(parser.parse_args(argv))
+    return {"command": "spillway " + " ".join(argv), "plan": json.loads(result.to_json())}
 
 
 def node_memory() -> str:

@@ -1,22 +1,18 @@
 """Nodes -> NodeFacts, which nodes a replica may land on, and where a model's geometry comes from."""
 from __future__ import annotations
 
-import json
-
 import pytest
 from ms_examples import LLAMA_8B, cpu_node, gpu_node
-from spillway.adapters.model_config import catalog_config
 from spillway.controller.facts import (
     affinity_allows,
     eligible_nodes,
-    model_geometry,
     nodes_fingerprint,
     summarize_node,
     tolerated,
 )
 from spillway.controller.spec import parse_spec
 from spillway.core import k8s_names as names
-from spillway.core.errors import ModelGeometryUnknown, NoEligibleNodes
+from spillway.core.errors import NoEligibleNodes
 from spillway.core.quantity import GiB
 
 
@@ -92,25 +88,11 @@ def test_fingerprint_follows_planning_facts_only():
     assert nodes_fingerprint(a) != nodes_fingerprint(a[:1])
 
 
-def test_geometry_sources_in_order():
-    llama = catalog_config(LLAMA_8B)
-    inline = parse_spec({"model": "acme/x", "modelConfig": {"inline": {**llama, "num_hidden_layers": 7}}})
-    assert model_geometry(inline).num_layers == 7
-    from_cm = parse_spec({"model": "acme/x", "modelConfig": {"configMapRef": {"name": "cfg", "key": "c.json"}}})
-    reads = []
-    text = json.dumps({**llama, "num_hidden_layers": 9})
-    assert model_geometry(from_cm, lambda n, k: reads.append((n, k)) or text).num_layers == 9
-    assert reads == [("cfg", "c.json")]
-    with pytest.raises(ModelGeometryUnknown, match="ConfigMap cfg with key c.json not found"):
-        model_geometry(from_cm, lambda n, k: None)
-    with pytest.raises(ModelGeometryUnknown, match="malformed JSON at line 1"):
-        model_geometry(from_cm, lambda n, k: "{nope")
-    assert model_geometry(parse_spec({"model": LLAMA_8B})).num_layers == llama["num_hidden_layers"]
-    unknown = parse_spec({"model": "acme/private-70b", "revision": "v2"})
-    with pytest.raises(ModelGeometryUnknown, match="not in Spillway's catalog"):
-        model_geometry(unknown)
-    asked = []
-    hub = lambda model, rev: asked.append((model, rev)) or {**llama, "num_hidden_layers": 5}
-    assert model_geometry(unknown, fetch_hub=hub).num_layers == 5 and asked == [("acme/private-70b", "v2")]
-    with pytest.raises(ModelGeometryUnknown):  # a local path is never looked up on the hub
-        model_geometry(parse_spec({"model": "/models/llama"}), fetch_hub=hub)
+def test_fingerprint_changes_with_the_qualification_table():
+    def qualified(gbps: float) -> dict:
+        node = gpu_node("a", dma="51.3")
+        table = {"v": 1, "method": "dma", "sizes": [2**20, 2**21], "c2g": [gbps, gbps]}
+        node["metadata"]["annotations"][names.ANNOTATION_QUALIFICATION] = json.dumps(table)
+        return node
+    assert nodes_fingerprint(summaries(qualified(50.0))) == nodes_fingerprint(summaries(qualified(50.0)))
+    assert nodes_fingerprint(summaries(qualified(50.0))) != nodes_fingerprint(summaries(qualified(5.0)))

@@ -35,7 +35,7 @@ def test_deployment_carries_the_plan():
                        resources={"requests": {"cpu": "4"}}, env=[{"name": "EXTRA", "value": "1"}])
     body["metadata"]["uid"] = "u-1"
     result = desired(body, nodes(gpu_node("g", "1Ti", 8)))
-    expected = plan(resolve_geometry(LLAMA_8B), result.spec.serving_request(), NodeFacts(2**40, 8, "g"))
+    expected = plan(resolve_geometry(LLAMA_8B), result.spec.request, NodeFacts(2**40, 8, "g"))
     deployment, service = by_kind(result)["Deployment"], by_kind(result)["Service"]
     pod = deployment["spec"]["template"]["spec"]
     container, = pod["containers"]
@@ -73,7 +73,7 @@ def test_plans_for_the_smallest_eligible_node():
     pool = nodes(gpu_node("big", "2Ti", 8), gpu_node("small", "768Gi", 8), gpu_node("four", "1Ti", 4, dma="48"))
     result = desired(modelserver(), pool)
     assert result.node.name == "small"
-    limits = {n.name: plan(resolve_geometry(LLAMA_8B), result.spec.serving_request(), n.facts()).pod
+    limits = {n.name: plan(resolve_geometry(LLAMA_8B), result.spec.request, n.facts()).pod
               .memory_limit_bytes for n in pool}
     assert result.plan.pod.memory_limit_bytes == min(limits.values())
     assert "smallest of 3 eligible nodes" in result.summary()

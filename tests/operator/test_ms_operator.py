@@ -19,7 +19,10 @@ from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired
 from spillway.core import k8s_names as names
 from spillway.core.geometry import kv_layout
+from spillway.core.model_source import ModelSource
 from spillway.core.planner import plan
+from spillway.core.qualification import Row
+from spillway.core.qualification import summary as qualification_summary
 from spillway.core.quantity import parse_bytes
 
 
@@ -114,7 +117,7 @@ def memory_limit(deployment: dict) -> int:
 def planned_limit(ms: dict, *nodes: dict) -> int:
     """The planner's own pod limit for the smallest of these nodes (computed here, not by the operator)."""
     spec = desired(ms, [summarize_node(n) for n in nodes]).spec
-    limits = [plan(resolve_geometry(LLAMA_8B), spec.serving_request(), summarize_node(n).facts()).pod
+    limits = [plan(resolve_geometry(LLAMA_8B), spec.request, summarize_node(n).facts()).pod
               .memory_limit_bytes for n in nodes]
     return min(limits)
 
@@ -293,9 +296,9 @@ def test_model_geometry_from_a_configmap_that_appears_later(api):
                                                           "data": {"config.json": json.dumps(config)}})
     eventually(lambda: api.condition("Planned")["status"] == "True", what="planned from the ConfigMap")
     status = api.get()["status"]["plan"]
-    geometry = resolve_geometry(config=config, model_id="acme/llama-16-layers")
+    geometry = resolve_geometry(ModelSource("acme/llama-16-layers", inline=config))
     expected = plan(geometry, desired(ms, [summarize_node(node)], lambda n, k: json.dumps(config)).spec
-                    .serving_request(), summarize_node(node).facts())
+                    .request, summarize_node(node).facts())
     assert status["blockBytes"] == expected.layout.block_bytes
     assert status["blockBytes"] * 2 == kv_layout(resolve_geometry(LLAMA_8B)).block_bytes  # 16 of Llama's 32 layers
     assert status["offloadBytes"] == expected.pool.bytes
@@ -319,3 +322,27 @@ def test_operator_exports_the_qualified_dma_figure_of_each_node(api):
     assert unqualified not in _qualified_dma_samples()
     api.core.delete_node(qualified)
     eventually(lambda: qualified not in _qualified_dma_samples(), what="the deleted node's gauge to go")
+
+
+def test_requalifying_a_node_replans_from_its_new_table(api):
+    node = api.node("a", dma="51.3")
+    api.modelserver()
+    wait_planned(api)
+    assert not [w for w in api.get()["status"]["plan"]["warnings"] if "qualified at" in w]
+    # The new table says 5 GB/s CPU->GPU at every size; the single annotated figure stays as it was.
+    rows = [Row("dma", "c2g", size, 1000, "alloc", [5.0]) for size in (2**16, 2**20, 2**21, 2**24)]
+    annotation = json.dumps(qualification_summary(rows, {}), separators=(",", ":"), sort_keys=True)
+    api.core.patch_node(node["metadata"]["name"], {"metadata": {"annotations": {
+        names.ANNOTATION_QUALIFICATION: annotation}}})
+    eventually(lambda: any("qualified at 5.0 GB/s" in w for w in api.get()["status"]["plan"]["warnings"]),
+               what="a re-plan that reads the new qualification table")
+
+
+def test_model_config_null_with_an_unknown_model_is_a_condition(api, operator):
+    api.node("a")
+    api.modelserver(model="acme/unknown-70b", modelConfig=None)
+    wait_planned(api)
+    planned = api.condition("Planned")
+    assert (planned["status"], planned["reason"]) == ("False", "ModelGeometryUnknown")
+    assert "acme/unknown-70b" in planned["message"]
+    assert operator.alive() and "AttributeError" not in operator.output()

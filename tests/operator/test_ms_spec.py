@@ -8,16 +8,19 @@ from spillway.core import k8s_names as names
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec
 from spillway.core.geometry import DEFAULT_BLOCK_SIZE
+from spillway.core.options import Connector, EvictionPolicy, Layout
 
 
 def test_defaults():
     spec = parse_spec({"model": LLAMA_8B})
-    assert spec.tensor_parallel_size == 1 and spec.replicas == 1 and spec.replicas_per_node is None
-    assert spec.block_size == DEFAULT_BLOCK_SIZE
+    request = spec.request
+    assert request.tensor_parallel_size == 1 and spec.replicas == 1 and request.replicas_per_node is None
+    assert request.block_size == DEFAULT_BLOCK_SIZE
     assert spec.image == names.DEFAULT_VLLM_IMAGE
-    assert spec.offload.enabled and spec.offload.size == "auto"
-    assert (spec.offload.eviction_policy, spec.offload.layout, spec.offload.connector) == ("lru", "contiguous",
-                                                                                           "spillway")
+    assert request.offload.enabled and request.offload.size == "auto"
+    offload = request.offload
+    assert (offload.eviction_policy, offload.layout, offload.connector) == (
+        EvictionPolicy.LRU, Layout.CONTIGUOUS, Connector.SPILLWAY)
 
 
 def test_full_spec_maps_onto_the_serving_request():
@@ -27,7 +30,7 @@ def test_full_spec_maps_onto_the_serving_request():
                     "connector": "native"},
         "modelConfig": {"configMapRef": {"name": "cfg"}}, "hfTokenSecretRef": {"name": "hf"},
     })
-    request = spec.serving_request()
+    request = spec.request
     assert (request.tensor_parallel_size, request.block_size, request.kv_cache_dtype, request.replicas_per_node) == (
         2, 32, "fp8", 2)
     assert request.offload.size == "200Gi" and request.offload.offload_block_size == 64

@@ -7,6 +7,7 @@ import pytest
 from spillway.adapters.model_config import catalog_ids, load_config_file, resolve_geometry
 from spillway.core.errors import InvalidSpec, ModelGeometryUnknown
 from spillway.core.geometry import geometry_from_config, kv_layout
+from spillway.core.model_source import ModelSource
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -132,4 +133,4 @@ def test_config_from_file_matches_catalog(tmp_path):
     from spillway.adapters.model_config import catalog_config
     path = tmp_path / "config.json"
     path.write_text(json.dumps(catalog_config("meta-llama/Llama-3.1-8B-Instruct")))
-    assert resolve_geometry(config_path=path).num_kv_heads == 8
+    assert resolve_geometry(ModelSource(config_file=str(path))).num_kv_heads == 8

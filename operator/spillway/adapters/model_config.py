@@ -1,15 +1,23 @@
-"""Where a model's config.json comes from: a file, the bundled catalog, or (through hub.py) the hub."""
+"""The one model-source resolver of `spillway plan`, `spillway render` and the operator: the reading half.
+
+core.model_source decides which source supplies a model's config.json; this module reads it: a file, a
+ConfigMap key (through the caller's reader), the bundled catalog, or the hub (through the caller's fetcher).
+"""
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import InvalidSpec, ModelGeometryUnknown
+from ..core.errors import ModelGeometryUnknown
 from ..core.geometry import ModelGeometry, geometry_from_config
+from ..core.model_source import ModelSource, Origin, origin, parse_config_text
+
+ConfigMapReader = Callable[[str, str], "str | None"]  # (name, key) -> config.json text, None when absent
+HubFetcher = Callable[[str, "str | None"], "dict[str, Any]"]  # (model, revision) -> config.json
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -20,10 +28,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise ModelGeometryUnknown(f"cannot read model config {path}: {exc.strerror}") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ModelGeometryUnknown(f"{path}: malformed JSON at line {exc.lineno}: {exc.msg}") from exc
+    return parse_config_text(text, str(path))
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,19 +52,37 @@ def catalog_config(model_id: str) -> dict[str, Any] | None:
     return dict(entry) if entry is not None else None
 
 
-def resolve_geometry(model_id: str | None = None, config_path: str | Path | None = None,
-                     config: Mapping[str, Any] | None = None) -> ModelGeometry:
-    """Geometry from an inline config, a config file, or the catalog (in that order)."""
-    if config is not None:
-        return geometry_from_config(config, model_id or "inline modelConfig")
-    if config_path is not None:
-        return geometry_from_config(load_config_file(config_path), model_id or str(config_path))
-    if model_id:
-        found = catalog_config(model_id)
-        if found is None:
-            raise ModelGeometryUnknown(
-                f"model {model_id!r} is not in Spillway's catalog; pass its config.json "
-                "(--model-config PATH, or spec.modelConfig) or allow a hub fetch"
-            )
-        return geometry_from_config(found, model_id)
-    raise InvalidSpec("no model given: pass a model id or a config.json")
+def resolve_geometry(source: ModelSource | str, read_config_map: ConfigMapReader | None = None,
+                     fetch_hub: HubFetcher | None = None) -> ModelGeometry:
+    """The geometry of a model, its config.json taken from the first source core.model_source.origin() picks.
+
+    A plain string is a model id (catalog, or the hub when `fetch_hub` is given). `read_config_map` reads a
+    ConfigMap key (the operator; `spillway render --model-config`), `fetch_hub` fetches from the hub.
+    """
+    if isinstance(source, str):
+        source = ModelSource(source)
+    found = catalog_config(source.model) if source.model else None
+    picked = origin(source, found is not None, fetch_hub is not None)
+    if picked is Origin.INLINE:
+        config: Mapping[str, Any] = source.inline or {}
+    elif picked is Origin.FILE:
+        config = load_config_file(source.config_file or "")
+    elif picked is Origin.CONFIG_MAP:
+        config = _read_config_map(source, read_config_map)
+    elif picked is Origin.CATALOG:
+        config = found or {}
+    else:
+        assert fetch_hub is not None and source.model
+        config = fetch_hub(source.model, source.revision)
+    return geometry_from_config(config, source.name)
+
+
+def _read_config_map(source: ModelSource, read_config_map: ConfigMapReader | None) -> dict[str, Any]:
+    name, key = source.config_map or ("", "")
+    if read_config_map is None:
+        raise ModelGeometryUnknown(f"{source.name}: modelConfig.configMapRef {name} cannot be read here; "
+                                   "pass the config.json with --model-config")
+    text = read_config_map(name, key)
+    if text is None:
+        raise ModelGeometryUnknown(f"{source.name}: ConfigMap {name} with key {key} not found")
+    return parse_config_text(text, f"{source.name}: ConfigMap {name} key {key}")

@@ -5,10 +5,12 @@ import argparse
 import sys
 
 from ..adapters.hub import fetch_config
-from ..adapters.model_config import catalog_config, catalog_ids, resolve_geometry
+from ..adapters.model_config import catalog_ids, resolve_geometry
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 from ..core.geometry import DEFAULT_BLOCK_SIZE
+from ..core.model_source import ModelSource
+from ..core.options import Attention, Connector, EvictionPolicy, Layout, choices
 from ..core.planner import NodeFacts, OffloadRequest, Plan, ServingRequest, plan
 from ..core.quantity import format_bytes, parse_bytes
 
@@ -26,9 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-node", type=int)
     p.add_argument("--offload-size", default="auto", help="auto | fraction of the replica's share | quantity")
     p.add_argument("--offload-block-size", type=int, help="tokens per offloaded chunk (multiple of --block-size)")
-    p.add_argument("--eviction-policy", default="lru", choices=["lru", "arc"])
-    p.add_argument("--layout", default="contiguous", choices=["contiguous", "default"])
-    p.add_argument("--connector", default="spillway", choices=["spillway", "native"])
+    p.add_argument("--eviction-policy", default=EvictionPolicy.LRU.value, choices=choices(EvictionPolicy))
+    p.add_argument("--layout", default=Layout.CONTIGUOUS.value, choices=choices(Layout))
+    p.add_argument("--connector", default=Connector.SPILLWAY.value, choices=choices(Connector))
     p.add_argument("--no-offload", action="store_true", help="plan the replica without a CPU pool")
     p.add_argument("--replicas-per-node", type=int)
     p.add_argument("--vllm-version", default=api.IMAGE_VLLM_VERSION,
@@ -49,15 +51,8 @@ def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None 
     return NodeFacts(parse_bytes(memory, "--node-memory"), gpus, dma_gbps=dma_gbps)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.list_models:
-        print("\n".join(catalog_ids()))
-        return 0
-    config = None
-    if args.allow_hub and args.model and catalog_config(args.model) is None:
-        config = fetch_config(args.model, args.revision)
-    geometry = resolve_geometry(model_id=args.model, config_path=args.model_config, config=config)
-    request = ServingRequest(
+def request_from_args(args: argparse.Namespace) -> ServingRequest:
+    return ServingRequest(
         tensor_parallel_size=args.tensor_parallel_size,
         block_size=args.block_size,
         kv_cache_dtype=args.kv_cache_dtype,
@@ -66,13 +61,28 @@ def run(args: argparse.Namespace) -> int:
         offload=OffloadRequest(
             enabled=not args.no_offload,
             size=args.offload_size,
-            eviction_policy=args.eviction_policy,
-            layout=args.layout,
+            eviction_policy=EvictionPolicy(args.eviction_policy),
+            layout=Layout(args.layout),
             offload_block_size=args.offload_block_size,
-            connector=args.connector,
+            connector=Connector(args.connector),
         ),
     )
-    result = plan(geometry, request, node_from_args(args.node_memory, args.gpus_per_node, args.qualified_gbps))
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    """The Plan `spillway plan` prints for these parsed arguments (bench/gpu calls it too)."""
+    source = ModelSource(model=args.model, revision=args.revision, config_file=args.model_config)
+    fetch_hub = (lambda model, revision: fetch_config(model, revision or "main")) if args.allow_hub else None
+    geometry = resolve_geometry(source, fetch_hub=fetch_hub)
+    return plan(geometry, request_from_args(args), node_from_args(args.node_memory, args.gpus_per_node,
+                                                                  args.qualified_gbps))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_models:
+        print("\n".join(catalog_ids()))
+        return 0
+    result = plan_from_args(args)
     sys.stdout.write(result.to_json() + "\n" if args.output == "json" else format_plan(result))
     return 0
 
@@ -84,7 +94,7 @@ def _rows(title: str, rows: list[tuple[str, str]]) -> list[str]:
 
 def format_plan(p: Plan) -> str:
     g, lay = p.layout.geometry, p.layout
-    heads = "latent (MLA)" if g.attention == "mla" else f"{g.num_kv_heads} KV heads, {lay.kv_heads_per_rank} per rank"
+    heads = "latent (MLA)" if g.attention == Attention.MLA else f"{g.num_kv_heads} KV heads, {lay.kv_heads_per_rank} per rank"
     lines = _rows(f"Model  {g.name}", [
         ("architecture", g.architecture),
         ("layers", str(g.num_layers)),

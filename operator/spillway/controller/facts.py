@@ -1,7 +1,7 @@
-"""Facts the planner needs, read from Kubernetes objects: GPU nodes -> NodeFacts, and a model's geometry.
+"""Facts the planner needs, read from Node objects: GPU nodes -> NodeSummary/NodeFacts, and where a replica may land.
 
 Pure functions over plain dicts (the JSON of Node objects), so the operator, `spillway render`
-and the tests share them. The hub fetch itself is hub.py's, passed in by the operator when it allows it.
+and the tests share them. A model's geometry comes from adapters.model_config.resolve_geometry.
 """
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..adapters.model_config import catalog_config
 from ..core import k8s_names as names
-from ..core.errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes
-from ..core.geometry import ModelGeometry, geometry_from_config
+from ..core.errors import InvalidSpec, NoEligibleNodes, SpillwayError
 from ..core.planner import NodeFacts
 from ..core.qualification import qualification_table
 from ..core.quantity import format_bytes, parse_bytes
@@ -149,7 +147,7 @@ def eligible_nodes(nodes: Iterable[NodeSummary], spec: ModelServerSpec) -> list[
     gpu_nodes = list(nodes)
     selected = [n for n in gpu_nodes if all(n.labels.get(k) == v for k, v in spec.node_selector.items())]
     allowed = [n for n in selected if tolerated(n, spec.tolerations) and affinity_allows(n, spec.affinity)]
-    tp = spec.tensor_parallel_size
+    tp = spec.request.tensor_parallel_size
     big_enough = [n for n in allowed if n.gpus >= tp]
     if big_enough:
         return sorted(big_enough, key=lambda n: n.name)
@@ -170,51 +168,36 @@ def eligible_nodes(nodes: Iterable[NodeSummary], spec: ModelServerSpec) -> list[
 
 def nodes_fingerprint(nodes: Iterable[NodeSummary]) -> str:
     """A short hash of the facts planning reads: it changes exactly when a re-plan could change."""
-    facts = sorted((n.name, n.allocatable_memory, n.gpus, n.dma_gbps) for n in nodes)
+    facts = sorted((n.name, n.allocatable_memory, n.gpus, n.dma_gbps, n.dma_table) for n in nodes)
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    """The nodes a spec may use, found once per reconcile, or why there are none."""
+
+    nodes: tuple[NodeSummary, ...] = ()
+    error: SpillwayError | None = None
+
+    def require(self) -> tuple[NodeSummary, ...]:
+        if self.error is not None:
+            raise self.error
+        return self.nodes
+
+    @property
+    def fingerprint(self) -> str | None:
+        """nodes_fingerprint of the eligible nodes ([] when none); None when the rules themselves are bad."""
+        if self.error is None:
+            return nodes_fingerprint(self.nodes)
+        return nodes_fingerprint([]) if isinstance(self.error, NoEligibleNodes) else None
+
+
+def eligibility(nodes: Iterable[NodeSummary], spec: ModelServerSpec) -> Eligibility:
+    try:
+        return Eligibility(tuple(eligible_nodes(nodes, spec)))
+    except SpillwayError as exc:
+        return Eligibility(error=exc)
 
 
 def describe(node: NodeSummary) -> str:
     return f"{node.name} ({format_bytes(node.allocatable_memory)} allocatable, {node.gpus} GPUs)"
-
-
-# -- model geometry ----------------------------------------------------------------------------------
-
-def looks_like_hub_id(model: str) -> bool:
-    return "://" not in model and not model.startswith(("/", ".")) and model.count("/") == 1
-
-
-ConfigMapReader = Callable[[str, str], "str | None"]  # (name, key) -> config.json text, None when absent
-HubFetcher = Callable[[str, "str | None"], "dict[str, Any]"]  # (model, revision) -> config.json
-
-
-def model_geometry(spec: ModelServerSpec, read_config_map: ConfigMapReader | None = None,
-                   fetch_hub: HubFetcher | None = None) -> ModelGeometry:
-    """Geometry from spec.modelConfig (inline or ConfigMap), the catalog, or the hub when allowed."""
-    source = spec.model_config
-    if source is not None and source.inline is not None:
-        return geometry_from_config(source.inline, spec.model)
-    if source is not None and source.config_map is not None:
-        ref = source.config_map
-        if read_config_map is None:
-            raise ModelGeometryUnknown(f"{spec.model}: modelConfig.configMapRef {ref.name} cannot be read here; "
-                                       "pass the config.json with --model-config")
-        text = read_config_map(ref.name, ref.key)
-        if text is None:
-            raise ModelGeometryUnknown(f"{spec.model}: ConfigMap {ref.name} with key {ref.key} not found")
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ModelGeometryUnknown(
-                f"{spec.model}: ConfigMap {ref.name} key {ref.key}: malformed JSON at line {exc.lineno}: {exc.msg}"
-            ) from exc
-        return geometry_from_config(config, spec.model)
-    found = catalog_config(spec.model)
-    if found is not None:
-        return geometry_from_config(found, spec.model)
-    if fetch_hub is not None and looks_like_hub_id(spec.model):
-        return geometry_from_config(fetch_hub(spec.model, spec.revision), spec.model)
-    raise ModelGeometryUnknown(
-        f"model {spec.model!r} is not in Spillway's catalog and the operator does not fetch from the hub: "
-        "set spec.modelConfig (inline config.json or a ConfigMap reference)"
-    )

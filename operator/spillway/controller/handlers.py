@@ -16,21 +16,22 @@ import base64
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 import kubernetes
 
 from ..adapters.hub import fetch_config
+from ..adapters.model_config import HubFetcher
 from ..core import k8s_names as names
-from ..core.errors import ModelGeometryUnknown, NoEligibleNodes, SpillwayError
+from ..core.errors import InternalError, ModelGeometryUnknown, SpillwayError
 from . import conditions as cond
 from . import metrics
-from .facts import NodeSummary, eligible_nodes, nodes_fingerprint, summarize_node
+from .facts import NodeSummary, eligibility, summarize_node
 from .kube import ApiError, Kube, path
-from .manifests import Desired, desired, selector
-from .spec import parse_spec
+from .manifests import Desired, check_name, desired_for, selector
+from .spec import ModelServerSpec, parse_spec
 from .status import error_line, status_plan
 
 GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
@@ -90,7 +91,7 @@ def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeSummary] | 
 def modelservers(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     annotations = (body.get("metadata") or {}).get("annotations") or {}
     return {(namespace, name): {
-        "spec": body.get("spec"),
+        "spec": _parsed(body.get("spec")),
         "fingerprint": (body.get("status") or {}).get("nodesFingerprint"),
         "trigger": annotations.get(names.ANNOTATION_NODES_CHANGED),
     }}
@@ -100,18 +101,14 @@ def _all_nodes(index: kopf.Index) -> list[NodeSummary]:
     return [summary for store in index.values() for summary in store]
 
 
-def eligible_fingerprint(spec: Any, nodes: Iterable[NodeSummary]) -> str | None:
-    """Fingerprint of the nodes a spec may use ([] when none); None for a spec that does not parse."""
+def _parsed(spec: Any) -> ModelServerSpec | SpillwayError:
+    """The parsed spec, or why it does not parse."""
     try:
-        parsed = parse_spec(spec)
-    except SpillwayError:
-        return None
-    try:
-        return nodes_fingerprint(eligible_nodes(nodes, parsed))
-    except NoEligibleNodes:
-        return nodes_fingerprint([])
-    except SpillwayError:
-        return None
+        return parse_spec(spec)
+    except SpillwayError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 - a bug must not take the index (and every tenant) down
+        return InternalError.of(exc)
 
 
 @kopf.on.event("", "v1", "nodes")
@@ -120,16 +117,25 @@ def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, logger: loggin
     metrics.publish_nodes(nodes)
     for (namespace, name), store in list(modelservers.items()):
         for entry in store:
-            fingerprint = eligible_fingerprint(entry["spec"], nodes)
-            if fingerprint is None or fingerprint in (entry["fingerprint"], entry["trigger"]):
-                continue
-            logger.info(f"eligible GPU nodes of {namespace}/{name} changed: re-planning")
             try:
-                kube().merge_patch(_ms_path(namespace, name),
-                                   {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
+                _trigger_replan(namespace, name, entry, nodes, logger)
+            except Exception as exc:  # noqa: BLE001 - one ModelServer's failure never stops the others' re-plans
+                logger.error(f"re-plan trigger of {namespace}/{name} failed: {type(exc).__name__}: {exc}")
+
+
+def _trigger_replan(namespace: str, name: str, entry: Mapping[str, Any], nodes: list[NodeSummary],
+                    logger: logging.Logger) -> None:
+    spec = entry["spec"]
+    fingerprint = eligibility(nodes, spec).fingerprint if isinstance(spec, ModelServerSpec) else None
+    if fingerprint is None or fingerprint in (entry["fingerprint"], entry["trigger"]):
+        return
+    logger.info(f"eligible GPU nodes of {namespace}/{name} changed: re-planning")
+    try:
+        kube().merge_patch(_ms_path(namespace, name),
+                           {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
 
 
 # -- reconcile -------------------------------------------------------------------------------------------
@@ -141,16 +147,16 @@ def _config_map_reader(namespace: str):
     return read
 
 
-def _hub_fetcher(namespace: str, spec: Mapping[str, Any]):
+def _hub_fetcher(namespace: str, spec: ModelServerSpec) -> HubFetcher | None:
     if os.environ.get(names.ENV_ALLOW_HUB_FETCH, "").lower() != "true":
         return None
 
     def fetch(model: str, revision: str | None) -> dict[str, Any]:
         token = None
-        ref = (spec or {}).get("hfTokenSecretRef")
-        if isinstance(ref, Mapping) and ref.get("name"):
-            secret = kube().get(path("v1", "Secret", namespace, ref["name"]))
-            encoded = ((secret or {}).get("data") or {}).get(ref.get("key") or "token")
+        ref = spec.hf_token_secret
+        if ref is not None:
+            secret = kube().get(path("v1", "Secret", namespace, ref.name))
+            encoded = ((secret or {}).get("data") or {}).get(ref.key)
             token = base64.b64decode(encoded).decode().strip() if encoded else None
         return fetch_config(model, revision or "main", token)
     return fetch
@@ -186,13 +192,26 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
     update: dict[str, Any] = {"selector": ",".join(f"{k}={v}" for k, v in selector(name).items())}
     if generation is not None:
         update["observedGeneration"] = generation
-    fingerprint = eligible_fingerprint(body.get("spec"), nodes)
-    if fingerprint is not None:
-        update["nodesFingerprint"] = fingerprint
+    spec = _parsed(body.get("spec"))  # once per reconcile: the eligible nodes, the hub and the retry read it
     try:
-        result: Desired | None = desired(body, nodes, _config_map_reader(namespace),
-                                         _hub_fetcher(namespace, body.get("spec") or {}), _pod_monitors_wanted())
-    except SpillwayError as exc:
+        eligible = eligibility(nodes, spec) if isinstance(spec, ModelServerSpec) else None
+    except Exception as exc:  # noqa: BLE001 - reported as this resource's status below
+        spec, eligible = (exc if isinstance(exc, SpillwayError) else InternalError.of(exc)), None
+    if eligible is not None and eligible.fingerprint is not None:
+        update["nodesFingerprint"] = eligible.fingerprint
+    try:
+        check_name(body)
+        if not isinstance(spec, ModelServerSpec):
+            raise spec
+        assert eligible is not None
+        result: Desired | None = desired_for(body, spec, eligible, _config_map_reader(namespace),
+                                             _hub_fetcher(namespace, spec), _pod_monitors_wanted())
+    except ApiError:
+        raise  # the API server's trouble: retried
+    except Exception as caught:  # noqa: BLE001 - contained: a status and an event, never a failed handler
+        exc = caught if isinstance(caught, SpillwayError) else InternalError.of(caught)
+        if not isinstance(caught, SpillwayError):
+            logger.error(f"planning {namespace}/{name} failed unexpectedly", exc_info=caught)
         result, error = None, exc
         planned = cond.condition(cond.PLANNED, False, exc.reason, error_line(exc), generation)
         logger.warning(f"{exc.reason}: {error_line(exc)}")
@@ -216,8 +235,14 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
     ])
     update.update(cond.ready_counts(deployment))
     _write_status(namespace, name, status, update)
-    if isinstance(error, ModelGeometryUnknown) and (body.get("spec") or {}).get("modelConfig", {}).get("configMapRef"):
+    if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(spec):
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
+
+
+def _waits_for_config_map(spec: ModelServerSpec | SpillwayError) -> bool:
+    """A ModelServer whose config.json is in a ConfigMap: it may appear later, so the reconcile is retried."""
+    source = spec.model_config if isinstance(spec, ModelServerSpec) else None
+    return source is not None and source.config_map is not None
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")

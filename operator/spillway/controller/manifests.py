@@ -13,12 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..adapters.model_config import ConfigMapReader, HubFetcher, resolve_geometry
 from ..core import k8s_names as names
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 from ..core.planner import Plan, plan
 from ..core.quantity import format_bytes, to_quantity
-from .facts import ConfigMapReader, HubFetcher, NodeSummary, describe, eligible_nodes, model_geometry
+from .facts import Eligibility, NodeSummary, describe, eligibility
 from .spec import ModelServerSpec, parse_spec
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -53,30 +54,41 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
     A node the request does not fit on fails the whole plan (its error names that node's numbers); nodes
     are tried from the smallest memory per replica up, so the error names the node that limits the pool.
     """
-    request = spec.serving_request()
+    request = spec.request
 
     def per_replica(node: NodeSummary) -> float:
-        return node.allocatable_memory / (spec.replicas_per_node or max(1, node.gpus // spec.tensor_parallel_size))
+        return node.allocatable_memory / (request.replicas_per_node or max(1, node.gpus // request.tensor_parallel_size))
 
     plans = [(plan(geometry, request, node.facts()), node) for node in sorted(eligible, key=lambda n: (per_replica(n),
                                                                                                           n.name))]
     return min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
 
 
-def desired(body: Mapping[str, Any], nodes: Iterable[NodeSummary], read_config_map: ConfigMapReader | None = None,
-            fetch_hub: HubFetcher | None = None, pod_monitor: bool = False) -> Desired:
-    """Everything the operator applies for one ModelServer; raises a SpillwayError on bad input."""
-    meta = body.get("metadata") or {}
-    name = meta.get("name")
+def check_name(body: Mapping[str, Any]) -> None:
+    name = (body.get("metadata") or {}).get("name")
     if not isinstance(name, str) or not DNS_LABEL.match(name) or len(name) > 63:
         raise InvalidSpec(f"metadata.name {name!r} must be a DNS label (lowercase letters, digits, '-', "
                           "at most 63 characters): it names the Service")
+
+
+def desired(body: Mapping[str, Any], nodes: Iterable[NodeSummary], read_config_map: ConfigMapReader | None = None,
+            fetch_hub: HubFetcher | None = None, pod_monitor: bool = False) -> Desired:
+    """Everything the operator applies for one ModelServer; raises a SpillwayError on bad input."""
+    check_name(body)
     spec = parse_spec(body.get("spec"))
-    geometry = model_geometry(spec, read_config_map, fetch_hub)
-    eligible = eligible_nodes(nodes, spec)
-    result, node = plan_for_nodes(geometry, spec, eligible)
+    return desired_for(body, spec, eligibility(nodes, spec), read_config_map, fetch_hub, pod_monitor)
+
+
+def desired_for(body: Mapping[str, Any], spec: ModelServerSpec, eligible: Eligibility,
+                read_config_map: ConfigMapReader | None = None, fetch_hub: HubFetcher | None = None,
+                pod_monitor: bool = False) -> Desired:
+    """desired() for a spec already parsed and its eligible nodes already found (the operator's reconcile)."""
+    check_name(body)
+    geometry = resolve_geometry(spec.model_source(), read_config_map, fetch_hub)
+    nodes = eligible.require()
+    result, node = plan_for_nodes(geometry, spec, nodes)
     objects = render(body, spec, result, pod_monitor)
-    return Desired(spec, result, node, tuple(eligible), tuple(objects))
+    return Desired(spec, result, node, nodes, tuple(objects))
 
 
 # -- objects ---------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from ..core import k8s_names as names
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 from ..core.geometry import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPE_BYTES
+from ..core.model_source import ModelSource
+from ..core.options import Connector, EvictionPolicy, Layout, choices
 from ..core.planner import OffloadRequest, ServingRequest
 from .engine_flags import planned_flag
 
@@ -45,13 +47,9 @@ class ModelServerSpec:
     served_model_name: str | None = None
     model_config: ModelConfigSource | None = None
     hf_token_secret: ObjectKeyRef | None = None
-    tensor_parallel_size: int = 1
+    request: ServingRequest = field(default_factory=ServingRequest)  # what the planner sizes
     replicas: int = 1
-    replicas_per_node: int | None = None
-    block_size: int = DEFAULT_BLOCK_SIZE
-    kv_cache_dtype: str = "auto"
     image: str = names.DEFAULT_VLLM_IMAGE
-    vllm_version: str = api.IMAGE_VLLM_VERSION
     image_pull_policy: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
     resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -60,16 +58,15 @@ class ModelServerSpec:
     affinity: Mapping[str, Any] | None = None
     extra_args: tuple[str, ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
-    offload: OffloadRequest = field(default_factory=OffloadRequest)
 
-    def serving_request(self) -> ServingRequest:
-        return ServingRequest(
-            tensor_parallel_size=self.tensor_parallel_size,
-            block_size=self.block_size,
-            kv_cache_dtype=self.kv_cache_dtype,
-            replicas_per_node=self.replicas_per_node,
-            offload=self.offload,
-            vllm_version=self.vllm_version,
+    def model_source(self) -> ModelSource:
+        config = self.model_config
+        return ModelSource(
+            model=self.model,
+            revision=self.revision,
+            inline=config.inline if config is not None else None,
+            config_map=(config.config_map.name, config.config_map.key)
+            if config is not None and config.config_map is not None else None,
         )
 
 
@@ -141,10 +138,10 @@ def _offload(spec: Mapping[str, Any]) -> OffloadRequest:
     return OffloadRequest(
         enabled=_bool(off, "enabled", where, True),
         size=str(size).strip(),
-        eviction_policy=_str(off, "evictionPolicy", where, "lru", api.EVICTION_POLICIES),
-        layout=_str(off, "layout", where, "contiguous", ("contiguous", "default")),
+        eviction_policy=EvictionPolicy(_str(off, "evictionPolicy", where, EvictionPolicy.LRU, choices(EvictionPolicy))),
+        layout=Layout(_str(off, "layout", where, Layout.CONTIGUOUS, choices(Layout))),
         offload_block_size=_int(off, "blockSize", where, None, 1),
-        connector=_str(off, "connector", where, "spillway", ("spillway", "native")),
+        connector=Connector(_str(off, "connector", where, Connector.SPILLWAY, choices(Connector))),
     )
 
 
@@ -238,7 +235,6 @@ def parse_spec(spec: Any) -> ModelServerSpec:
             raise InvalidSpec(f"spec.nodeSelector.{key} must be a string, got {value!r}")
     hf_token = spec.get("hfTokenSecretRef")
     token_ref = _key_ref(hf_token, "spec.hfTokenSecretRef", DEFAULT_SECRET_KEY) if hf_token is not None else None
-    offload = _offload(spec)
     reserved = set(api.RESERVED_ENV) | ({api.ENV_HF_TOKEN} if token_ref else set())
     pull_secrets = []
     for item in _list(spec, "imagePullSecrets", "spec"):
@@ -253,13 +249,16 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         served_model_name=_str(spec, "servedModelName", "spec"),
         model_config=_model_config(spec),
         hf_token_secret=token_ref,
-        tensor_parallel_size=_int(spec, "tensorParallelSize", "spec", 1, 1),
+        request=ServingRequest(
+            tensor_parallel_size=_int(spec, "tensorParallelSize", "spec", 1, 1),
+            block_size=_int(spec, "blockSize", "spec", DEFAULT_BLOCK_SIZE, 1),
+            kv_cache_dtype=_str(spec, "kvCacheDtype", "spec", "auto", KV_CACHE_DTYPES),
+            replicas_per_node=_int(spec, "replicasPerNode", "spec", None, 1),
+            offload=_offload(spec),
+            vllm_version=_str(spec, "vllmVersion", "spec", api.IMAGE_VLLM_VERSION),
+        ),
         replicas=_int(spec, "replicas", "spec", 1, 0),
-        replicas_per_node=_int(spec, "replicasPerNode", "spec", None, 1),
-        block_size=_int(spec, "blockSize", "spec", DEFAULT_BLOCK_SIZE, 1),
-        kv_cache_dtype=_str(spec, "kvCacheDtype", "spec", "auto", KV_CACHE_DTYPES),
         image=_str(spec, "image", "spec", names.DEFAULT_VLLM_IMAGE) or names.DEFAULT_VLLM_IMAGE,
-        vllm_version=_str(spec, "vllmVersion", "spec", api.IMAGE_VLLM_VERSION),
         image_pull_policy=_str(spec, "imagePullPolicy", "spec", None, PULL_POLICIES),
         image_pull_secrets=tuple(pull_secrets),
         resources=_resources(spec),
@@ -268,5 +267,4 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         affinity=_mapping(affinity, "spec.affinity") if affinity is not None else None,
         extra_args=_extra_args(spec),
         env=_env(spec, reserved),
-        offload=offload,
     )

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import InvalidSpec, ModelGeometryUnknown
+from .options import Attention
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default tokens per GPU KV block
 
@@ -43,7 +44,7 @@ class ModelGeometry:
     name: str
     architecture: str
     num_layers: int
-    attention: str  # "standard" or "mla"
+    attention: Attention
     num_kv_heads: int  # standard: KV heads; mla: 1 (the latent)
     num_attention_heads: int
     head_dim: int  # standard: K (= V) head size; mla: kv_lora_rank + qk_rope_head_dim
@@ -70,7 +71,7 @@ class KVLayout:
 
     @property
     def kv_per_layer(self) -> int:
-        return 1 if self.geometry.attention == "mla" else 2
+        return 1 if self.geometry.attention == Attention.MLA else 2
 
 
 def _positive_int(config: Mapping[str, Any], key: str, name: str) -> int:
@@ -119,7 +120,7 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> Mode
         dtype = "bfloat16"  # vLLM serves float32 checkpoints in 16-bit by default
     if architecture in MLA_ARCHITECTURES:
         latent = _positive_int(config, "kv_lora_rank", name) + _positive_int(config, "qk_rope_head_dim", name)
-        return ModelGeometry(name, architecture, num_layers, "mla", 1, heads, latent, dtype)
+        return ModelGeometry(name, architecture, num_layers, Attention.MLA, 1, heads, latent, dtype)
     if architecture not in STANDARD_ARCHITECTURES:
         raise ModelGeometryUnknown(
             f"{name}: architecture {architecture!r} is not one Spillway can size "
@@ -136,7 +137,7 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> Mode
         head_dim = hidden // heads
     elif not isinstance(head_dim, int) or head_dim <= 0:
         raise ModelGeometryUnknown(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
-    return ModelGeometry(name, architecture, num_layers, "standard", kv_heads, heads, head_dim, dtype)
+    return ModelGeometry(name, architecture, num_layers, Attention.STANDARD, kv_heads, heads, head_dim, dtype)
 
 
 def kv_layout(
@@ -159,7 +160,7 @@ def kv_layout(
     if dtype not in KV_CACHE_DTYPE_BYTES:
         raise InvalidSpec(f"kv cache dtype {kv_cache_dtype!r} unknown (auto, {', '.join(KV_CACHE_DTYPE_BYTES)})")
     dtype_bytes = KV_CACHE_DTYPE_BYTES[dtype]
-    if geometry.attention == "mla":
+    if geometry.attention == Attention.MLA:
         heads_per_rank, replicated = 1, True
     else:
         kv = geometry.num_kv_heads
@@ -170,7 +171,7 @@ def kv_layout(
             )
         heads_per_rank, replicated = max(1, kv // tensor_parallel_size), kv < tensor_parallel_size
     layer_page = block_size * heads_per_rank * geometry.head_dim * dtype_bytes
-    kv_per_layer = 1 if geometry.attention == "mla" else 2
+    kv_per_layer = 1 if geometry.attention == Attention.MLA else 2
     block_bytes = layer_page * kv_per_layer * geometry.num_layers
     return KVLayout(
         geometry=geometry,

@@ -31,6 +31,7 @@ from spillway_connector.versions import UnsupportedVLLMVersion, require_supporte
 from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
+from .options import Attention, Connector, EvictionPolicy, Layout, choices
 from .quantity import GiB, MiB, format_bytes, parse_bytes
 from .rates import interpolate_log2
 
@@ -59,10 +60,10 @@ class NodeFacts:
 class OffloadRequest:
     enabled: bool = True
     size: str = "auto"  # "auto", a fraction "0.5" of the replica's share, or a quantity "200Gi"
-    eviction_policy: str = "lru"
-    layout: str = "contiguous"  # "contiguous" (VLLM_KV_CACHE_LAYOUT=BLHNC) or "default"
+    eviction_policy: EvictionPolicy = EvictionPolicy.LRU
+    layout: Layout = Layout.CONTIGUOUS
     offload_block_size: int | None = None  # tokens per offloaded chunk; a multiple of block_size
-    connector: str = "spillway"  # "spillway" (our plugin) or "native" (vLLM's flags only)
+    connector: Connector = Connector.SPILLWAY
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ def _pool_plan(layout: KVLayout, node: NodePlan, offload: OffloadRequest) -> Poo
                 f"replica's share of node {node.name} is {format_bytes(node.share_bytes)} "
                 f"({node.replicas_per_node} per node); the largest pool that fits is {format_bytes(node.max_pool_bytes)}"
             )
-    copies = 1 if (layout.geometry.attention == "mla" and layout.tensor_parallel_size > 1) else layout.tensor_parallel_size
+    copies = 1 if (layout.geometry.attention == Attention.MLA and layout.tensor_parallel_size > 1) else layout.tensor_parallel_size
     blocks_per_chunk = (offload.offload_block_size or layout.block_size) // layout.block_size
     chunk = _round_up(layout.block_bytes * copies * blocks_per_chunk, PAGE_ALIGNMENT)
     chunks = wanted // chunk
@@ -255,12 +256,10 @@ def _pool_plan(layout: KVLayout, node: NodePlan, offload: OffloadRequest) -> Poo
 
 
 def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
-    if offload.eviction_policy not in api.EVICTION_POLICIES:
-        raise InvalidSpec(f"eviction policy must be one of {api.EVICTION_POLICIES}, got {offload.eviction_policy!r}")
-    if offload.layout not in ("contiguous", "default"):
-        raise InvalidSpec(f"layout must be 'contiguous' or 'default', got {offload.layout!r}")
-    if offload.connector not in ("spillway", "native"):
-        raise InvalidSpec(f"connector must be 'spillway' or 'native', got {offload.connector!r}")
+    for what, value, kind in (("eviction policy", offload.eviction_policy, EvictionPolicy),
+                              ("layout", offload.layout, Layout), ("connector", offload.connector, Connector)):
+        if value not in choices(kind):
+            raise InvalidSpec(f"{what} must be one of {', '.join(choices(kind))}, got {value!r}")
     chunk = offload.offload_block_size
     if chunk is not None and (chunk < block_size or chunk % block_size):
         raise InvalidSpec(f"offload block size {chunk} must be a positive multiple of the block size {block_size}")
@@ -272,10 +271,10 @@ def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None
         args += [api.FLAG_KV_CACHE_DTYPE, layout.kv_cache_dtype]
     if pool is None:
         return args
-    simple_native = offload.eviction_policy == "lru" and offload.offload_block_size is None
-    if offload.connector == "native" and simple_native:
+    simple_native = offload.eviction_policy == EvictionPolicy.LRU and offload.offload_block_size is None
+    if offload.connector == Connector.NATIVE and simple_native:
         return args + [api.FLAG_KV_OFFLOADING_BACKEND, api.NATIVE_BACKEND, api.FLAG_KV_OFFLOADING_SIZE, repr(pool.gib)]
-    connector = api.SPILLWAY_CONNECTOR if offload.connector == "spillway" else api.OFFLOADING_CONNECTOR
+    connector = api.SPILLWAY_CONNECTOR if offload.connector == Connector.SPILLWAY else api.OFFLOADING_CONNECTOR
     config = api.kv_transfer_config(pool.bytes, offload.eviction_policy, connector=connector,
                                     offload_block_size=offload.offload_block_size)
     return args + [api.FLAG_KV_TRANSFER_CONFIG, api.flag_value(config)]
@@ -289,7 +288,7 @@ def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | N
             f"KV block is {format_bytes(layout.block_bytes)} per rank: DMA copies run well below the link's speed "
             "under 1 MiB; consider a larger --block-size or offload block size"
         )
-    if request.offload.layout == "default" and request.offload.enabled:
+    if request.offload.layout == Layout.DEFAULT and request.offload.enabled:
         slower = f" ({transfer.qualified_gbps:.1f} GB/s on this node)" if transfer else ""
         out.append(
             f"layout 'default' splits each block per layer: offload transfers become "
@@ -331,7 +330,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
 
 def engine_env(request: ServingRequest) -> dict[str, str]:
     """Environment that makes each offloaded block one contiguous copy on the given vLLM version."""
-    if not (request.offload.enabled and request.offload.layout == "contiguous"):
+    if not (request.offload.enabled and request.offload.layout == Layout.CONTIGUOUS):
         return {}
     if _version_tuple(request.vllm_version) < api.BLOCK_LAYOUT_ENV_SINCE:
         # Older releases know only NHD/HND layouts; their V1 model runner already allocates cross-layer blocks
@@ -342,7 +341,7 @@ def engine_env(request: ServingRequest) -> dict[str, str]:
 
 def copy_bytes(layout: KVLayout, request: ServingRequest) -> int:
     """Bytes of one host<->GPU copy: the whole block when it is contiguous, else one layer's K and V."""
-    if request.offload.layout == "contiguous":
+    if request.offload.layout == Layout.CONTIGUOUS:
         return layout.block_bytes
     return layout.layer_page_bytes * layout.kv_per_layer
 

@@ -111,7 +111,6 @@ RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SP
 # -- connectors ---------------------------------------------------------------
 # The --kv-transfer-config object: its keys, the connector classes and its one builder live in the
 # dependency-free spillway_connector.transfer_config (the connector's CPU backend builds it too).
-EVICTION_POLICIES = ("lru", "arc")
 
 # -- the pool's backing file ---------------------------------------------------
 SHM_DIR = "/dev/shm"
