@@ -1,4 +1,6 @@
 """Errors a user can act on. Each carries one line that names the numbers."""
+from __future__ import annotations
+
 
 
 class SpillwayError(Exception):

@@ -15,6 +15,8 @@ _QUANTITY = re.compile(r"^([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|
 
 GiB = 2**30
 MiB = 2**20
+# The largest byte count planned: status fields are int64 and floats stay exact enough below it.
+MAX_BYTES = 2**63 - 1  # 8 EiB
 
 
 def parse_bytes(text: str | int, what: str = "quantity") -> int:
@@ -29,10 +31,13 @@ def parse_bytes(text: str | int, what: str = "quantity") -> int:
             raise InvalidSpec(f"{what}: expected a quantity like 512Gi or 200G, got {text!r}")
         try:
             value = Decimal(match.group(1)) * _SUFFIX[match.group(2) or ""]
-        except InvalidOperation as exc:  # pragma: no cover - regex admits only numbers
-            raise InvalidSpec(f"{what}: {text!r} is not a number") from exc
+        except ArithmeticError as exc:  # decimal.Overflow past 1e999999: no memory is that large either
+            raise InvalidSpec(f"{what}: {str(text)[:40]!r} is larger than 8 EiB") from exc
     if value < 0:
         raise InvalidSpec(f"{what}: must not be negative, got {text!r}")
+    if value > MAX_BYTES:
+        raise InvalidSpec(f"{what}: {str(text)[:40]!r} is larger than 8 EiB, more memory "
+                          "than any node has")
     return int(value)
 
 
