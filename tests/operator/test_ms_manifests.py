@@ -31,7 +31,7 @@ def by_kind(result):
 
 
 def test_deployment_carries_the_plan():
-    body = modelserver(uid="u-1", replicas=3, hfTokenSecretRef={"name": "hf"}, extraArgs=["--max-model-len=8192"],
+    body = modelserver(replicas=3, hfTokenSecretRef={"name": "hf"}, extraArgs=["--max-model-len=8192"],
                        resources={"requests": {"cpu": "4"}}, env=[{"name": "EXTRA", "value": "1"}])
     body["metadata"]["uid"] = "u-1"
     result = desired(body, nodes(gpu_node("g", "1Ti", 8)))

@@ -19,12 +19,14 @@ from ..core.model_source import ModelSource
 from ..core.options import Connector, EvictionPolicy, Layout, choices
 from ..core.planner import OffloadRequest, ServingRequest
 from .engine_flags import planned_flag
+from .spec_checks import OFFLOAD_FIELDS, SPEC_FIELDS, check_affinity, check_tolerations, known_fields
 
 # Resources the plan sets; a spec may add others (cpu, ephemeral-storage, ...) but not these.
 PLANNED_RESOURCES = ("memory", names.GPU_RESOURCE)
 KV_CACHE_DTYPES = ("auto", *KV_CACHE_DTYPE_BYTES)
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 DEFAULT_SECRET_KEY = "token"
+DEFAULT_API_KEY_KEY = "api-key"
 DEFAULT_CONFIG_KEY = "config.json"
 
 
@@ -58,6 +60,9 @@ class ModelServerSpec:
     affinity: Mapping[str, Any] | None = None
     extra_args: tuple[str, ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
+    api_key_secret: ObjectKeyRef | None = None  # VLLM_API_KEY from a Secret
+    network_policy: bool = True  # a NetworkPolicy admits only the router, Prometheus and client_namespaces
+    client_namespaces: Mapping[str, Any] | None = None  # a namespace label selector
 
     def model_source(self) -> ModelSource:
         config = self.model_config
@@ -132,6 +137,7 @@ def _key_ref(value: Any, where: str, default_key: str) -> ObjectKeyRef:
 def _offload(spec: Mapping[str, Any]) -> OffloadRequest:
     where = "spec.offload"
     off = _mapping(spec.get("offload"), where)
+    known_fields(off, OFFLOAD_FIELDS, where)
     size = off.get("size", "auto")
     if isinstance(size, bool) or not isinstance(size, (str, int, float)):
         raise InvalidSpec(f"{where}.size must be auto, a fraction like \"0.5\" or a quantity like 200Gi; got {size!r}")
@@ -212,20 +218,10 @@ def _env(spec: Mapping[str, Any], reserved: set[str]) -> tuple[Mapping[str, Any]
     return tuple(env)
 
 
-def _tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
-    out = []
-    for item in _list(spec, "tolerations", "spec"):
-        toleration = _mapping(item, "spec.tolerations[]")
-        operator = toleration.get("operator", "Equal")
-        if operator not in ("Equal", "Exists"):
-            raise InvalidSpec(f"spec.tolerations[].operator must be Equal or Exists, got {operator!r}")
-        out.append(toleration)
-    return tuple(out)
-
-
 def parse_spec(spec: Any) -> ModelServerSpec:
     """Check a ModelServer's .spec and return its settings, or raise InvalidSpec."""
     spec = _mapping(spec, "spec")
+    known_fields(spec, SPEC_FIELDS, "spec")
     model = spec.get("model")
     if not isinstance(model, str) or not model.strip():
         raise InvalidSpec(f"spec.model must name a model (a Hugging Face id or a path/URI), got {model!r}")
@@ -263,8 +259,22 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         image_pull_secrets=tuple(pull_secrets),
         resources=_resources(spec),
         node_selector=dict(selector),
-        tolerations=_tolerations(spec),
-        affinity=_mapping(affinity, "spec.affinity") if affinity is not None else None,
+        tolerations=check_tolerations(spec.get("tolerations")),
+        affinity=check_affinity(affinity),
         extra_args=_extra_args(spec),
         env=_env(spec, reserved),
+        **_exposure(spec),
     )
+
+
+def _exposure(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Who may reach the server: the API key Secret and the NetworkPolicy's client namespaces."""
+    key = spec.get("apiKeySecretRef")
+    policy = _mapping(spec.get("networkPolicy"), "spec.networkPolicy")
+    known_fields(policy, frozenset({"enabled", "namespaceSelector"}), "spec.networkPolicy")
+    clients = policy.get("namespaceSelector")
+    return {
+        "api_key_secret": _key_ref(key, "spec.apiKeySecretRef", DEFAULT_API_KEY_KEY) if key is not None else None,
+        "network_policy": _bool(policy, "enabled", "spec.networkPolicy", True),
+        "client_namespaces": _mapping(clients, "spec.networkPolicy.namespaceSelector") if clients is not None else None,
+    }

@@ -1,0 +1,107 @@
+"""Structural checks of the parts of a ModelServer spec the operator copies into the pod (affinity,
+tolerations) and of the field names themselves.
+
+The CRD's schema describes them, so the API server refuses most bad shapes; objects written before a
+schema change, `spillway render` and emulated servers get the same answers here, as InvalidSpec naming
+the field, instead of an AttributeError deep in the eligibility rules.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..core.errors import InvalidSpec
+
+NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+# Every field of ModelServer.spec (charts/spillway/crds/modelservers.spillway.dev.yaml; a test keeps them equal).
+SPEC_FIELDS = frozenset({
+    "model", "revision", "servedModelName", "modelConfig", "hfTokenSecretRef", "tensorParallelSize", "replicas",
+    "replicasPerNode", "blockSize", "kvCacheDtype", "image", "vllmVersion", "imagePullPolicy", "imagePullSecrets",
+    "resources", "nodeSelector", "tolerations", "affinity", "extraArgs", "env", "offload", "apiKeySecretRef",
+    "networkPolicy",
+})
+OFFLOAD_FIELDS = frozenset({"enabled", "size", "evictionPolicy", "layout", "blockSize", "connector"})
+
+
+def known_fields(obj: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    """An API server prunes unknown fields, so a typo would silently mean the default: refuse it."""
+    unknown = sorted(str(k) for k in obj if k not in allowed)
+    if unknown:
+        raise InvalidSpec(f"{where} has unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(allowed))})")
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(f"{where} must be an object, got {type(value).__name__} {value!r}"[:300])
+    return value
+
+
+def _objects(value: Any, where: str) -> list[Mapping[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidSpec(f"{where} must be a list, got {type(value).__name__} {value!r}"[:300])
+    return [_object(item, f"{where}[{i}]") for i, item in enumerate(value)]
+
+
+def _requirement(expr: Mapping[str, Any], where: str) -> None:
+    if not isinstance(expr.get("key"), str) or not expr["key"]:
+        raise InvalidSpec(f"{where}.key must be a label key, got {expr.get('key')!r}")
+    operator = expr.get("operator")
+    if operator not in NODE_SELECTOR_OPERATORS:
+        raise InvalidSpec(f"{where}.operator must be one of {', '.join(NODE_SELECTOR_OPERATORS)}, got {operator!r}")
+    values = expr.get("values")
+    if values is not None and (not isinstance(values, list) or not all(isinstance(v, str) for v in values)):
+        raise InvalidSpec(f"{where}.values must be a list of strings, got {values!r}"[:300])
+
+
+def _term(term: Mapping[str, Any], where: str) -> None:
+    for part in ("matchExpressions", "matchFields"):
+        for i, expr in enumerate(_objects(term.get(part), f"{where}.{part}")):
+            _requirement(expr, f"{where}.{part}[{i}]")
+
+
+def check_affinity(value: Any) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    affinity = _object(value, "spec.affinity")
+    node = affinity.get("nodeAffinity")
+    if node is not None:
+        node = _object(node, "spec.affinity.nodeAffinity")
+        where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if required is not None:
+            for i, term in enumerate(_objects(_object(required, where).get("nodeSelectorTerms"),
+                                              f"{where}.nodeSelectorTerms")):
+                _term(term, f"{where}.nodeSelectorTerms[{i}]")
+        where = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+        for i, preferred in enumerate(_objects(node.get("preferredDuringSchedulingIgnoredDuringExecution"), where)):
+            weight = preferred.get("weight")
+            if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+                raise InvalidSpec(f"{where}[{i}].weight must be an integer 1..100, got {weight!r}")
+            _term(_object(preferred.get("preference"), f"{where}[{i}].preference"), f"{where}[{i}].preference")
+    for part in ("podAffinity", "podAntiAffinity"):
+        if affinity.get(part) is not None:
+            _object(affinity[part], f"spec.affinity.{part}")
+    return affinity
+
+
+def check_tolerations(value: Any) -> tuple[Mapping[str, Any], ...]:
+    out = []
+    for i, toleration in enumerate(_objects(value, "spec.tolerations")):
+        where = f"spec.tolerations[{i}]"
+        if toleration.get("operator", "Equal") not in TOLERATION_OPERATORS:
+            raise InvalidSpec(f"{where}.operator must be Equal or Exists, got {toleration.get('operator')!r}")
+        if toleration.get("effect", "") not in TAINT_EFFECTS:
+            raise InvalidSpec(f"{where}.effect must be one of NoSchedule, PreferNoSchedule, NoExecute, "
+                              f"got {toleration.get('effect')!r}")
+        for key in ("key", "value"):
+            if toleration.get(key) is not None and not isinstance(toleration[key], str):
+                raise InvalidSpec(f"{where}.{key} must be a string, got {toleration[key]!r}")
+        seconds = toleration.get("tolerationSeconds")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+            raise InvalidSpec(f"{where}.tolerationSeconds must be an integer, got {seconds!r}")
+        out.append(toleration)
+    return tuple(out)
