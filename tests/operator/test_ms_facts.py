@@ -1,6 +1,8 @@
 """Nodes -> NodeFacts, which nodes a replica may land on, and where a model's geometry comes from."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from ms_examples import LLAMA_8B, cpu_node, gpu_node
 from spillway.controller.facts import (
