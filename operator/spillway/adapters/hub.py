@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any
 
 from ..core.errors import ModelGeometryUnknown
+from ..core.model_source import MAX_CONFIG_BYTES, parse_config_text
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TIMEOUT_S = 10
@@ -31,19 +32,32 @@ def fetch_config(model_id: str, revision: str = "main", token: str | None = None
             f"model {model_id!r} is not in Spillway's catalog and no HF_TOKEN is set to fetch its config.json"
         )
     url = config_url(model_id, revision, endpoint)
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    request = urllib.request.Request(url)
+    # Unredirected: urllib would copy a plain header to wherever a redirect points; the handler below
+    # sends it again only to the origin it was meant for.
+    request.add_unredirected_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            body = response.read()
+        with urllib.request.build_opener(_SameOriginAuth).open(request, timeout=TIMEOUT_S) as response:
+            body = response.read(MAX_CONFIG_BYTES + 1)
     except urllib.error.HTTPError as exc:
         raise ModelGeometryUnknown(f"fetching {url}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise ModelGeometryUnknown(f"fetching {url}: {reason}") from exc
-    try:
-        config = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise ModelGeometryUnknown(f"{url}: malformed JSON: {exc.msg}") from exc
-    if not isinstance(config, dict):
-        raise ModelGeometryUnknown(f"{url}: config.json is not a JSON object")
-    return config
+    return parse_config_text(body, url)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port
+
+
+class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
+    """Follow redirects; keep the token for redirects within the hub's own origin only (a CDN never sees it)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        token = req.unredirected_hdrs.get("Authorization")
+        if new is not None and token and _origin(newurl) == _origin(req.full_url):
+            new.add_unredirected_header("Authorization", token)
+        return new

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.errors import ModelGeometryUnknown
 from ..core.geometry import ModelGeometry, geometry_from_config
-from ..core.model_source import ModelSource, Origin, origin, parse_config_text
+from ..core.model_source import MAX_CONFIG_BYTES, ModelSource, Origin, origin, parse_config_text
 
 ConfigMapReader = Callable[[str, str], "str | None"]  # (name, key) -> config.json text, None when absent
 HubFetcher = Callable[[str, "str | None"], "dict[str, Any]"]  # (model, revision) -> config.json
@@ -25,10 +25,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)  # bounded: the path may be a device or a pipe
     except OSError as exc:
         raise ModelGeometryUnknown(f"cannot read model config {path}: {exc.strerror}") from exc
-    return parse_config_text(text, str(path))
+    return parse_config_text(data, str(path))
 
 
 @functools.lru_cache(maxsize=1)

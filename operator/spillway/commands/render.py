@@ -19,6 +19,8 @@ from ..controller.spec import parse_spec
 from ..core import k8s_names as names
 from ..core.errors import InvalidSpec
 
+MAX_INPUT_BYTES = 16 * 2**20  # ModelServer, Node and config.json files: far more than any real one
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("render", help="print the Deployment/Service/PodMonitor the operator applies "
@@ -40,6 +42,8 @@ def _documents(path: str) -> list[dict[str, Any]]:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise InvalidSpec(f"{path}: not YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidSpec(f"{path}: nested too deeply") from exc
     items: list[dict[str, Any]] = []
     for doc in docs:
         items.extend(doc.get("items", []) if isinstance(doc, dict) and doc.get("kind", "").endswith("List") else [doc])
@@ -47,10 +51,18 @@ def _documents(path: str) -> list[dict[str, Any]]:
 
 
 def _read(path: str) -> str:
+    """A file's text, read with a bound (the path may be a device or a pipe) and decoded as UTF-8."""
     try:
-        return Path(path).read_text()
+        with Path(path).open("rb") as file:
+            data = file.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise InvalidSpec(f"cannot read {path}: {exc.strerror}") from exc
+    if len(data) > MAX_INPUT_BYTES:
+        raise InvalidSpec(f"{path}: larger than {MAX_INPUT_BYTES // 2**20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidSpec(f"{path}: not UTF-8 text at byte {exc.start}") from exc
 
 
 def _model_servers(path: str) -> list[dict[str, Any]]:

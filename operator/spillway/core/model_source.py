@@ -15,6 +15,9 @@ from typing import Any
 from . import k8s_names as names
 from .errors import InvalidSpec, ModelGeometryUnknown
 
+# The most of a config.json read from a file, a ConfigMap or the hub (real ones are a few KiB).
+MAX_CONFIG_BYTES = 4 * 2**20
+
 
 class Origin(enum.StrEnum):
     INLINE = "inline"
@@ -67,12 +70,22 @@ def origin(source: ModelSource, in_catalog: bool, hub_allowed: bool) -> Origin:
                                "PATH; a ModelServer's spec.modelConfig, inline or a configMapRef)")
 
 
-def parse_config_text(text: str, where: str) -> dict[str, Any]:
-    """config.json text -> its object, or ModelGeometryUnknown naming `where` and the line."""
+def parse_config_text(text: str | bytes, where: str) -> dict[str, Any]:
+    """config.json text (or its bytes) -> its object, or ModelGeometryUnknown naming `where` and the line."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ModelGeometryUnknown(f"{where}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; a config.json is a few KiB")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ModelGeometryUnknown(f"{where}: not UTF-8 text at byte {exc.start} (config.json is UTF-8 JSON)"
+                                       ) from exc
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ModelGeometryUnknown(f"{where}: malformed JSON at line {exc.lineno}: {exc.msg}") from exc
+    except RecursionError as exc:
+        raise ModelGeometryUnknown(f"{where}: JSON nested too deeply to be a config.json") from exc
     if not isinstance(config, dict):
         raise ModelGeometryUnknown(f"{where}: config.json must be a JSON object")
     return config

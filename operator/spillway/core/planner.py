@@ -261,6 +261,8 @@ def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
         if value not in choices(kind):
             raise InvalidSpec(f"{what} must be one of {', '.join(choices(kind))}, got {value!r}")
     chunk = offload.offload_block_size
+    if block_size < 1:
+        raise InvalidSpec(f"block size must be >= 1 token, got {block_size}")
     if chunk is not None and (chunk < block_size or chunk % block_size):
         raise InvalidSpec(f"offload block size {chunk} must be a positive multiple of the block size {block_size}")
 
