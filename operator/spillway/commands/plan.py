@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ..adapters.hub import fetch_config
@@ -48,6 +49,8 @@ def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None 
         return None
     if memory is None or gpus is None:
         raise InvalidSpec("--node-memory and --gpus-per-node go together")
+    if dma_gbps is not None and not (math.isfinite(dma_gbps) and dma_gbps > 0):
+        raise InvalidSpec(f"--qualified-gbps must be a measured rate > 0 GB/s, got {dma_gbps:g}")
     return NodeFacts(parse_bytes(memory, "--node-memory"), gpus, dma_gbps=dma_gbps)
 
 

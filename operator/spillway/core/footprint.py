@@ -3,15 +3,17 @@
 vLLM 0.26 pins each pool tensor with `torch.zeros(..., pin_memory=True)` (vllm/v1/kv_offload/cpu/
 gpu_worker.py; its CPUOffloadingSpec.create_worker passes no mmap region). PyTorch's pinned host
 allocator rounds every allocation up to a power of two, and the pages are shared memory charged to the
-pod's memory cgroup, though not held in /dev/shm. Measured on the H200 (vLLM 0.26, dummy
-Llama-3.1-8B, offline API, 2026-12-01; issue figures, raw data to land in
-bench/results/h200-2026-12-01/): 16 GiB asked -> Shmem +16.06 GiB, 48 GiB asked -> Shmem
-+64.06 GiB, /dev/shm 0 bytes, anonymous memory +0.7 GiB (inside the process reserve).
+pod's memory cgroup, though not held in /dev/shm. Measured on the H200
+(bench/results/h200-2026-12-01/footprint.md, raw figures in footprint.json): Llama-3.1-8B V1 runner
+16 GiB asked -> Shmem +16.14 GiB (one tensor), 24 -> +32.14, 48 -> +64.14; V2 runner 24 GiB ->
+32 x 0.75 GiB tensors -> +32.05; DeepSeek-V2-Lite (MLA) 24 GiB -> 27 x 0.889 GiB -> +27.05;
+Nemotron-H-8B 16 GiB -> 4 x 3.999 GiB -> +16.15. /dev/shm held 0 bytes in every case.
 
 vLLM 0.32 and 0.33 back the pool with one mmap region in /dev/shm that every rank maps and pins
 with cudaHostRegister (vllm/v1/kv_offload/cpu/shared_offload_region.py); its creator checks that
-/dev/shm has room for the whole region (check_shm_free_space). vllm#50094: 6 GiB asked, 6.00 GiB
-used: about 1.0x, held in /dev/shm.
+/dev/shm has room for the whole region (check_shm_free_space). That allocation path on the H200
+(bench/results/h200-2026-12-01/pinned_alloc.json): 3 GiB -> Shmem +3.01 GiB, /dev/shm +3.00 GiB;
+vllm#50094: 6 GiB asked, 6.00 GiB used. About 1.0x, held in /dev/shm.
 
 Both add the page tables of every process that maps the pool: 8 bytes per 4 KiB page on x86-64,
 charged to the cgroup (memory.stat pagetables).
@@ -23,10 +25,12 @@ from dataclasses import dataclass
 GiB = 2**30
 MiB = 2**20
 
-# 16 GiB asked -> +16.06 GiB on 0.26 (issue figures above): ~61 MiB over the pool, budgeted twice.
-PINNED_POOL_OVERHEAD = 128 * MiB
-# 0.32/0.33: the region itself is the whole cost (vllm#50094: 6 GiB -> 6.00 GiB); one MiB rounding slack.
-MMAP_POOL_OVERHEAD = 1 * MiB
+# Other pinned buffers of 0.26 beyond the pool tensors: +0.05 to +0.15 GiB of shmem
+# (bench/results/h200-2026-12-01/footprint.md); budgeted at 0.25 GiB.
+PINNED_POOL_OVERHEAD = 256 * MiB
+# 0.32+: the region is the cost (pinned_alloc.json: 3 GiB -> +3.01 GiB, the 0.01 being page tables, below);
+# 16 MiB rounding slack.
+MMAP_POOL_OVERHEAD = 16 * MiB
 PAGE_TABLE_FRACTION = 8 / 4096  # one 8-byte page-table entry per 4 KiB page, per mapping process
 
 
@@ -43,52 +47,54 @@ class Footprint:
         return self.charged_bytes / self.pool_bytes if self.pool_bytes else 1.0
 
 
-def pinned_tensors(release: tuple[int, int], single_group: bool, cross_layer: bool, max_group_layers: int) -> int:
-    """Pool tensors vLLM 0.26 pins on each rank: one per canonical GPU KV tensor (gpu_worker.py allocates a
-    CPU twin of each). The V1 model runner gives the offloading connector one cross-layer tensor for a
-    single-group model; otherwise each KV-cache tensor holds one layer of every group."""
+def pinned_tensors(release: tuple[int, int], single_group: bool, cross_layer: bool, mla: bool, num_layers: int,
+                   max_group_layers: int) -> tuple[int, ...]:
+    """How many pool tensors vLLM 0.26 pins on each rank: one per GPU KV-cache tensor it hands the offload
+    worker (footprint.md): 1 with the V1 runner's cross-layer block of a uniform model, one per layer with the
+    V2 runner and for MLA (measured with V2; the V1 case is unmeasured, so both counts are charged), one per
+    slot of the hybrid allocator's shared tensors (the layers of a KV-cache group) for hybrid models.
+    0.32+ maps one region. Several counts: the footprint is the largest of them."""
     if release >= (0, 32):
-        return 1
-    return 1 if (single_group and cross_layer) else max_group_layers
+        return (1,)
+    if not single_group:
+        return (max_group_layers,)
+    if mla:
+        return (1, num_layers) if cross_layer else (num_layers,)
+    return (1,) if cross_layer else (num_layers,)
 
 
 def next_power_of_two(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def footprint(release: tuple[int, int], pool_bytes: int, ranks: int, tensors: int) -> Footprint:
+def footprint(release: tuple[int, int], pool_bytes: int, ranks: int, tensors: tuple[int, ...]) -> Footprint:
     """The pool's cost for `pool_bytes` (all ranks' rows), `ranks` mapping processes, `tensors` per rank."""
     tables = int(pool_bytes * PAGE_TABLE_FRACTION * ranks)
     if release < (0, 32):
-        per_tensor = -(-pool_bytes // (ranks * tensors))
-        rounded = ranks * tensors * next_power_of_two(per_tensor)
+        count, rounded = max(((n, ranks * n * next_power_of_two(-(-pool_bytes // (ranks * n)))) for n in tensors),
+                             key=lambda pair: pair[1])
         charged = rounded + tables + PINNED_POOL_OVERHEAD
-        rule = (f"vLLM {release[0]}.{release[1]} pins {ranks * tensors} tensor(s), each rounded up to a power of "
+        rule = (f"vLLM {release[0]}.{release[1]} pins {ranks * count} tensor(s), each rounded up to a power of "
                 f"two: {_gib(pool_bytes)} -> {_gib(rounded)} of shared memory charged to the pod, none in /dev/shm")
-        return Footprint(pool_bytes, charged, 0, tensors, rule)
+        return Footprint(pool_bytes, charged, 0, count, rule)
     charged = pool_bytes + tables + MMAP_POOL_OVERHEAD
     rule = (f"vLLM {release[0]}.{release[1]} maps one {_gib(pool_bytes)} region in /dev/shm (about 1.0x, "
-            f"vllm#50094) plus page tables of {ranks} rank(s)")
+            f"pinned_alloc.json) plus page tables of {ranks} rank(s)")
     return Footprint(pool_bytes, charged, pool_bytes + MMAP_POOL_OVERHEAD, 1, rule)
 
 
-def largest_pool(release: tuple[int, int], budget: int, chunk_bytes: int, ranks: int, tensors: int) -> int:
-    """The most chunks whose footprint fits `budget` bytes. On 0.26 a pool filling its power-of-two tensors
-    exactly: any more chunks would double the rounding, any fewer would waste it."""
-    if budget <= 0:
-        return 0
-    if release >= (0, 32):
-        chunks = int((budget - MMAP_POOL_OVERHEAD) / (chunk_bytes * (1 + PAGE_TABLE_FRACTION * ranks)))
-    else:
-        per_tensor_row = chunk_bytes / (ranks * tensors)
-        room = (budget - PINNED_POOL_OVERHEAD) / (1 + PAGE_TABLE_FRACTION * ranks) / (ranks * tensors)
-        if room < 1:
-            return 0
-        power = 1 << (int(room).bit_length() - 1)  # the largest power of two under the room per tensor
-        chunks = int(power // per_tensor_row)
-    while chunks > 0 and footprint(release, chunks * chunk_bytes, ranks, tensors).charged_bytes > budget:
-        chunks -= 1  # float rounding at the edge
-    return max(chunks, 0)
+def largest_pool(release: tuple[int, int], budget: int, chunk_bytes: int, ranks: int,
+                 tensors: tuple[int, ...]) -> int:
+    """The most chunks whose footprint fits `budget` bytes. The footprint only grows with the chunks, so the
+    largest count fills 0.26's power-of-two tensors to the brim: the rounding is paid for, never wasted."""
+    low, high = 0, max(budget, 0) // chunk_bytes
+    while low < high:
+        mid = (low + high + 1) // 2
+        if footprint(release, mid * chunk_bytes, ranks, tensors).charged_bytes <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _gib(n: int) -> str:

@@ -178,7 +178,8 @@ def layer_types(config: Mapping[str, Any], num_layers: int, name: str) -> list[s
         return [FULL if (i + 1) % interval == 0 else MAMBA for i in range(num_layers)]
     if model_type in ("llama4", "llama4_text") and config.get("attention_chunk_size"):
         # vLLM's Llama4 attention: layers with RoPE are chunked-local, every 4th (no_rope_layers 0) is global NoPE.
-        no_rope = config.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(num_layers)]
+        interval = config.get("no_rope_layer_interval") or 4
+        no_rope = config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
         return [CHUNKED if no_rope[i] else FULL for i in range(num_layers)]
     window = config.get("sliding_window")
     if model_type in ("gemma3", "gemma3_text") and window:
@@ -276,7 +277,9 @@ def layer_caches(config: Mapping[str, Any], tensor_parallel_size: int = 1, kv_ca
     chunk = config.get("attention_chunk_size")
     state = 0
     if MAMBA in kinds:
-        ssm_dtype = str(config.get("mamba_ssm_dtype") or model_dtype)
+        # vllm/model_executor/models/config.py: a config's mamba_ssm_dtype wins; NemotronH defaults to float32
+        default = (config.get("mamba_ssm_cache_dtype") or "float32") if model_type == "nemotron_h" else model_dtype
+        ssm_dtype = str(config.get("mamba_ssm_dtype") or default)
         state = mamba_state_bytes(config, tp, DTYPE_BYTES[model_dtype], DTYPE_BYTES.get(ssm_dtype, 4), name)
     out = []
     for kind in kinds:

@@ -19,6 +19,10 @@ from ..core.vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_
 VERSION_PATH = "/version"  # vLLM's own: {"version": "..."}
 ERROR_TEXT_LIMIT = 300
 KEEPALIVE_S = 1.0
+# Discovery (/v1/models, /version, /health), /metrics and the cache reset answer at once on a live server;
+# the request timeout (long prompts, up to an hour) must not let a server that accepts and never answers
+# hold the run. One attempt each: a timed-out GET is not retried.
+CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=10, sock_connect=10)
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -73,9 +77,11 @@ class OpenAIClient:
         """GET (idempotent: retried on connection errors, which a dropped idle connection also causes)."""
         for attempt in range(attempts):
             try:
-                async with self._session.get(self.url(path)) as response:
+                async with self._session.get(self.url(path), timeout=CONTROL_TIMEOUT) as response:
                     return response.status, await response.text()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except asyncio.TimeoutError:
+                raise EndpointError(f"{self.url(path)} did not answer within {CONTROL_TIMEOUT.total:g} s") from None
+            except (aiohttp.ClientError, OSError) as exc:
                 if attempt == attempts - 1 or isinstance(exc, aiohttp.ClientConnectorError):
                     raise EndpointError(f"cannot reach {self.url(path)}: {_describe(exc)}") from None
                 await asyncio.sleep(0.5)

@@ -1,6 +1,7 @@
 """What a load test run asks for: experiments and their knobs, validated before any request is sent."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from ..core.errors import InvalidSpec
@@ -90,8 +91,10 @@ class Plan:
             raise InvalidSpec(f"prompt format must be auto, ids or text; got {self.prompt_format!r}")
         if not 0.0 <= self.max_error_rate <= 1.0:
             raise InvalidSpec(f"max error rate {self.max_error_rate:g} is outside 0..1")
-        if self.settle_s < 0:
-            raise InvalidSpec(f"settle time must be >= 0 seconds; got {self.settle_s:g}")
+        if not (math.isfinite(self.settle_s) and self.settle_s >= 0):
+            raise InvalidSpec(f"--settle-s must be a finite number of seconds >= 0; got {self.settle_s:g}")
+        if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
+            raise InvalidSpec(f"--request-timeout-s must be a finite number of seconds > 0; got {self.request_timeout_s:g}")
         return self
 
 
