@@ -51,6 +51,7 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check operator connector tests
+	$(BIN)/lint-imports
 
 # IMAGES="operator vllm-cpu" builds some of them (default: operator, vllm, vllm-cpu).
 images:

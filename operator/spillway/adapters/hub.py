@@ -5,7 +5,6 @@ Only used when the catalog does not know a model, a token is available
 """
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.parse

@@ -20,7 +20,7 @@ REASON_SCALED_TO_ZERO = "ScaledToZero"
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def condition(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> dict[str, Any]:

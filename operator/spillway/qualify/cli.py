@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                         args.bidir_submit == "interleaved")
     meta = {
         **cuda.device_facts(),
-        "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "measured_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "blocks_per_transfer": args.blocks,
         "repeats": args.repeats,
         "host_memory": args.host_memory,
