@@ -85,12 +85,14 @@ def test_block_size_scales_block_bytes():
 
 
 @pytest.mark.parametrize("cfg,message", [
-    ({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3", "num_hidden_layers": 2,
-      "num_attention_heads": 4}, "sliding-window"),
-    ({"architectures": ["MistralForCausalLM"], "num_hidden_layers": 32, "num_attention_heads": 32,
-      "hidden_size": 4096, "sliding_window": 4096}, "sliding_window=4096"),
-    ({"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
-      "layer_types": ["full_attention", "linear_attention"]}, "hybrid"),
+    ({"architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 2,
+      "num_attention_heads": 4}, "does not model"),
+    ({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 2,
+      "num_attention_heads": 4, "head_dim": 32, "layer_types": ["sliding_attention", "cross_attention"],
+      "sliding_window": 512}, "not layer kinds"),
+    ({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 2,
+      "num_attention_heads": 4, "hidden_size": 64, "layer_types": ["full_attention", "linear_attention"]},
+     "linear_num_key_heads"),
     ({"architectures": ["SomethingNewForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
       "hidden_size": 64}, "not one Spillway can size"),
     ({"num_hidden_layers": 2}, "architectures"),

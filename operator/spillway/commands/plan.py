@@ -95,6 +95,17 @@ def _rows(title: str, rows: list[tuple[str, str]]) -> list[str]:
     return [title] + [f"  {k.ljust(width)}  {v}" for k, v in rows] + [""]
 
 
+def _groups_line(p: Plan) -> str:
+    """vLLM's KV-cache groups in one line: kinds, windows and the chunk row each OffloadKey reserves."""
+    counts: dict[str, int] = {}
+    for g in p.groups.groups:
+        label = g.kind + (f" ({g.window}-token window)" if g.window else "")
+        counts[label] = counts.get(label, 0) + 1
+    kinds = ", ".join(f"{n} {label}" for label, n in counts.items())
+    return (f"{kinds}; {p.groups.block_size}-token blocks, each key holds a "
+            f"{format_bytes(p.groups.row_bytes)} row per rank")
+
+
 def format_plan(p: Plan) -> str:
     g, lay = p.layout.geometry, p.layout
     heads = "latent (MLA)" if g.attention == Attention.MLA else f"{g.num_kv_heads} KV heads, {lay.kv_heads_per_rank} per rank"
@@ -107,6 +118,7 @@ def format_plan(p: Plan) -> str:
         ("layer page", f"{format_bytes(lay.layer_page_bytes)} ({lay.block_size} tokens, one of K/V, one rank)"),
         ("KV block", f"{format_bytes(lay.block_bytes)} (all layers, one rank: the DMA unit)"),
         ("bytes per token", f"{format_bytes(lay.bytes_per_token)} (all ranks)"),
+        *([("KV-cache groups", _groups_line(p))] if p.groups is not None and p.groups.is_hybrid else []),
     ])
     if p.node is not None:
         n = p.node
@@ -122,6 +134,7 @@ def format_plan(p: Plan) -> str:
             ("size", f"{format_bytes(pool.bytes)} (--kv-offloading-size {pool.gib:.3f} GiB, asked: {pool.requested})"),
             ("blocks", f"{pool.blocks:,}"),
             ("tokens held", f"{pool.tokens:,}"),
+            ("footprint", f"{format_bytes(pool.footprint_bytes)}: {pool.footprint}"),
         ])
     if p.pod is not None:
         pod = p.pod

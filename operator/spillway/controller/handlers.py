@@ -25,7 +25,7 @@ import kubernetes
 from ..adapters.hub import fetch_config
 from ..adapters.model_config import HubFetcher
 from ..core import k8s_names as names
-from ..core.errors import InternalError, ModelGeometryUnknown, SpillwayError
+from ..core.errors import InternalError, ModelGeometryUnknown, NameConflict, SpillwayError
 from . import conditions as cond
 from . import metrics
 from .facts import NodeSummary, eligibility, summarize_node
@@ -206,6 +206,10 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         assert eligible is not None
         result: Desired | None = desired_for(body, spec, eligible, _config_map_reader(namespace),
                                              _hub_fetcher(namespace, spec), _pod_monitors_wanted())
+        for obj in result.objects:  # nothing is written while one name is taken by an object not ours
+            taken = kube().conflict(obj)
+            if taken is not None:
+                raise NameConflict(taken)
     except ApiError:
         raise  # the API server's trouble: retried
     except Exception as caught:  # noqa: BLE001 - contained: a status and an event, never a failed handler

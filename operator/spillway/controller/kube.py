@@ -1,6 +1,6 @@
 """A small JSON client over the official Kubernetes client: raw paths in, dicts out.
 
-`apply()` is idempotent: an object whose applied-hash annotation already matches is not written;
+`apply()` is idempotent: an object whose live fields already hold what is applied is not written;
 otherwise it is server-side applied (field manager spillway-operator, forced). A server that
 answers 404 to an apply of a missing object (API emulators) gets a create instead.
 """
@@ -15,6 +15,8 @@ from typing import Any
 import kubernetes
 
 from ..core import k8s_names as names
+from ..core.errors import InvalidSpec
+from ..core.quantity import parse_bytes
 
 PLURALS = {
     "Deployment": "deployments",
@@ -48,6 +50,21 @@ def path(api_version: str, kind_or_plural: str, namespace: str | None = None, na
     parts += [name] if name else []
     parts += [subresource] if subresource else []
     return "/".join(parts)
+
+
+def holds(live: Any, wanted: Any) -> bool:
+    """Whether the live object carries every field of `wanted` with its value (fields the API server adds,
+    such as defaults and status, do not count; quantities compare by value: the server canonicalises them)."""
+    if isinstance(wanted, Mapping):
+        return isinstance(live, Mapping) and all(k in live and holds(live[k], v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return isinstance(live, list) and len(live) == len(wanted) and all(map(holds, live, wanted))
+    if isinstance(wanted, str) and isinstance(live, str) and live != wanted:
+        try:
+            return parse_bytes(live) == parse_bytes(wanted)
+        except InvalidSpec:
+            return False
+    return live == wanted
 
 
 def object_path(obj: Mapping[str, Any], with_name: bool = True) -> str:
@@ -89,14 +106,13 @@ class Kube:
         return self.request("PATCH", url_path, body=patch, content_type=MERGE_PATCH)
 
     def apply(self, obj: Mapping[str, Any]) -> str:
-        """'created', 'updated' or 'unchanged'."""
+        """'created', 'updated' or 'unchanged'. A live object that already holds every field of `obj` is left
+        alone; any other (a hand edit of a planned field included) is server-side applied again, so the
+        plan wins on the next reconcile. `obj` must be this owner's (see conflict())."""
         url = object_path(obj)
         existing = self.get(url)
-        wanted_hash = obj["metadata"].get("annotations", {}).get(names.ANNOTATION_APPLIED_HASH)
-        if existing is not None:
-            have = ((existing.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_APPLIED_HASH)
-            if wanted_hash is not None and have == wanted_hash:
-                return "unchanged"
+        if existing is not None and holds(existing, obj):
+            return "unchanged"
         query = [("fieldManager", names.FIELD_MANAGER), ("force", "true")]
         try:
             self.request("PATCH", url, body=obj, query=query, content_type=APPLY_PATCH)
@@ -105,6 +121,20 @@ class Kube:
                 raise
             self.request("POST", object_path(obj, with_name=False), body=obj)
         return "created" if existing is None else "updated"
+
+    def conflict(self, obj: Mapping[str, Any]) -> str | None:
+        """Why `obj` may not be written: an object of its name exists that its owner does not control."""
+        existing = self.get(object_path(obj))
+        if existing is None:
+            return None
+        wanted = {ref.get("uid") for ref in obj["metadata"].get("ownerReferences") or []}
+        controllers = [ref for ref in (existing.get("metadata") or {}).get("ownerReferences") or []
+                       if isinstance(ref, Mapping) and ref.get("controller")]
+        if any(ref.get("uid") in wanted for ref in controllers):
+            return None
+        owner = (f"controlled by {controllers[0].get('kind')} {controllers[0].get('name')}" if controllers
+                 else "not created by the operator")
+        return f"{obj['kind']} {obj['metadata']['name']} exists and is {owner}; rename one of them"
 
     def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the API server serves group/version/plural (cached for a minute)."""

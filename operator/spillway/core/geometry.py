@@ -8,10 +8,11 @@ message rather than sized wrongly.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import InvalidSpec, ModelGeometryUnknown
+from .groups import layer_caches, text_config
 from .options import Attention
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default tokens per GPU KV block
@@ -23,14 +24,18 @@ STANDARD_ARCHITECTURES = frozenset({
     "Phi3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "OlmoForCausalLM",
     "Olmo2ForCausalLM", "InternLM2ForCausalLM", "ExaoneForCausalLM", "GemmaForCausalLM",
     "DeepseekForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "SmolLM3ForCausalLM",
+    # sliding-window, chunked-local and Mamba hybrids: their KV-cache groups come from groups.py
+    "GptOssForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+    "Llama4ForCausalLM", "Llama4ForConditionalGeneration", "Qwen3NextForCausalLM",
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "GraniteMoeHybridForCausalLM",
+    "NemotronHForCausalLM", "Cohere2ForCausalLM",
 })
 # Multi-head latent attention: one compressed latent (+ rope key) per token per layer.
 MLA_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM"})
-# Families whose KV cache mixes sliding-window, linear-attention or SSM layers.
-HYBRID_MODEL_TYPES = frozenset({
-    "gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss", "jamba", "mamba", "mamba2",
-    "nemotron_h", "falcon_h1", "qwen3_next", "granitemoehybrid", "zamba2", "bamba",
-    "minimax", "minimax_m1", "llama4", "plamo2", "lfm2", "qwen3_5",
+# Families with recurrent or sparse layers whose state Spillway does not model (yet): refused by name.
+UNMODELLED_MODEL_TYPES = frozenset({
+    "jamba", "mamba", "mamba2", "falcon_h1", "zamba2", "bamba", "minimax", "minimax_m1", "plamo2", "lfm2",
+    "deepseek_v32",
 })
 
 TORCH_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2}
@@ -49,9 +54,12 @@ class ModelGeometry:
     num_attention_heads: int
     head_dim: int  # standard: K (= V) head size; mla: kv_lora_rank + qk_rope_head_dim
     dtype: str  # the model's own dtype (what `--kv-cache-dtype auto` stores)
+    # The config.json facts vLLM's KV-cache groups follow from (groups.py); None: every layer full attention.
+    config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    max_model_len: int | None = None  # vLLM's default: the config's max_position_embeddings
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "config"}
 
 
 @dataclass(frozen=True)
@@ -81,22 +89,12 @@ def _positive_int(config: Mapping[str, Any], key: str, name: str) -> int:
     return value
 
 
-def _refuse_non_uniform(config: Mapping[str, Any], name: str) -> None:
+def _refuse_unmodelled(config: Mapping[str, Any], name: str) -> None:
     model_type = str(config.get("model_type", ""))
-    if model_type in HYBRID_MODEL_TYPES:
+    if model_type in UNMODELLED_MODEL_TYPES:
         raise ModelGeometryUnknown(
-            f"{name}: model_type {model_type!r} mixes sliding-window, linear-attention or SSM layers; "
-            "Spillway cannot size its KV pool exactly (give --offload-size explicitly and size it yourself)"
-        )
-    layer_types = config.get("layer_types")
-    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
-        kinds = sorted({str(t) for t in layer_types})
-        raise ModelGeometryUnknown(f"{name}: hybrid layer_types {kinds}; Spillway cannot size its KV pool exactly")
-    window = config.get("sliding_window")
-    if window and config.get("use_sliding_window", True) is not False:
-        raise ModelGeometryUnknown(
-            f"{name}: sliding_window={window} is active; vLLM keeps only the window's KV per layer, "
-            "so Spillway cannot size its KV pool exactly"
+            f"{name}: model_type {model_type!r} keeps a recurrent or sparse-index cache Spillway does not model; "
+            "Spillway cannot size its KV pool exactly"
         )
 
 
@@ -104,13 +102,15 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> Mode
     """Parse a Hugging Face config.json mapping into ModelGeometry, or raise ModelGeometryUnknown."""
     if not isinstance(config, Mapping):
         raise ModelGeometryUnknown(f"{name}: config.json must be a JSON object")
-    if isinstance(config.get("text_config"), Mapping) and "num_hidden_layers" not in config:
-        config = {**config["text_config"], "architectures": config.get("architectures")}
+    config = text_config(config)
     architectures = config.get("architectures") or []
     architecture = architectures[0] if isinstance(architectures, list) and architectures else None
     if architecture is None:
         raise ModelGeometryUnknown(f"{name}: config.json has no 'architectures' entry")
-    _refuse_non_uniform(config, name)
+    if not isinstance(architecture, str):
+        raise ModelGeometryUnknown(f"{name}: config.json 'architectures' must list class names (strings), "
+                                   f"got {architectures!r}"[:300])
+    _refuse_unmodelled(config, name)
     num_layers = _positive_int(config, "num_hidden_layers", name)
     heads = _positive_int(config, "num_attention_heads", name)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
@@ -120,14 +120,15 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> Mode
         dtype = "bfloat16"  # vLLM serves float32 checkpoints in 16-bit by default
     if architecture in MLA_ARCHITECTURES:
         latent = _positive_int(config, "kv_lora_rank", name) + _positive_int(config, "qk_rope_head_dim", name)
-        return ModelGeometry(name, architecture, num_layers, Attention.MLA, 1, heads, latent, dtype)
+        return ModelGeometry(name, architecture, num_layers, Attention.MLA, 1, heads, latent, dtype,
+                             dict(config), _max_model_len(config))
     if architecture not in STANDARD_ARCHITECTURES:
         raise ModelGeometryUnknown(
             f"{name}: architecture {architecture!r} is not one Spillway can size "
             f"(standard: {len(STANDARD_ARCHITECTURES)} known, MLA: {sorted(MLA_ARCHITECTURES)})"
         )
     kv_heads = config.get("num_key_value_heads") or heads
-    if not isinstance(kv_heads, int) or kv_heads <= 0:
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads <= 0:
         raise ModelGeometryUnknown(f"{name}: num_key_value_heads must be a positive integer, got {kv_heads!r}")
     head_dim = config.get("head_dim")
     if head_dim is None:
@@ -135,9 +136,16 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> Mode
         if hidden % heads:
             raise ModelGeometryUnknown(f"{name}: hidden_size {hidden} is not a multiple of {heads} heads")
         head_dim = hidden // heads
-    elif not isinstance(head_dim, int) or head_dim <= 0:
+    elif isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
         raise ModelGeometryUnknown(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
-    return ModelGeometry(name, architecture, num_layers, Attention.STANDARD, kv_heads, heads, head_dim, dtype)
+    layer_caches(config, 1, "auto", name)  # a layer kind or recurrent state it cannot size fails here, by name
+    return ModelGeometry(name, architecture, num_layers, Attention.STANDARD, kv_heads, heads, head_dim, dtype,
+                         dict(config), _max_model_len(config))
+
+
+def _max_model_len(config: Mapping[str, Any]) -> int | None:
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def kv_layout(

@@ -4,16 +4,15 @@ No I/O. The operator, the CLI and the chart tests all call `plan()`.
 
 Memory model of one replica (one pod, `tensor_parallel_size` GPUs):
 
-    pool        = what vLLM allocates for offloaded KV: whole chunks of
-                  `block_bytes x copies x blocks_per_chunk`, page aligned (vLLM's CPUOffloadingSpec)
-    shm         = pool x SHM_OVERHEAD_FACTOR + SHM_EXTRA_BYTES
-                  (the pool is an mmap in /dev/shm pinned with cudaHostRegister;
-                  vllm issue #53042 measured 1.92x the requested size as unreclaimable shmem;
-                  SHM_EXTRA covers NCCL and vLLM's shared-memory message queues)
+    pool        = what vLLM allocates for offloaded KV: whole chunk rows of its KV-cache groups
+                  (groups.py: the largest group's block x host copies x blocks_per_chunk, page aligned)
+    footprint   = what the pool costs the pod's memory cgroup, per vLLM release (footprint.py:
+                  0.26 rounds each pinned tensor up to a power of two; 0.32/0.33 map it in /dev/shm, ~1.0x)
+    shm         = what the pool holds in /dev/shm + SHM_EXTRA_BYTES (NCCL, vLLM's message queues)
     reserve     = PROCESS_RESERVE_BASE + PROCESS_RESERVE_PER_RANK x TP
                   (API server, engine core, one worker per rank: Python, torch, CUDA context,
                   model loading buffers, NCCL; #53042 saw ~8.75 GiB anonymous memory per rank)
-    limit       = request = shm + reserve   (/dev/shm emptyDir pages are charged to the pod)
+    limit       = request = footprint + SHM_EXTRA_BYTES + reserve   (/dev/shm pages are charged to the pod)
 
 A node runs `replicas_per_node` such pods next to its daemons: NODE_RESERVE is held back
 from allocatable memory, and the sum of the pods' limits never exceeds allocatable.
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -30,18 +29,19 @@ from spillway_connector.versions import UnsupportedVLLMVersion, require_supporte
 
 from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
+from .footprint import Footprint, footprint, largest_pool, pinned_tensors
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
+from .groups import FULL, MLA, CacheGroup, KVGroups, host_copies, kv_groups
 from .options import Attention, Connector, EvictionPolicy, Layout, choices
 from .quantity import GiB, MiB, format_bytes, parse_bytes
 from .rates import interpolate_log2
 
-SHM_OVERHEAD_FACTOR = 2.0  # measured 1.92x (vllm#53042), rounded up
 SHM_EXTRA_BYTES = 1 * GiB
 PROCESS_RESERVE_BASE = 8 * GiB
 PROCESS_RESERVE_PER_RANK = 6 * GiB
 NODE_RESERVE_MIN = 4 * GiB
 NODE_RESERVE_FRACTION = 0.05
-PAGE_ALIGNMENT = 4096  # vLLM aligns each CPU chunk to the page size
+DEFAULT_MAX_MODEL_LEN = 131072  # the request length tokens_held assumes when the config names none
 SMALL_BLOCK_WARNING = 1 * MiB  # below this DMA runs well under the link's speed
 SLOW_LINK_GBPS = 10.0  # a qualified rate under this rarely beats recomputing the prefill
 ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the share
@@ -86,6 +86,10 @@ class PoolPlan:
     chunk_bytes: int
     copies: int  # 1 when vLLM deduplicates a replicated MLA latent across ranks
     requested: str
+    footprint_bytes: int = 0  # what the pool costs the pod's memory cgroup (footprint.py)
+    shm_pool_bytes: int = 0  # what the pool holds in /dev/shm
+    footprint: str = ""  # one line: the rule behind footprint_bytes
+    vllm_release: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class Plan:
     env: dict[str, str]
     warnings: list[str]
     transfer: TransferPlan | None = None
+    groups: KVGroups | None = None
 
     def to_dict(self) -> dict[str, Any]:
         layout = self.layout
@@ -148,6 +153,13 @@ class Plan:
             "vllm": {"args": list(self.args), "env": dict(self.env)},
             "warnings": list(self.warnings),
         }
+        if self.groups is not None:
+            out["kv_cache_groups"] = {
+                "vllm_release": ".".join(map(str, self.groups.release)),
+                "row_bytes": self.groups.row_bytes,
+                "host_copies": self.groups.copies,
+                "groups": [{**asdict(g), "window_chunks": self.groups.window_chunks(g)} for g in self.groups.groups],
+            }
         for name in ("node", "pool", "pod", "transfer"):
             part = getattr(self, name)
             if part is not None:
@@ -164,10 +176,6 @@ def process_reserve(tensor_parallel_size: int) -> int:
 
 def node_reserve(allocatable: int) -> int:
     return max(NODE_RESERVE_MIN, int(allocatable * NODE_RESERVE_FRACTION))
-
-
-def shm_bytes_for(pool_bytes: int) -> int:
-    return _round_up(math.ceil(pool_bytes * SHM_OVERHEAD_FACTOR) + SHM_EXTRA_BYTES, MiB)
 
 
 def _round_up(n: int, unit: int) -> int:
@@ -213,46 +221,96 @@ def _node_plan(node: NodeFacts, request: ServingRequest) -> NodePlan:
             f"({format_bytes(node.allocatable_memory)} allocatable - {format_bytes(reserve)} node reserve, "
             f"/ {replicas} replicas) but the vLLM process alone needs {format_bytes(fixed)}"
         )
-    max_pool = int((share - fixed) / SHM_OVERHEAD_FACTOR)
-    return NodePlan(node.name, node.allocatable_memory, reserve, replicas, share, fixed, max_pool)
+    return NodePlan(node.name, node.allocatable_memory, reserve, replicas, share, fixed, 0)
 
 
-def _pool_plan(layout: KVLayout, node: NodePlan, offload: OffloadRequest) -> PoolPlan:
+def model_groups(geometry: ModelGeometry, request: ServingRequest) -> KVGroups:
+    """The model's KV-cache groups on the request's vLLM release (groups.py)."""
+    release = _version_tuple(request.vllm_version)
+    tp = request.tensor_parallel_size
+    if geometry.config is not None:
+        return kv_groups(geometry.config, release, tp, request.block_size, request.kv_cache_dtype, geometry.name)
+    # A geometry given field by field: every layer full attention (or MLA).
+    layout = kv_layout(geometry, tp, request.block_size, request.kv_cache_dtype)
+    mla = geometry.attention == Attention.MLA
+    group = CacheGroup(MLA if mla else FULL, geometry.num_layers, layout.layer_page_bytes * layout.kv_per_layer,
+                       request.block_size)
+    return KVGroups(release, (group,), host_copies(release, mla, tp), layout.replicated)
+
+
+@dataclass(frozen=True)
+class _PoolShape:
+    groups: KVGroups
+    blocks_per_chunk: int
+    chunk_bytes: int
+    ranks: int
+    tensors: tuple[int, ...]
+    max_model_len: int
+
+    def footprint(self, chunks: int) -> Footprint:
+        return footprint(self.groups.release, chunks * self.chunk_bytes, self.ranks, self.tensors)
+
+    def largest(self, budget: int) -> int:
+        return largest_pool(self.groups.release, budget, self.chunk_bytes, self.ranks, self.tensors)
+
+
+def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingRequest) -> _PoolShape:
+    offload = request.offload
+    block = groups.block_size
+    chunk_tokens = offload.offload_block_size or block
+    if chunk_tokens % block:
+        raise InvalidSpec(f"offload block size {chunk_tokens} must be a multiple of the model's KV block of "
+                          f"{block} tokens (vLLM's block for its KV-cache groups)")
+    blocks_per_chunk = chunk_tokens // block
+    # 0.26's V1 model runner (set for the contiguous layout) hands the connector one cross-layer tensor.
+    cross_layer = offload.layout == Layout.CONTIGUOUS
+    tensors = pinned_tensors(groups.release, len(groups.groups) == 1, cross_layer, groups.groups[0].kind == MLA,
+                             sum(g.layers for g in groups.groups), max(g.layers for g in groups.groups))
+    return _PoolShape(groups, blocks_per_chunk, groups.chunk_bytes(blocks_per_chunk), request.tensor_parallel_size,
+                      tensors, geometry.max_model_len or DEFAULT_MAX_MODEL_LEN)
+
+
+def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> PoolPlan:
     kind, value = _parse_size(offload.size)
+    budget = node.share_bytes - node.fixed_bytes  # what the pool's footprint may cost
+    chunk = shape.chunk_bytes
     if kind == "auto":
-        wanted = node.max_pool_bytes
+        chunks = shape.largest(budget)
     elif kind == "fraction":
         # The pod (pool footprint + process) takes this fraction of the replica's share.
-        wanted = int((value * node.share_bytes - node.fixed_bytes) / SHM_OVERHEAD_FACTOR)
-        if wanted <= 0:
+        room = int(value * node.share_bytes) - node.fixed_bytes
+        if room <= 0:
             raise PoolDoesNotFit(
                 f"offload size {value} of a {format_bytes(node.share_bytes)} replica share is "
                 f"{format_bytes(int(value * node.share_bytes))}, less than the vLLM process alone needs "
                 f"({format_bytes(node.fixed_bytes)}); the smallest fraction that fits is "
                 f"{math.ceil(node.fixed_bytes / node.share_bytes * 100) / 100}"
             )
+        chunks = shape.largest(room)
     else:
-        wanted = int(value)
-        if wanted > node.max_pool_bytes:
+        chunks = int(value) // chunk
+        cost = shape.footprint(chunks)
+        if cost.charged_bytes > budget:
+            largest = shape.largest(budget) * chunk
             raise PoolDoesNotFit(
-                f"offload size {offload.size} needs {format_bytes(shm_bytes_for(wanted))} of /dev/shm "
-                f"(pool x {SHM_OVERHEAD_FACTOR} + {format_bytes(SHM_EXTRA_BYTES)}) plus the vLLM process, but one "
-                f"replica's share of node {node.name} is {format_bytes(node.share_bytes)} "
-                f"({node.replicas_per_node} per node); the largest pool that fits is {format_bytes(node.max_pool_bytes)}"
+                f"offload size {offload.size} costs {format_bytes(cost.charged_bytes)} of host memory ({cost.rule}) "
+                f"plus {format_bytes(node.fixed_bytes)} for the vLLM process, but one replica's share of node "
+                f"{node.name} is {format_bytes(node.share_bytes)} ({node.replicas_per_node} per node); "
+                f"the largest pool that fits is {format_bytes(largest)}"
             )
-    copies = 1 if (layout.geometry.attention == Attention.MLA and layout.tensor_parallel_size > 1) else layout.tensor_parallel_size
-    blocks_per_chunk = (offload.offload_block_size or layout.block_size) // layout.block_size
-    chunk = _round_up(layout.block_bytes * copies * blocks_per_chunk, PAGE_ALIGNMENT)
-    chunks = wanted // chunk
     if chunks < 1:
         raise PoolDoesNotFit(
-            f"offload pool of {format_bytes(wanted)} is smaller than one offload block "
-            f"({format_bytes(chunk)} = {blocks_per_chunk} x {format_bytes(layout.block_bytes)} x {copies} ranks)"
+            f"offload pool of {format_bytes(max(budget, 0) if kind != 'bytes' else int(value))} is smaller than one "
+            f"offload block ({format_bytes(chunk)} = {shape.blocks_per_chunk} x {format_bytes(shape.groups.row_bytes)} "
+            f"x {shape.groups.copies} ranks)"
         )
+    cost = shape.footprint(chunks)
     pool_bytes = chunks * chunk
-    blocks = chunks * blocks_per_chunk
-    return PoolPlan(pool_bytes, pool_bytes / GiB, chunks, blocks, blocks * layout.block_size, chunk, copies,
-                    str(offload.size))
+    blocks = chunks * shape.blocks_per_chunk
+    tokens = shape.groups.tokens_held(chunks, shape.max_model_len, shape.blocks_per_chunk)
+    release = shape.groups.release
+    return PoolPlan(pool_bytes, pool_bytes / GiB, chunks, blocks, tokens, chunk, shape.groups.copies,
+                    str(offload.size), cost.charged_bytes, cost.shm_bytes, cost.rule, f"{release[0]}.{release[1]}")
 
 
 def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
@@ -314,20 +372,24 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     """Plan one replica of `geometry` on `node` (geometry only when node is None)."""
     _validate_offload(request.offload, request.block_size)
     layout = kv_layout(geometry, request.tensor_parallel_size, request.block_size, request.kv_cache_dtype)
+    groups = model_groups(geometry, request)
     node_plan = pool = pod = None
     if node is not None:
         node_plan = _node_plan(node, request)
+        shape = _pool_shape(geometry, groups, request)
+        node_plan = replace(node_plan, max_pool_bytes=shape.largest(node_plan.share_bytes - node_plan.fixed_bytes)
+                            * shape.chunk_bytes)
         if request.offload.enabled:
-            pool = _pool_plan(layout, node_plan, request.offload)
-        shm = shm_bytes_for(pool.bytes) if pool else SHM_EXTRA_BYTES
+            pool = _pool_plan(shape, node_plan, request.offload)
+        shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
         reserve = process_reserve(request.tensor_parallel_size)
-        limit = _round_up(shm + reserve, MiB)
+        limit = _round_up((pool.footprint_bytes if pool else 0) + SHM_EXTRA_BYTES + reserve, MiB)
         pod = PodPlan(limit, limit, shm, reserve, request.tensor_parallel_size)
     env = engine_env(request)
     args = engine_args(layout, request.offload, pool)
     transfer = _transfer_plan(layout, request, node) if pool is not None else None
     warnings = _warnings(layout, node_plan, node, pool, request, transfer)
-    return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer)
+    return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups)
 
 
 def engine_env(request: ServingRequest) -> dict[str, str]:
