@@ -29,8 +29,7 @@ from spillway.core import vllm_api as api
 from spillway.core.vllm_api import Metric
 
 HERE = Path(__file__).resolve().parent
-BENCH_FLAGS = [api.FLAG_LOAD_FORMAT, "dummy", api.FLAG_SKIP_TOKENIZER_INIT, api.FLAG_ENFORCE_EAGER,
-               api.FLAG_NO_ENABLE_PREFIX_CACHING]
+BENCH_FLAGS = [api.FLAG_LOAD_FORMAT, "dummy", api.FLAG_NO_ENABLE_PREFIX_CACHING]  # + eager / tokenizer per spec
 MODEL_NAME = "llama"
 NUDGE = 32  # tokens of the request that makes an idle engine take a step
 RETRIES = [0]  # requests sent a second time after a dropped connection
@@ -358,7 +357,7 @@ async def run_loadtest(url: str, spec: dict, out_dir: Path, deadline: float) -> 
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout=max(10.0, deadline - time.time()))
         rc = proc.returncode
-    except asyncio.TimeoutError:
+    except TimeoutError:
         proc.kill()
         out, rc = b"", "killed at the deadline"
     (out_dir / f"loadtest-{spec['name']}.log").write_bytes(out or b"")
@@ -368,13 +367,85 @@ async def run_loadtest(url: str, spec: dict, out_dir: Path, deadline: float) -> 
             "result_file": path.name if path.exists() else None}
 
 
+async def run_subprocess(cmd: list[str], log_path: Path, deadline: float) -> tuple[object, str]:
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=max(10.0, deadline - time.time()))
+        rc: object = proc.returncode
+    except TimeoutError:
+        proc.kill()
+        out, rc = b"", "killed at the deadline"
+    text = (out or b"").decode(errors="replace")
+    log_path.write_text(text)
+    return rc, text
+
+
+async def run_vllm_bench(url: str, common: dict, spec: dict, run: dict, out_dir: Path, deadline: float) -> dict:
+    """vLLM's own load generator (`vllm bench serve`, random dataset) against the same engine: the cross-check."""
+    name = f"vllm-bench-{spec['name']}-{run['name']}"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+           "--base-url", url, "--model", MODEL_NAME, "--tokenizer", common["words_model_dir"],
+           "--dataset-name", "random", "--ignore-eos", "--save-result", "--result-dir", str(out_dir),
+           "--result-filename", f"{name}.json", *run["args"]]
+    log(f"  vllm bench serve {' '.join(run['args'])}")
+    t0 = time.time()
+    rc, text = await run_subprocess(cmd, out_dir / f"{name}.log", deadline)
+    for line in text.splitlines()[-28:]:
+        log("    " + line)
+    out: dict[str, Any] = {"name": run["name"], "command": ["vllm", *cmd[3:]], "rc": rc, "seconds": time.time() - t0}
+    path = out_dir / f"{name}.json"
+    if path.exists():
+        full = json.loads(path.read_text())
+        out["figures"] = {k: full[k] for k in ("duration", "completed", "total_input_tokens", "request_throughput",
+                                               "median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms", "std_ttft_ms",
+                                               "median_e2el_ms") if k in full}
+        if full.get("duration"):
+            out["figures"]["input_tok_s"] = full["total_input_tokens"] / full["duration"]
+        out["figures"]["ttfts_ms"] = [t * 1e3 for t in full.get("ttfts", [])][:64]
+    else:
+        out["error"] = text.strip().splitlines()[-1:] if text.strip() else "no output"
+    return out
+
+
+async def run_preemption(url: str, spec: dict, out_dir: Path, deadline: float) -> dict:
+    """`spillway loadtest preemption` against this engine."""
+    path = out_dir / f"preemption-{spec['name']}.json"
+    cmd = [sys.executable, "-m", "spillway.loadtest", "preemption", "--endpoint", url, "-o", str(path),
+           "--progress", "log", "--label", f"engine={spec['name']}", *spec["preemption"]]
+    log(f"  spillway loadtest {' '.join(cmd[3:])}")
+    t0 = time.time()
+    rc, text = await run_subprocess(cmd, out_dir / f"preemption-{spec['name']}.log", deadline)
+    for line in text.splitlines()[-6:]:
+        log("    " + line)
+    return {"command": ["spillway", *cmd[3:]], "rc": rc, "seconds": time.time() - t0,
+            "result": json.loads(path.read_text()) if path.exists() else None}
+
+
+_PREEMPT_LOG = re.compile(r"Preemptions: (\d+)")
+
+
+def engine_log_facts(path: Path) -> dict:
+    """What the engine's own log says: preemptions of its periodic stats lines, errors."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return {}
+    return {"preemptions_logged": sum(int(n) for n in _PREEMPT_LOG.findall(text)),
+            "cuda_graphs_captured": "Graph capturing finished" in text,
+            "error_lines": [line[-300:] for line in text.splitlines() if "Error" in line or "Traceback" in line][-5:]}
+
+
 async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -> dict:
     result: dict[str, Any] = {"name": spec["name"]}
     RETRIES[0] = 0
     planned = spillway_plan(common["model"], common["node_memory"], spec.get("plan_flags", []))
     plan = planned["plan"]
     result["plan_command"] = planned["command"]
-    args = [*plan["vllm"]["args"], *BENCH_FLAGS, *knob_flags({**common, **spec})]
+    args = [*plan["vllm"]["args"], *BENCH_FLAGS, *knob_flags({**common, **spec}), *spec.get("extra_args", [])]
+    if spec.get("eager", common.get("eager", False)):
+        args.append(api.FLAG_ENFORCE_EAGER)
+    if not common.get("words_model_dir"):
+        args.append(api.FLAG_SKIP_TOKENIZER_INIT)
     env = dict(plan["vllm"]["env"])
     dropped = {}
     for name, value in list(env.items()):
@@ -392,8 +463,8 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
     if spec.get("probe"):
         full_env["SPILLWAY_TRANSFER_LOG"] = str(out_dir / f"transfers-{spec['name']}")
         full_env["PYTHONPATH"] = f"{HERE / 'probe'}:{full_env.get('PYTHONPATH', '')}"
-    server = Server(common["model_dir"], args, full_env, common["port"], out_dir / f"serve-{spec['name']}.log",
-                    common.get("entry", "serve"))
+    server = Server(common.get("words_model_dir") or common["model_dir"], args, full_env, common["port"],
+                    out_dir / f"serve-{spec['name']}.log", common.get("entry", "serve"))
     result["command"] = server.cmd[1:]
     log(f"engine {spec['name']}: vllm serve {' '.join(args)}")
     log(f"  env {env} (dropped: {list(dropped)})")
@@ -418,6 +489,16 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
                 m0 = await scrape(session, server.url)
                 result["loadtest"] = await run_loadtest(server.url, spec, out_dir, deadline)
                 result["loadtest"]["metrics"] = delta(await scrape(session, server.url), m0)
+            for run in spec.get("vllm_bench", []):
+                if time.time() < deadline:
+                    m0 = await scrape(session, server.url)
+                    out = await run_vllm_bench(server.url, common, spec, run, out_dir, deadline)
+                    out["metrics"] = delta(await scrape(session, server.url), m0)
+                    result.setdefault("vllm_bench", []).append(out)
+            if "preemption" in spec and time.time() < deadline:
+                m0 = await scrape(session, server.url)
+                result["preemption"] = await run_preemption(server.url, spec, out_dir, deadline)
+                result["preemption"]["metrics"] = delta(await scrape(session, server.url), m0)
             result["metrics_at_end"] = await scrape(session, server.url)
             result["client_retries"] = RETRIES[0]
         except Exception as exc:  # noqa: BLE001 - keep what was measured, say what failed
@@ -425,6 +506,7 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
             log(f"  FAILED: {result['error']}")
         finally:
             server.stop()
+            result["engine_log"] = engine_log_facts(server.log_path)
     return result
 
 
@@ -443,6 +525,11 @@ def main() -> int:
     common.setdefault("node_memory", node_memory())
     common.setdefault("pythonpath", os.environ.get("PYTHONPATH", ""))
     common["model_dir"] = str(Path(common["model_dir"]).resolve())
+    if common.get("words_tokenizer"):  # text clients (vllm bench serve) need a tokenizer; ids stay as they are
+        sys.path.insert(0, str(HERE))
+        from word_tokenizer import build
+
+        common["words_model_dir"] = str(build(Path(common["model_dir"]), out_dir / "model-words"))
     results: dict[str, Any] = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                "common": common, "engines": []}
     only = set(a.only.split(",")) if a.only else None

@@ -71,9 +71,10 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--json", action="store_true", help="print the result JSON (e.g. extracted from a log)")
     report.set_defaults(func=cmd_report)
 
-    from . import prefix_groups
+    from . import preemption, prefix_groups
 
     prefix_groups.add_parser(sub)
+    preemption.add_parser(sub)
 
 
 def _api_key_env() -> str:

@@ -2,7 +2,8 @@
 
 Prompts are token-id lists where the server takes them (`/v1/completions` with a list of ids), so that
 tokenization does not blur the figures; plain text otherwise. TTFT is the time from sending the request
-to the first streamed chunk that carries a choice.
+to the first streamed chunk that carries a choice. Completions go through `http1.Http1Pool` (pre-encoded
+requests on connections opened before a timed phase); discovery and /metrics through aiohttp.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import aiohttp
 
 from ..core.errors import SpillwayError
 from ..core.vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH, RESET_PREFIX_CACHE_PATH
+from .http1 import Http1Pool, Reply
 
 VERSION_PATH = "/version"  # vLLM's own: {"version": "..."}
 ERROR_TEXT_LIMIT = 300
@@ -55,16 +57,27 @@ class OpenAIClient:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._concurrency = concurrency
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=30)
+        self._request_timeout_s = request_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._pool: Http1Pool | None = None
 
     async def __aenter__(self):  # -> OpenAIClient
         # Idle connections are dropped well before the server drops them (vLLM/uvicorn: 5 s); reusing one the
         # server has closed fails the request with "Server disconnected" (aiohttp's default keeps them 15 s).
         connector = aiohttp.TCPConnector(limit=self._concurrency, keepalive_timeout=KEEPALIVE_S)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=self._headers)
+        try:
+            self._pool = Http1Pool(self.base_url, limit=self._concurrency, headers=self._headers,
+                                   idle_s=KEEPALIVE_S, timeout_s=self._request_timeout_s)
+        except ValueError as exc:
+            await self._session.close()
+            raise EndpointError(str(exc)) from None
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -160,25 +173,31 @@ class OpenAIClient:
         """A request body, encoded ahead of a timed phase so that encoding stays out of the timing."""
         return json.dumps(self.payload(prompt, max_tokens, stream), separators=(",", ":")).encode()
 
+    def wire(self, body: bytes) -> bytes:
+        """The whole completion request as sent (head and body), built ahead of a timed phase."""
+        return self._pool.request(COMPLETIONS_PATH, body)
+
+    async def warm(self, connections: int) -> None:
+        """Open the connections a phase will use before its clock starts."""
+        try:
+            await self._pool.warm(connections)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise EndpointError(f"cannot reach {self.base_url}: {_describe(exc)}") from None
+
     async def complete(self, prompt: list[int] | str, max_tokens: int = 1, stream: bool = False) -> Completion:
         return await self.post(self.body(prompt, max_tokens, stream), stream)
 
     async def post(self, body: bytes, stream: bool = False) -> Completion:
-        """Send one encoded completion request; errors come back in the Completion, never raised."""
+        return await self.send(self.wire(body), stream)
+
+    async def send(self, request: bytes, stream: bool = False) -> Completion:
+        """Send one wire-encoded completion request; errors come back in the Completion, never raised."""
         start = time.perf_counter()
         try:
-            async with self._session.post(self.url(COMPLETIONS_PATH), data=body, headers=JSON_HEADERS) as r:
-                if r.status != 200:
-                    text = await r.text()
-                    return Completion(False, time.perf_counter() - start, error=f"HTTP {r.status}: {_clip(_message(text))}")
-                if stream:
-                    return await _read_stream(r, start)
-                reply = await r.json(content_type=None)
-                usage = reply.get("usage") or {}
-                elapsed = time.perf_counter() - start
-                return Completion(True, elapsed, None, usage.get("prompt_tokens"), usage.get("completion_tokens"))
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            reply = await self._pool.send(request, stream)
+        except (OSError, asyncio.TimeoutError) as exc:
             return Completion(False, time.perf_counter() - start, error=_describe(exc))
+        return _completion(reply, stream)
 
     async def probe_prompt_format(self, token_ids: list[int], requested: str = "auto") -> str:
         """Check that the model answers a prompt; pick token ids where the server takes them.
@@ -197,35 +216,42 @@ class OpenAIClient:
                             f"{self.model!r}: " + "; ".join(errors))
 
 
-async def _read_stream(response: aiohttp.ClientResponse, start: float) -> Completion:
-    ttft = None
+def _completion(reply: Reply, stream: bool) -> Completion:
+    if reply.status != 200:
+        return Completion(False, reply.seconds,
+                          error=f"HTTP {reply.status}: {_clip(_message(reply.body.decode(errors='replace')))}")
+    if stream:
+        return _stream_completion(reply)
+    try:
+        usage = json.loads(reply.body).get("usage") or {}
+    except (ValueError, AttributeError):
+        return Completion(False, reply.seconds, error=f"not a completion: {_clip(reply.body.decode(errors='replace'))}")
+    return Completion(True, reply.seconds, None, usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+
+def _stream_completion(reply: Reply) -> Completion:
+    """An event stream's outcome: its first choice (TTFT, timed as the bytes arrived), usage and errors."""
     usage: dict = {}
     error = None
-    buffer = b""
-    async for chunk in response.content.iter_any():
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                continue
-            try:
-                event = json.loads(data)
-            except ValueError:
-                continue
-            if "error" in event:
-                error = _clip(json.dumps(event["error"]))
-            if event.get("choices") and ttft is None:
-                ttft = time.perf_counter() - start
-            if event.get("usage"):
-                usage = event["usage"]
-    elapsed = time.perf_counter() - start
+    for line in reply.body.split(b"\n"):
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            continue
+        if "error" in event:
+            error = _clip(json.dumps(event["error"]))
+        if event.get("usage"):
+            usage = event["usage"]
+    ttft = reply.first_event_s
     if error is not None or ttft is None:
-        return Completion(False, elapsed, ttft, error=error or "stream ended without a token")
-    return Completion(True, elapsed, ttft, usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        return Completion(False, reply.seconds, ttft, error=error or "stream ended without a token")
+    return Completion(True, reply.seconds, ttft, usage.get("prompt_tokens"), usage.get("completion_tokens"))
 
 
 def _message(text: str) -> str:

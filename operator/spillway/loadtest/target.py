@@ -17,6 +17,8 @@ from .progress import Progress
 from .prompts import PromptSource
 
 PROBE_TOKENS = 16
+SETTLE_QUIET_S = 0.25  # between nudges: longer than a store of the largest prompt takes (4 GB: 80 ms)
+SETTLE_TIMEOUT_S = 60.0
 RESET_RETRY_S = 60.0
 ERROR_SAMPLES = 5
 
@@ -104,20 +106,23 @@ class Target:
         return await self.send_encoded(label, [self.client.body(p, self.plan.output_tokens) for p in prompts])
 
     async def send_encoded(self, label: str, bodies: list[bytes]) -> tuple[list[Completion], float]:
-        progress = Progress(label, len(bodies), self.progress_mode)
-        results: list[Completion] = [None] * len(bodies)  # type: ignore[list-item]
-        next_index = 0
+        """The clock covers sending and replies only: requests are wire-encoded and the phase's connections
+        opened before it starts, and a worker's loop does nothing else per request."""
+        requests = [self.client.wire(body) for body in bodies]
+        workers_n = min(self.plan.concurrency, len(requests))
+        await self.client.warm(workers_n)
+        progress = Progress(label, len(requests), self.progress_mode)
+        results: list[Completion] = [None] * len(requests)  # type: ignore[list-item]
+        indices = iter(range(len(requests)))
+        send, update = self.client.send, progress.update
 
         async def worker() -> None:
-            nonlocal next_index
-            while next_index < len(bodies):
-                index = next_index
-                next_index += 1
-                results[index] = result = await self.client.post(bodies[index])
-                progress.update(result.ok)
+            for index in indices:  # a shared iterator: each index is taken by exactly one worker
+                results[index] = result = await send(requests[index])
+                update(result.ok)
 
         start = time.perf_counter()
-        workers = [asyncio.create_task(worker()) for _ in range(min(self.plan.concurrency, len(bodies)))]
+        workers = [asyncio.create_task(worker()) for _ in range(workers_n)]
         try:
             await asyncio.gather(*workers)
         finally:
@@ -125,6 +130,36 @@ class Target:
                 task.cancel()
             progress.close()
         return results, time.perf_counter() - start
+
+    async def settle(self, key: object) -> dict:
+        """Wait until the server has no offload transfer running, so none overlaps the next timed request.
+
+        vLLM submits a finished request's store at the start of its next engine step, and an idle engine
+        takes none: a nudge (a never-seen prompt shorter than a block, which stores nothing) makes it take
+        one; then /metrics is read until the store and load byte counters stop moving."""
+        start = time.perf_counter()
+        if not self.has_metrics:
+            await asyncio.sleep(self.plan.settle_s)
+            return {"method": "sleep", "waited_s": time.perf_counter() - start}
+        first = last = await self.snapshot()
+        nudges = 0
+        while True:
+            # a step also polls finished transfers: their bytes reach /metrics only through one
+            nudge = self.prompts.prompt(max(1, self.block_size // 2), "nudge", key, nudges)
+            result = await self.client.complete(nudge, 1)
+            nudges += 1
+            if not result.ok:
+                raise EndpointError(f"settle request failed: {result.error}")
+            now = await self.snapshot()
+            moved = hit_summary(counter_deltas(last, now), 1)
+            last = now
+            quiet = not moved["offload_store_bytes"] and not moved["offload_load_bytes"]
+            if (quiet and nudges >= 2) or time.perf_counter() - start > SETTLE_TIMEOUT_S:
+                break
+            await asyncio.sleep(SETTLE_QUIET_S)
+        total = hit_summary(counter_deltas(first, last), 1)
+        return {"method": "nudge", "nudges": nudges, "waited_s": time.perf_counter() - start,
+                "store_bytes": total["offload_store_bytes"], "load_bytes": total["offload_load_bytes"]}
 
     # -- evicting the GPU copies ------------------------------------------------------------------
     async def resolve_eviction(self) -> None:

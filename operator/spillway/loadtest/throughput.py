@@ -5,7 +5,7 @@ suffix. Warm-up (not timed) sends the prefixes alone, so their KV is stored in t
 come from the CPU pool, not the GPU prefix cache: the GPU copies are evicted after the warm-up (a reset
 where the server offers it; else, unless the working set is at least twice the GPU KV capacity, which
 re-read in the same order evicts itself under LRU, a flush of never-seen prompts). The timed phase sends all N prompts with the plan's
-concurrency. /metrics scraped around the timed phase gives the hit rate the server achieved.
+concurrency, once no store of the warm-up is still running. /metrics scraped around the timed phase gives the hit rate the server achieved.
 Every point uses its own prompts: nothing carries over between points.
 """
 from __future__ import annotations
@@ -52,6 +52,7 @@ async def _point(target: Target, index: int, rate: float) -> dict:
 
     timed = (prompts.render(prefix_of(i) + prompts.token_ids(length - prefix, "tp", index, i, "suffix"))
              for i in range(n))
+    settled = await target.settle(("tp", index))  # the warm-up's last stores are submitted only now
     before = await target.snapshot()
     results, elapsed = await target.send_all(f"{label} timed", timed)
     after = await target.snapshot()
@@ -76,6 +77,7 @@ async def _point(target: Target, index: int, rate: float) -> dict:
         "requests_per_s": len(ok) / elapsed if elapsed > 0 else None,
         "latency_s": percentiles([r.latency_s for r in ok]),
         "warmup": warmup,
+        "settle": settled,
     }
     point.update(measured(before, after, prompt_tokens))
     return point

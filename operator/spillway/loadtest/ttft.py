@@ -2,7 +2,8 @@
 
 Per repetition: every length's first request, one at a time; eviction of the GPU prefix cache (a reset
 where the server offers it, else a flush of never-seen prompts; nothing where it keeps no GPU prefix
-cache); every length's repeat. With offloading the
+cache); every length's repeat. Before each request the server is settled (no offload transfer of an
+earlier request still running: see Target.settle). With offloading the
 repeat loads the prompt's KV from the CPU pool; without it, the repeat recomputes. Each request is
 streamed (TTFT = first token on the client) and bracketed by /metrics scrapes, so each sample carries
 the hits the server reports for it.
@@ -30,11 +31,13 @@ async def run(target: Target, sink: ResultSink) -> None:
 
 async def _sample(target: Target, sink: ResultSink, length: int, rep: int, phase: str) -> None:
     prompt = target.prompts.prompt(length, "ttft", length, rep)
+    settled = await target.settle(("ttft", length, rep, phase))  # no earlier store may share the link
     before = await target.snapshot()
     result = await target.client.complete(prompt, target.plan.output_tokens, stream=True)
     after = await target.snapshot()
     sample = {"length": length, "repetition": rep, "phase": phase, "ok": result.ok, "ttft_s": result.ttft_s,
-              "latency_s": result.latency_s, "prompt_tokens": result.prompt_tokens, "error": result.error}
+              "latency_s": result.latency_s, "prompt_tokens": result.prompt_tokens, "error": result.error,
+              "settle": settled}
     sample.update(measured(before, after, result.prompt_tokens or length))
     sink.result["ttft"]["samples"].append(sample)
     if not result.ok:
