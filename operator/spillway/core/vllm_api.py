@@ -75,17 +75,15 @@ KV_EVENTS_ENABLE_KEY = "enable_kv_cache_events"
 KV_EVENTS_PUBLISHER_KEY = "publisher"
 KV_EVENTS_PUBLISHER_ZMQ = "zmq"
 KV_EVENTS_ENDPOINT_KEY = "endpoint"  # tcp://*:PORT binds (vllm/distributed/kv_events.py _is_bind_endpoint)
-KV_EVENTS_TOPIC_KEY = "topic"
-KV_EVENTS_TOPIC = "kv"
 # kv_connector_extra_config key: offloaded (CPU-medium) BlockStored events carry token ids, parent hash and
-# block size (vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py; vLLM 0.32 and 0.33).
+# block size (vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py; in 0.26, 0.32 and 0.33).
 EXTRA_SELF_DESCRIBING_KV_EVENTS = "self_describing_kv_events"
-SELF_DESCRIBING_KV_EVENTS_SINCE = (0, 32)
-# The router hashes prompts itself: the workers' block hashes must be reproducible and complete.
-FLAG_PREFIX_CACHING_HASH_ALGO = "--prefix-caching-hash-algo"
-HASH_ALGO_SHA256_CBOR = "sha256_cbor"  # canonical CBOR + SHA-256: the same bytes in every process and language
-ENV_PYTHONHASHSEED = "PYTHONHASHSEED"  # seeds vLLM's NONE_HASH (the root of every block hash chain)
-ENV_KV_EVENTS_USE_INT_BLOCK_HASHES = "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"  # "0": events carry full hash bytes
+# No topic key: vllm-router 0.1.17 drops every message published under a topic (measured with its wheel);
+# vLLM's default topic is "".
+# vLLM's block hashes (the events' keys) are roots of a chain seeded from PYTHONHASHSEED (NONE_HASH): a fixed
+# seed makes a prefix carry the same hashes on every replica and across restarts.
+ENV_PYTHONHASHSEED = "PYTHONHASHSEED"
+PYTHONHASHSEED_VALUE = "0"
 
 NATIVE_BACKEND = "native"
 

@@ -331,10 +331,10 @@ def _num(value: float | None, fmt: str) -> str:
 
 def table(result: dict[str, Any]) -> str:
     plan = result.get("plan", {})
-    lines = [f"Prefix groups: {plan.get('groups')} groups x {plan.get('prompts_per_group')} prompts, prefix "
+    lines = [(f"Prefix groups: {plan.get('groups')} groups x {plan.get('prompts_per_group')} prompts, prefix "
              f"{plan.get('prefix_len')} + question {plan.get('question_len')} tokens, concurrency "
              f"{plan.get('concurrency')}, {len(result.get('environment', {}).get('replicas', []))} replicas "
-             f"(status {result.get('status')}{'; ' + result['error'] if result.get('error') else ''})"]
+             f"(status {result.get('status')}{'; ' + result['error'] if result.get('error') else ''})")]
     labels = result.get("environment", {}).get("labels") or {}
     if labels:
         lines.append("labels: " + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))

@@ -1,0 +1,83 @@
+"""KV-aware routing in front of the replicas: what the vLLM pods publish and what the router assumes (pure).
+
+A router that sees each replica's KV events (GPU and, with offloading, CPU-medium blocks) sends a request to
+the replica that already holds its prefix. Two numbers come from the plan:
+
+- the host-tier credit (vllm-router's --kv-penalty-host, 0..1): how much of a prefix's prefill a CPU-pool hit
+  saves. Reloading t tokens costs t / reload_rate, recomputing them t / recompute_rate, so a hit saves
+  1 - recompute_rate / reload_rate of the recompute (nothing when reloading is slower than recomputing).
+- the CPU capacity llm-d's approximate prefix scorer must assume per server (lruCapacityPerServer): the
+  planned pool's blocks.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from . import vllm_api as api
+
+MODE_NONE = "none"
+MODE_KV_AWARE = "kv-aware"
+MODE_LLM_D = "llm-d"
+MODES = (MODE_NONE, MODE_KV_AWARE, MODE_LLM_D)
+
+KV_EVENTS_PORT = 5557  # the vLLM pods' ZMQ publisher (container port name: names.PORT_NAME_KV_EVENTS)
+ROUTER_PORT = 8000  # the router's OpenAI endpoint: the port clients already use
+ROUTER_METRICS_PORT = 29000  # vllm-router's default --prometheus-port
+
+# Recompute rate anchor: Llama-3.1-8B-Instruct prefilled 41,391 prompt tokens/s on one H200 with nothing cached
+# (bench/results/h200-2026-11-30/run2/call5-loadtest/loadtest-loadtest-no-offload-v1.json, hit rate 0).
+# Prefill is compute-bound, so other models scale by their weights per token (about 2 FLOPs per weight).
+ANCHOR_RECOMPUTE_TOKENS_PER_S = 41_391.0
+ANCHOR_CONFIG = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "intermediate_size": 14336}  # Llama-3.1-8B's config.json
+MLP_RATIO = 3.5  # intermediate_size / hidden_size of Llama-family models, where a config.json leaves it out
+MAX_HOST_TIER_CREDIT = 0.95  # a reload is never free: the copy still queues behind the step it feeds
+
+
+def kv_events_config(port: int = KV_EVENTS_PORT) -> dict[str, Any]:
+    """--kv-events-config for a pod: publish over ZMQ, bound on every interface of the pod."""
+    return {api.KV_EVENTS_ENABLE_KEY: True, api.KV_EVENTS_PUBLISHER_KEY: api.KV_EVENTS_PUBLISHER_ZMQ,
+            api.KV_EVENTS_ENDPOINT_KEY: f"tcp://*:{port}"}
+
+
+def kv_events_flag_value(port: int = KV_EVENTS_PORT) -> str:
+    return json.dumps(kv_events_config(port), sort_keys=True, separators=(",", ":"))
+
+
+def estimated_weights(config: Mapping[str, Any]) -> float | None:
+    """Weights one prompt token passes through in the decoder layers (active experts only), from config.json's
+    dimensions; None if unknown. The LM head is left out: a prefill computes logits for its last token only."""
+    try:
+        hidden = int(config["hidden_size"])
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        experts = int(config.get("num_experts_per_tok") or 1)
+        intermediate = int(config.get("moe_intermediate_size") or config.get("intermediate_size")
+                           or MLP_RATIO * hidden)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    mlp = 3 * hidden * intermediate * experts
+    return float(layers * (attention + mlp))
+
+
+def recompute_tokens_per_s(config: Mapping[str, Any] | None, tensor_parallel_size: int) -> float | None:
+    """One replica's prefill rate, scaled from the H200 anchor by weights per token and TP; None if unknown."""
+    weights = estimated_weights(config) if config else None
+    if not weights:
+        return None
+    return ANCHOR_RECOMPUTE_TOKENS_PER_S * ANCHOR_WEIGHTS / weights * tensor_parallel_size
+
+
+def host_tier_credit(reload_tokens_per_s: float, recompute_rate: float) -> float:
+    """The share of a prefix's recompute that a CPU-pool hit saves, 0..MAX_HOST_TIER_CREDIT."""
+    if reload_tokens_per_s <= 0 or recompute_rate <= 0:
+        return 0.0
+    return round(max(0.0, min(MAX_HOST_TIER_CREDIT, 1.0 - recompute_rate / reload_tokens_per_s)), 3)
+
+
+ANCHOR_WEIGHTS = estimated_weights(ANCHOR_CONFIG)  # the anchor's weights by the same estimate: its errors cancel
