@@ -25,7 +25,7 @@ import kubernetes
 from ..adapters.hub import fetch_config
 from ..adapters.model_config import HubFetcher
 from ..core import k8s_names as names
-from ..core.errors import InternalError, ModelGeometryUnknown, NameConflict, SpillwayError
+from ..core.errors import InternalError, ModelGeometryUnknown, NameConflict, PoolDoesNotFit, SpillwayError
 from . import conditions as cond
 from . import metrics
 from .facts import NodeSummary, eligibility, summarize_node
@@ -228,19 +228,43 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         if old_planned is None or old_planned.get("message") != summary:
             _event(body, "Replanned" if old_planned is not None else "Planned", summary)
         for obj in result.objects:
+            if obj["kind"] == "Deployment" and generation is not None:
+                obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(generation)
             outcome = kube().apply(obj)
             if outcome != "unchanged":
                 _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
                 logger.info(f"{outcome} {obj['kind']} {namespace}/{obj['metadata']['name']}")
         update["plan"] = status_plan(result)
     deployment = _deployment(namespace, name)
+    degraded = cond.degraded_condition(planned, deployment, generation)
+    if isinstance(error, PoolDoesNotFit) and _no_longer_fits(deployment, generation):
+        # The spec it was planned from is unchanged: the nodes shrank. Its pods would not fit (or be
+        # OOM-killed) wherever they restart, so none are left to try until the nodes fit the plan again.
+        kube().merge_patch(path("apps/v1", "Deployment", namespace, name), {"spec": {"replicas": 0}})
+        _event(body, "ScaledToZero", f"the nodes no longer fit the applied plan: {error_line(error)}", warning=True)
+        deployment = _deployment(namespace, name)
+    if isinstance(error, PoolDoesNotFit) and _planned_generation(deployment) == generation:
+        degraded["message"] = (f"{planned['message']} (the nodes no longer fit the applied plan: its Deployment "
+                               "is scaled to 0 until they do)")
+    metrics.publish_planned(namespace, name, error is None)
     update["conditions"] = cond.merge(status.get("conditions"), [
-        planned, cond.ready_condition(deployment, generation), cond.degraded_condition(planned, deployment, generation),
+        planned, cond.ready_condition(deployment, generation), degraded,
     ])
     update.update(cond.ready_counts(deployment))
     _write_status(namespace, name, status, update)
     if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(spec):
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
+
+
+def _planned_generation(deployment: Mapping[str, Any] | None) -> int | None:
+    found = (((deployment or {}).get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_PLANNED_GENERATION)
+    return int(found) if found is not None and str(found).isdigit() else None
+
+
+def _no_longer_fits(deployment: Mapping[str, Any] | None, generation: int | None) -> bool:
+    """A running Deployment planned from this very generation: what changed is the nodes, not the spec."""
+    running = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) > 0
+    return running and generation is not None and _planned_generation(deployment) == generation
 
 
 def _waits_for_config_map(spec: ModelServerSpec | SpillwayError) -> bool:
@@ -265,6 +289,7 @@ def on_modelserver(body: kopf.Body, namespace: str, name: str, gpu_nodes: kopf.I
 def on_delete(namespace: str, name: str, logger: logging.Logger, **_: Any) -> None:
     # Owner references let the garbage collector remove the Deployment, Service and PodMonitor.
     logger.info(f"{namespace}/{name} deleted; its objects go with it (owner references)")
+    metrics.publish_planned(namespace, name, None)
     with _locks_guard:
         _locks.pop((namespace, name), None)
 

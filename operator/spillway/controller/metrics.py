@@ -2,6 +2,7 @@
 
 `spillway_node_qualified_dma_gbps{node}`: the GPU<->pinned-CPU copy rate `spillway qualify` wrote
 on each GPU node, so alerts can compare a pod's reload throughput with its node's measured figure.
+`spillway_modelserver_planned{namespace,modelserver}`: whether each ModelServer's last plan succeeded.
 """
 from __future__ import annotations
 
@@ -21,8 +22,27 @@ QUALIFIED_DMA = Gauge(
 )
 
 
+PLANNED = Gauge(
+    names.METRIC_MODELSERVER_PLANNED,
+    "1 while the ModelServer's last plan succeeded, 0 while it fails (see its Planned condition)",
+    ["namespace", "modelserver"],
+    registry=REGISTRY,
+)
+
+
 def serve(port: int) -> None:
     start_http_server(port, registry=REGISTRY)
+
+
+def publish_planned(namespace: str, name: str, planned: bool | None) -> None:
+    """The ModelServer's planned gauge; None removes it (the ModelServer is gone)."""
+    if planned is None:
+        try:
+            PLANNED.remove(namespace, name)
+        except KeyError:
+            pass
+        return
+    PLANNED.labels(namespace=namespace, modelserver=name).set(1 if planned else 0)
 
 
 def publish_nodes(nodes: Iterable[NodeSummary]) -> None:

@@ -211,7 +211,10 @@ def mamba_state_bytes(config: Mapping[str, Any], tp: int, model_dtype_bytes: int
                   "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv")}
         keys = prefix.get(model_type, ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups",
                                        "mamba_d_conv"))
-        heads, head_dim, state, groups, kernel = (_int(config, k, name) for k in keys)
+        # NemotronH configs also spell n_groups/conv_kernel the Mamba way (mamba_n_groups, mamba_d_conv)
+        aliases = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv"}
+        heads, head_dim, state, groups, kernel = (
+            _int(config, k if config.get(k) is not None or k not in aliases else aliases[k], name) for k in keys)
         groups += 0 if groups % tp == 0 else tp - groups
         intermediate = heads * head_dim
         conv = _split(intermediate + 2 * groups * state, tp, "Mamba channels", name) * (kernel - 1)

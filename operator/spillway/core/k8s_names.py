@@ -25,6 +25,9 @@ LABEL_QUALIFIED = f"{GROUP}/qualified"
 # Gauge (label `node`) carrying ANNOTATION_QUALIFIED_DMA_GBPS to Prometheus, meant to be exported by the
 # operator. The DMA alert compares against it where present and against a fixed floor elsewhere.
 METRIC_NODE_QUALIFIED_DMA_GBPS = "spillway_node_qualified_dma_gbps"
+# Gauge (labels namespace, modelserver): 1 while the ModelServer's last plan succeeded, 0 while it fails
+# (bad spec, nodes that no longer fit it); the SpillwayModelServerNotPlanned alert watches it.
+METRIC_MODELSERVER_PLANNED = "spillway_modelserver_planned"
 
 DEFAULT_VLLM_IMAGE = "ghcr.io/spillway-dev/spillway-vllm:0.1.0-vllm0.33.0"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/spillway-dev/spillway-operator:0.1.0"
@@ -42,6 +45,16 @@ FINALIZER = f"{GROUP}/finalizer"
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"
 # On a ModelServer: set by the operator's Node watcher when the eligible nodes' facts change (triggers a re-plan).
 ANNOTATION_NODES_CHANGED = f"{GROUP}/nodes-fingerprint"
+# On the Deployment: the ModelServer generation its plan was made for. A plan of that same generation that
+# no longer fits (the nodes shrank) scales the Deployment to 0 instead of leaving pods that cannot fit.
+ANNOTATION_PLANNED_GENERATION = f"{GROUP}/planned-generation"
+# Pods that may call every vLLM server of their namespace (the router); the NetworkPolicy admits them.
+LABEL_ROLE = f"{GROUP}/role"
+ROLE_ROUTER = "router"
+# Spillway's own vLLM image (repository): pods of it run under the restricted Pod Security profile.
+VLLM_IMAGE_REPOSITORY = "ghcr.io/spillway-dev/spillway-vllm"
+VLLM_IMAGE_UID = 65532  # the user images/vllm/Dockerfile creates
+VLLM_IMAGE_HOME = "/home/spillway"  # its HOME: caches (Hugging Face, vLLM, torch, triton) live below
 # kopf's own bookkeeping annotations on ModelServers start with this prefix.
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
 
