@@ -1,4 +1,8 @@
-"""A small JSON client over the official Kubernetes client: raw paths in, dicts out.
+"""The one way Spillway talks to Kubernetes (the operator and `spillway loadtest job`): raw paths in, dicts out.
+
+A small JSON client over the official client's ApiClient (its auth, TLS and kubeconfig handling);
+`load_config()` is the one kubeconfig/in-cluster loading. The qualification pod alone keeps its own
+stdlib patch of its Node (qualify/node.py): its image carries no Kubernetes client.
 
 `apply()` is idempotent: an object whose live fields already hold what is applied is not written;
 otherwise it is server-side applied (field manager spillway-operator, forced). A server that
@@ -7,9 +11,10 @@ answers 404 to an apply of a missing object (API emulators) gets a create instea
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kubernetes
@@ -25,10 +30,36 @@ PLURALS = {
     names.KIND: names.PLURAL,
     "ConfigMap": "configmaps",
     "Secret": "secrets",
+    "Pod": "pods",
+    "Job": "jobs",
 }
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 DISCOVERY_TTL_SECONDS = 60.0
+
+
+def load_config(context: str | None = None) -> None:
+    """Configure the official client: a kubeconfig when one is named ($KUBECONFIG or a context), else in a pod
+    its service account, else ~/.kube/config. InvalidSpec when there is none."""
+    try:
+        in_pod = os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG")
+        if context is None and in_pod:
+            kubernetes.config.load_incluster_config()
+        else:
+            kubernetes.config.load_kube_config(context=context)
+    except (kubernetes.config.ConfigException, OSError, TypeError) as exc:
+        raise InvalidSpec(f"no Kubernetes configuration: {exc}") from None
+
+
+def kubeconfig_namespace(context: str | None = None) -> str | None:
+    """The namespace of the kubeconfig's current (or named) context; None without a kubeconfig."""
+    try:
+        contexts, active = kubernetes.config.list_kube_config_contexts()
+    except (kubernetes.config.ConfigException, OSError, TypeError):
+        return None
+    if context:
+        active = next((c for c in contexts if c["name"] == context), active)
+    return (active or {}).get("context", {}).get("namespace")
 
 
 class ApiError(Exception):
@@ -79,20 +110,37 @@ class Kube:
         self._discovery: dict[str, tuple[float, bool]] = {}
         self._lock = threading.Lock()
 
-    def request(self, method: str, url_path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
-                content_type: str | None = None) -> dict[str, Any]:
+    def _call(self, method: str, url_path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
+              content_type: str | None = None, timeout: float | None = None) -> Any:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         method_, url, headers, body_, post = self.client.param_serialize(
             method=method, resource_path=url_path, query_params=query or [], header_params=headers, body=body,
             auth_settings=["BearerToken"])
-        response = self.client.call_api(method_, url, headers, body_, post, _request_timeout=self.timeout)
-        data = response.read()
-        text = data.decode() if isinstance(data, bytes) else str(data or "")
+        response = self.client.call_api(method_, url, headers, body_, post, _request_timeout=timeout)
         if response.status >= 400:
-            raise ApiError(response.status, method, url_path, text)
+            data = response.read()
+            raise ApiError(response.status, method, url_path, data.decode(errors="replace") if data else "")
+        return response
+
+    def request(self, method: str, url_path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
+                content_type: str | None = None) -> dict[str, Any]:
+        data = self._call(method, url_path, body, query, content_type, self.timeout).read()
+        text = data.decode() if isinstance(data, bytes) else str(data or "")
         return json.loads(text) if text.strip() else {}
+
+    def stream_lines(self, url_path: str, query: list[tuple[str, str]] | None = None) -> Iterator[str]:
+        """GET a streaming endpoint (a followed pod log) line by line, without a read timeout."""
+        response = self._call("GET", url_path, query=query).response
+        buffer = b""
+        for chunk in response.stream(amt=65536, decode_content=True):
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                yield line.decode(errors="replace")
+        if buffer:
+            yield buffer.decode(errors="replace")
 
     def get(self, url_path: str) -> dict[str, Any] | None:
         try:

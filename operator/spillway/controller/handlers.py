@@ -20,16 +20,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-import kubernetes
 
 from ..adapters.hub import fetch_config
+from ..adapters.kube import ApiError, Kube, load_config, path
 from ..adapters.model_config import HubFetcher
 from ..core import k8s_names as names
 from ..core.errors import InternalError, ModelGeometryUnknown, NameConflict, PoolDoesNotFit, SpillwayError
 from . import conditions as cond
 from . import metrics
 from .facts import NodeSummary, eligibility, summarize_node
-from .kube import ApiError, Kube, path
 from .manifests import Desired, check_name, desired_for, selector
 from .spec import ModelServerSpec, parse_spec
 from .status import error_line, status_plan
@@ -46,10 +45,7 @@ _locks_guard = threading.Lock()
 def kube() -> Kube:
     global _kube
     if _kube is None:
-        try:
-            kubernetes.config.load_incluster_config()
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()
+        load_config()
         _kube = Kube()
     return _kube
 

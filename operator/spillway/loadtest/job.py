@@ -94,75 +94,61 @@ def manifest(*, name: str, namespace: str, modelserver: str, run_args: list[str]
 
 # -- running it -----------------------------------------------------------------------------------
 
-def _api(context: str | None):
+def _client(context: str | None):
     try:
-        import kubernetes
+        from ..adapters import kube
     except ImportError:
         raise InvalidSpec("in-cluster load tests need the kubernetes package (pip install kubernetes)") from None
-    try:
-        kubernetes.config.load_kube_config(context=context)
-    except Exception as kube_error:  # noqa: BLE001 - the client raises several types for a missing config
-        try:
-            kubernetes.config.load_incluster_config()
-        except kubernetes.config.ConfigException:
-            raise InvalidSpec(f"no Kubernetes configuration: {kube_error}") from None
-    return kubernetes
+    kube.load_config(context)
+    return kube
 
 
 def default_namespace(context: str | None = None) -> str:
     try:
-        import kubernetes
-
-        _, active = kubernetes.config.list_kube_config_contexts()
-        if context:
-            contexts, _ = kubernetes.config.list_kube_config_contexts()
-            active = next((c for c in contexts if c["name"] == context), active)
-        return (active or {}).get("context", {}).get("namespace") or "default"
-    except Exception:  # noqa: BLE001 - no kubeconfig: the Job's own namespace must be given
+        from ..adapters.kube import kubeconfig_namespace
+    except ImportError:
         return "default"
+    return kubeconfig_namespace(context) or "default"
 
 
-def _reason(exc: Any) -> str:
+def _unreachable(exc: Exception) -> SpillwayError:
+    return SpillwayError(f"cannot reach the Kubernetes API: {exc}")
+
+
+def check_modelserver(kube, client, name: str, namespace: str) -> dict:
     try:
-        return json.loads(exc.body).get("message") or str(exc.reason)
-    except (ValueError, TypeError, AttributeError):
-        return str(getattr(exc, "reason", exc))
-
-
-def check_modelserver(kubernetes, name: str, namespace: str) -> dict:
-    api = kubernetes.client.CustomObjectsApi()
-    try:
-        return api.get_namespaced_custom_object(names.GROUP, names.VERSION, namespace, names.PLURAL, name)
-    except kubernetes.client.ApiException as exc:
-        if exc.status == 404:
-            raise InvalidSpec(f"{names.KIND} {name!r} not found in namespace {namespace!r}") from None
-        raise SpillwayError(f"cannot read {names.KIND} {namespace}/{name}: HTTP {exc.status} {_reason(exc)}") from None
+        found = client.get(kube.path(names.API_VERSION, names.PLURAL, namespace, name))
+    except kube.ApiError as exc:
+        raise SpillwayError(f"cannot read {names.KIND} {namespace}/{name}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - urllib3 connection errors
-        raise SpillwayError(f"cannot reach the Kubernetes API: {exc}") from None
+        raise _unreachable(exc) from None
+    if found is None:
+        raise InvalidSpec(f"{names.KIND} {name!r} not found in namespace {namespace!r}")
+    return found
 
 
 def run_job(job: dict, *, output: Path | None, context: str | None = None, check: list[str] = (),
             on_result: Callable[[dict], None] | None = None, poll_s: float = 2.0) -> dict | None:
     """Create the Job, follow its pod's log, keep the last result line; returns the last result."""
-    kubernetes = _api(context)
+    kube = _client(context)
+    client = kube.Kube()
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     for modelserver in check:
-        check_modelserver(kubernetes, modelserver, namespace)
-    batch, core = kubernetes.client.BatchV1Api(), kubernetes.client.CoreV1Api()
+        check_modelserver(kube, client, modelserver, namespace)
     try:
-        batch.create_namespaced_job(namespace, job)
-    except kubernetes.client.ApiException as exc:
+        client.request("POST", kube.path("batch/v1", "Job", namespace), body=job)
+    except kube.ApiError as exc:
         if exc.status == 409:
             raise InvalidSpec(f"Job {namespace}/{name} already exists: read it with `kubectl logs job/{name} -n "
                               f"{namespace}`, delete it, or pass --job-name") from None
-        raise SpillwayError(f"cannot create Job {namespace}/{name}: HTTP {exc.status} {_reason(exc)}") from None
+        raise SpillwayError(f"cannot create Job {namespace}/{name}: {exc}") from None
     log(f"created Job {namespace}/{name}; `kubectl logs -f job/{name} -n {namespace}` follows it too")
-    pod = _wait_for_pod(core, namespace, name, poll_s)
+    pod = _wait_for_pod(kube, client, namespace, name, poll_s)
     result = None
     try:
-        stream = core.read_namespaced_pod_log(pod, namespace, container=CONTAINER, follow=True,
-                                              _preload_content=False)
-        for line in _lines(stream):
+        lines = client.stream_lines(kube.path("v1", "Pod", namespace, pod, "log"),
+                                    query=[("container", CONTAINER), ("follow", "true")])
+        for line in lines:
             _, marker, rest = line.partition(RESULT_MARKER + " ")
             if marker:
                 result = json.loads(rest)
@@ -178,30 +164,20 @@ def run_job(job: dict, *, output: Path | None, context: str | None = None, check
     return result
 
 
-def _lines(stream) -> Any:
-    buffer = b""
-    for chunk in stream.stream(amt=65536, decode_content=True):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            yield line.decode(errors="replace")
-    if buffer:
-        yield buffer.decode(errors="replace")
-
-
-def _wait_for_pod(core, namespace: str, job: str, poll_s: float) -> str:
+def _wait_for_pod(kube, client, namespace: str, job: str, poll_s: float) -> str:
     deadline = time.monotonic() + POD_START_TIMEOUT_S
     last_state = ""
     while time.monotonic() < deadline:
-        pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
-        for pod in pods:
-            phase = pod.status.phase if pod.status else None
+        listed = client.request("GET", kube.path("v1", "Pod", namespace), query=[("labelSelector", f"job-name={job}")])
+        for pod in listed.get("items") or []:
+            pod_name = (pod.get("metadata") or {}).get("name")
+            phase = (pod.get("status") or {}).get("phase")
             if phase in ("Running", "Succeeded", "Failed"):
-                return pod.metadata.name
+                return pod_name
             waiting = _waiting_reason(pod)
             if waiting in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"):
-                raise SpillwayError(f"load test pod {pod.metadata.name} cannot start: {waiting}")
-            state = f"pod {pod.metadata.name} {phase}{f' ({waiting})' if waiting else ''}"
+                raise SpillwayError(f"load test pod {pod_name} cannot start: {waiting}")
+            state = f"pod {pod_name} {phase}{f' ({waiting})' if waiting else ''}"
             if state != last_state:
                 log(state)
                 last_state = state
@@ -209,8 +185,9 @@ def _wait_for_pod(core, namespace: str, job: str, poll_s: float) -> str:
     raise SpillwayError(f"the load test pod of Job {namespace}/{job} did not start within {POD_START_TIMEOUT_S}s")
 
 
-def _waiting_reason(pod) -> str | None:
-    for status in (pod.status.container_statuses or []) if pod.status else []:
-        if status.state and status.state.waiting:
-            return status.state.waiting.reason
+def _waiting_reason(pod: dict) -> str | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting")
+        if waiting:
+            return waiting.get("reason")
     return None
