@@ -1,4 +1,8 @@
-"""Patch this pod's own Node with the qualification, through the in-cluster API (no client library needed)."""
+"""Patch this pod's own Node with the qualification, through the in-cluster API.
+
+The standard library only, on purpose: the qualification runs in the vLLM image, which carries no
+Kubernetes client. Everything else that talks to Kubernetes goes through spillway.adapters.kube.
+"""
 from __future__ import annotations
 
 import json
