@@ -110,12 +110,13 @@ def test_an_explicit_pool_that_no_longer_fits_scales_to_zero_and_back(api):
     api.modelserver(offload={"size": "200Gi"}, replicasPerNode=1)
     api.planned(status="True")
     eventually(api.deployment)
-    api.resize_node(node, "256Gi")
+    api.resize_node(node, "200Gi")
     planned = api.planned(status="False", reason="PoolDoesNotFit")
     assert "200Gi" in planned["message"]
     eventually(lambda: api.deployment()["spec"]["replicas"] == 0, what="the Deployment scaled to 0")
-    degraded = api.condition("Degraded")
-    assert degraded["status"] == "True" and "scaled to 0" in degraded["message"], degraded
+    degraded = eventually(lambda: (c := api.condition("Degraded")) and "scaled to 0" in c["message"] and c,
+                          what="Degraded saying why")
+    assert degraded["status"] == "True" and degraded["reason"] == "PoolDoesNotFit"
     assert eventually(lambda: _planned_gauge(api.namespace, "llama") == 0.0, what="the planned gauge at 0")
     api.resize_node(node, "2Ti")
     api.planned(status="True")

@@ -6,6 +6,9 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..core import k8s_names as names
+from ..core.errors import PoolDoesNotFit
+
 PLANNED, READY, DEGRADED = "Planned", "Ready", "Degraded"
 ORDER = (PLANNED, READY, DEGRADED)
 
@@ -63,6 +66,15 @@ def ready_condition(deployment: Mapping[str, Any] | None, generation: int | None
     return condition(READY, ready >= wanted, reason, f"{ready} of {wanted} replicas ready", generation)
 
 
+def _scaled_to_zero(planned: Mapping[str, Any], deployment: Mapping[str, Any] | None, generation: int | None) -> bool:
+    """The operator scaled this generation's own Deployment to 0: its plan stopped fitting the nodes."""
+    meta = (deployment or {}).get("metadata") or {}
+    applied = (meta.get("annotations") or {}).get(names.ANNOTATION_PLANNED_GENERATION)
+    replicas = ((deployment or {}).get("spec") or {}).get("replicas")
+    return (planned.get("reason") == PoolDoesNotFit.reason and replicas == 0 and generation is not None
+            and applied == str(generation))
+
+
 def rollout_failure(deployment: Mapping[str, Any] | None) -> str | None:
     for c in ((deployment or {}).get("status") or {}).get("conditions") or []:
         if ((c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded")
@@ -76,6 +88,8 @@ def degraded_condition(planned: Mapping[str, Any] | None, deployment: Mapping[st
     """Degraded: the last plan failed (its reason), or the Deployment cannot roll out."""
     if planned is not None and planned.get("status") == "False":
         running = ("the last applied plan keeps running" if deployment is not None else "nothing is deployed")
+        if _scaled_to_zero(planned, deployment, generation):
+            running = "the nodes no longer fit the applied plan: its Deployment is scaled to 0 until they do"
         return condition(DEGRADED, True, str(planned.get("reason")), f"{planned.get('message')} ({running})",
                          generation)
     failure = rollout_failure(deployment)

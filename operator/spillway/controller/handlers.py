@@ -232,19 +232,15 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
                 logger.info(f"{outcome} {obj['kind']} {namespace}/{obj['metadata']['name']}")
         update["plan"] = status_plan(result)
     deployment = _deployment(namespace, name)
-    degraded = cond.degraded_condition(planned, deployment, generation)
     if isinstance(error, PoolDoesNotFit) and _no_longer_fits(deployment, generation):
         # The spec it was planned from is unchanged: the nodes shrank. Its pods would not fit (or be
         # OOM-killed) wherever they restart, so none are left to try until the nodes fit the plan again.
         kube().merge_patch(path("apps/v1", "Deployment", namespace, name), {"spec": {"replicas": 0}})
         _event(body, "ScaledToZero", f"the nodes no longer fit the applied plan: {error_line(error)}", warning=True)
         deployment = _deployment(namespace, name)
-    if isinstance(error, PoolDoesNotFit) and _planned_generation(deployment) == generation:
-        degraded["message"] = (f"{planned['message']} (the nodes no longer fit the applied plan: its Deployment "
-                               "is scaled to 0 until they do)")
     metrics.publish_planned(namespace, name, error is None)
     update["conditions"] = cond.merge(status.get("conditions"), [
-        planned, cond.ready_condition(deployment, generation), degraded,
+        planned, cond.ready_condition(deployment, generation), cond.degraded_condition(planned, deployment, generation),
     ])
     update.update(cond.ready_counts(deployment))
     _write_status(namespace, name, status, update)
