@@ -1,5 +1,9 @@
 """Tiny config.json files of every model family Spillway sizes: each family's layer kinds, windows and
-recurrent state in a few small layers, for vLLM's own offloading configuration to size (dummy weights)."""
+recurrent state in a few small layers, for vLLM's own offloading configuration to size (dummy weights).
+
+The Mamba chunks equal the CPU engine's 128-token block, so vLLM 0.26's chunk-aligned hybrid blocks (mamba_cache_mode
+"all") and 0.32's "align" blocks agree on the specs the 0.32 engine records; 0.26's own alignment is checked against
+the H200 measurement (test_footprint_measured.py)."""
 from __future__ import annotations
 
 _BASE = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -38,7 +42,7 @@ FAMILIES: dict[str, dict] = {
                        mlp_only_layers=[]),
     "granite4": _cfg("GraniteMoeHybridForCausalLM", "granitemoehybrid", 4,
                      layer_types=["mamba"] * 3 + ["attention"], mamba_d_conv=4, mamba_d_state=16, mamba_expand=2,
-                     mamba_n_groups=1, mamba_n_heads=8, mamba_d_head=32, mamba_chunk_size=256, mamba_conv_bias=True,
+                     mamba_n_groups=1, mamba_n_heads=8, mamba_d_head=32, mamba_chunk_size=128, mamba_conv_bias=True,
                      mamba_proj_bias=False, num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=256,
                      position_embedding_type="nope", attention_multiplier=1.0, embedding_multiplier=1.0,
                      residual_multiplier=1.0, logits_scaling=1.0),

@@ -26,6 +26,7 @@ from ..core.quantity import parse_bytes
 PLURALS = {
     "Deployment": "deployments",
     "Service": "services",
+    "NetworkPolicy": "networkpolicies",
     names.PODMONITOR_KIND: names.PODMONITOR_PLURAL,
     names.KIND: names.PLURAL,
     "ConfigMap": "configmaps",

@@ -20,6 +20,7 @@ from ..core.errors import InvalidSpec
 from ..core.planner import Plan, plan
 from ..core.quantity import format_bytes, to_quantity
 from .facts import Eligibility, NodeSummary, describe, eligibility
+from . import hardening
 from .spec import ModelServerSpec, parse_spec
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -126,7 +127,8 @@ def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
-    """Stamp the object with a hash of its content: the operator skips writes whose hash is unchanged."""
+    """Stamp the object with a hash of its content (what was applied, for a reader; drift is found by
+    comparing the live fields, adapters.kube.holds)."""
     digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
     obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_APPLIED_HASH] = digest
     return obj
@@ -147,7 +149,7 @@ def vllm_env(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
         ref = spec.hf_token_secret
         env.append({"name": api.ENV_HF_TOKEN,
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    return env + [dict(item) for item in spec.env]
+    return env + hardening.api_key_env(spec) + [dict(item) for item in spec.env]
 
 
 def _probe(period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
@@ -171,7 +173,8 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
         "env": vllm_env(spec, result),
         "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": api.SERVER_PORT, "protocol": "TCP"}],
         "resources": {"requests": requests, "limits": limits},
-        "volumeMounts": [{"name": names.VOLUME_SHM, "mountPath": api.SHM_DIR}],
+        "volumeMounts": [{"name": names.VOLUME_SHM, "mountPath": api.SHM_DIR}, *hardening.writable_volumes(spec)[1]],
+        "securityContext": hardening.container_security_context(spec),
         "startupProbe": _probe(10, STARTUP_SECONDS // 10),
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 6),
@@ -190,7 +193,11 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
         # The offload pool lives in /dev/shm (an mmap pinned for DMA): a memory-backed emptyDir sized by the
         # plan, whose pages count against the container's memory limit.
         "volumes": [{"name": names.VOLUME_SHM, "emptyDir": {"medium": "Memory",
-                                                            "sizeLimit": to_quantity(pod.shm_bytes, "Mi")}}],
+                                                            "sizeLimit": to_quantity(pod.shm_bytes, "Mi")}},
+                    *hardening.writable_volumes(spec)[0]],
+        "securityContext": hardening.pod_security_context(),
+        # vLLM never calls the Kubernetes API: no ServiceAccount token in its pods.
+        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
@@ -244,8 +251,20 @@ def pod_monitor(body: Mapping[str, Any]) -> dict[str, Any]:
     })
 
 
+def network_policy(body: Mapping[str, Any], spec: ModelServerSpec) -> dict[str, Any]:
+    name = body["metadata"]["name"]
+    return with_hash({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(body),
+        "spec": hardening.network_policy_spec(name, spec, selector(name)),
+    })
+
+
 def render(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, with_pod_monitor: bool) -> list[dict]:
     objects = [deployment(body, spec, result), service(body)]
+    if spec.network_policy:
+        objects.append(network_policy(body, spec))
     if with_pod_monitor:
         objects.append(pod_monitor(body))
     return objects

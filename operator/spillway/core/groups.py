@@ -306,7 +306,7 @@ def kv_groups(config: Mapping[str, Any], release: tuple[int, int], tensor_parall
     """The model's KV-cache groups on `release`, or ModelGeometryUnknown with vLLM's reason."""
     config = text_config(config)
     layers = layer_caches(config, tensor_parallel_size, kv_cache_dtype, name)
-    groups = group_layers(layers, block_size, kernel_block)
+    groups = group_layers(layers, block_size, kernel_block, _state_chunk(config, release))
     refusal = release_refusal(release, groups)
     if refusal:
         raise ModelGeometryUnknown(f"{name}: {refusal}")
@@ -318,8 +318,8 @@ def kv_groups(config: Mapping[str, Any], release: tuple[int, int], tensor_parall
 
 # -- grouping ---------------------------------------------------------------------------------------
 
-def group_layers(layers: Sequence[LayerCache], block_size: int,
-                 kernel_block: int = GPU_KERNEL_BLOCK) -> tuple[CacheGroup, ...]:
+def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: int = GPU_KERNEL_BLOCK,
+                 state_chunk: int | None = None) -> tuple[CacheGroup, ...]:
     """vLLM's grouping of per-layer caches into KV-cache groups, pages unified."""
     cached = [layer for layer in layers if layer.kind]
     if not cached:
@@ -335,6 +335,8 @@ def group_layers(layers: Sequence[LayerCache], block_size: int,
     if states:
         # _align_hybrid_block_size: the smallest multiple of the kernel alignment whose page holds one state
         align = max(kernel_block, block_size)
+        if state_chunk:  # 0.26's mamba_cache_mode "all": blocks are also whole Mamba chunks
+            align = math.lcm(align, state_chunk)
         block_size = max(block_size, align * _cdiv(max(states), align * per_token))
     page = block_size * per_token
 
@@ -354,6 +356,18 @@ def group_layers(layers: Sequence[LayerCache], block_size: int,
         for i in range(num_groups):
             groups.append(CacheGroup(kind, len(range(i, count, num_groups)), page, block_size, window))
     return tuple(groups)
+
+
+# Mamba2 families with SupportsMambaPrefixCaching in vLLM 0.26 (vllm/model_executor/models/*.py): there, prefix
+# caching selects mamba_cache_mode "all", whose blocks are whole multiples of the Mamba chunk
+# (vllm/platforms/interface.py, _align_hybrid_block_size); 0.32 and 0.33 select "align" for every model.
+MAMBA_PREFIX_CACHING_0_26 = frozenset({"granitemoehybrid", "nemotron_h", "falcon_h1", "bamba", "zamba2"})
+
+
+def _state_chunk(config: Mapping[str, Any], release: tuple[int, int]) -> int | None:
+    if release >= (0, 32) or str(config.get("model_type", "")) not in MAMBA_PREFIX_CACHING_0_26:
+        return None
+    return int(config.get("mamba_chunk_size") or config.get("chunk_size") or 2048)  # ModelConfig.get_mamba_chunk_size
 
 
 def host_copies(release: tuple[int, int], mla: bool, tensor_parallel_size: int) -> int:

@@ -37,6 +37,7 @@ APP_NAME = "spillway"  # app.kubernetes.io/name of every object the operator wri
 MANAGED_BY = "spillway-operator"  # app.kubernetes.io/managed-by
 FIELD_MANAGER = "spillway-operator"  # server-side apply field manager
 COMPONENT_VLLM = "vllm"  # app.kubernetes.io/component of the vLLM pods (the chart's PodMonitor selects it)
+COMPONENT_LOADTEST = "loadtest"  # app.kubernetes.io/component of `spillway loadtest job` pods
 CONTAINER_VLLM = "vllm"
 PORT_NAME_HTTP = "http"  # the vLLM pods' OpenAI + /metrics port name
 VOLUME_SHM = "dshm"

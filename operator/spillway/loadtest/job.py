@@ -19,7 +19,7 @@ from ..core.vllm_api import SERVER_PORT
 from .progress import log
 from .results import RESULT_MARKER, write_atomic
 
-COMPONENT = "loadtest"
+COMPONENT = names.COMPONENT_LOADTEST  # the vLLM pods' NetworkPolicy admits these pods
 CONTAINER = "loadtest"
 MANAGED_BY = "spillway-cli"
 TTL_AFTER_FINISHED_S = 86_400  # keep the finished Job (and its log) a day for `kubectl logs`
