@@ -89,3 +89,13 @@ def test_mla_single_host_copy_from_032():
     assert _plan(kimi, 8, "0.33.0").pool.copies == 1
     old = _plan(kimi, 8, "0.26.0")
     assert old.pool.copies == 8 and old.pool.chunk_bytes == 8 * old.groups.row_bytes
+
+
+def test_mamba_hybrid_blocks_follow_the_release():
+    # 0.26 rounds Nemotron-H's blocks to whole 256-token Mamba chunks: 1280 tokens, the 5 MiB rows the H200
+    # measurement pinned (bench/results/h200-2026-12-01/footprint.json, mamba-16-auto); 0.33 needs 1040.
+    nemotron = "nvidia/Nemotron-H-8B-Base-8K"
+    old, modern = _plan(nemotron, 1, "0.26.0"), _plan(nemotron, 1, "0.33.0")
+    assert (old.groups.block_size, modern.groups.block_size) == (1280, 1040)
+    assert old.groups.groups[0].page_bytes == 5 * MiB
+    assert _plan("Qwen/Qwen3-Next-80B-A3B-Instruct", 2).groups.block_size == 544
