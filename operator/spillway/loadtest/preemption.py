@@ -165,6 +165,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser(EXPERIMENT, help="decode-heavy load past the GPU KV cache: preemptions and reloads from "
                                           "the CPU pool, against a server without offloading")
     run.add_argument("--endpoint", required=True, help="base URL of the offloading server")
+    run.add_argument("--role", default="offload", help="the first endpoint's name in the result (default: offload)")
     run.add_argument("--baseline-endpoint", help="a server without offloading, measured after the first")
     run.add_argument("--model", help="served model id (default: the only one the endpoint serves)")
     run.add_argument("--api-key", default=os.environ.get(ENV_API_KEY), help=f"bearer token (default: ${ENV_API_KEY})")
@@ -197,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise InvalidSpec(f"--label expects KEY=VALUE, got {item!r}")
         labels[key] = value
-    endpoints = [("offload", args.endpoint)] + ([("baseline", args.baseline_endpoint)] if args.baseline_endpoint else [])
+    endpoints = [(args.role, args.endpoint)] + ([("baseline", args.baseline_endpoint)] if args.baseline_endpoint else [])
     result = asyncio.run(_stopped_by_signals(run_async(endpoints, plan, model=args.model, api_key=args.api_key,
                                                        output=args.output, labels=labels, progress=args.progress)))
     print(f"result: {args.output}", file=sys.stderr)
