@@ -25,10 +25,8 @@ import pytest
 from chart_render import CHART, NAMESPACE, REPO, SCENARIOS, of_kind, operator_container, render, require_binary
 from spillway.adapters.model_config import catalog_config
 from spillway.core import k8s_names
-
-sys.path.insert(0, str(REPO / "tests" / "operator"))
-from ms_cluster import Apiserver, EmulatedCluster, eventually
-from ms_examples import LLAMA_8B, gpu_node, modelserver
+from support.ms_cluster import Apiserver, EmulatedCluster, eventually
+from support.ms_examples import LLAMA_8B, gpu_node, modelserver
 
 OPERATOR_TOKEN = "spillway-operator-token"
 KOPF = Path(sys.executable).with_name("kopf")

@@ -1,10 +1,9 @@
-"""Nodes -> NodeFacts, which nodes a replica may land on, and where a model's geometry comes from."""
+"""Nodes -> NodeFacts, which nodes a replica may land on, and the fingerprint that triggers a re-plan."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from ms_examples import LLAMA_8B, cpu_node, gpu_node
 from spillway.controller.facts import (
     affinity_allows,
     eligible_nodes,
@@ -16,6 +15,7 @@ from spillway.controller.spec import parse_spec
 from spillway.core import k8s_names as names
 from spillway.core.errors import NoEligibleNodes
 from spillway.core.quantity import GiB
+from support.ms_examples import LLAMA_8B, cpu_node, gpu_node
 
 
 def summaries(*nodes):

@@ -8,7 +8,6 @@ import json
 import kubernetes_validate
 import pytest
 from cloudcoil.models.prometheus_operator.v1 import PodMonitor
-from ms_examples import LLAMA_8B, gpu_node, modelserver
 from spillway.adapters.model_config import resolve_geometry
 from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired
@@ -18,6 +17,7 @@ from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec, PoolDoesNotFit
 from spillway.core.planner import NodeFacts, plan
 from spillway.core.quantity import parse_bytes
+from support.ms_examples import LLAMA_8B, gpu_node, modelserver
 
 KUBERNETES_VERSIONS = ("1.30", "1.37")
 

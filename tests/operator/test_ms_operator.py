@@ -12,8 +12,6 @@ import uuid
 
 import kubernetes
 import pytest
-from ms_cluster import EmulatedCluster, Operator, eventually
-from ms_examples import LLAMA_8B, gpu_node, modelserver
 from spillway.adapters.model_config import catalog_config, resolve_geometry
 from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired
@@ -24,6 +22,8 @@ from spillway.core.planner import plan
 from spillway.core.qualification import Row
 from spillway.core.qualification import summary as qualification_summary
 from spillway.core.quantity import parse_bytes
+from support.ms_cluster import EmulatedCluster, Operator, eventually
+from support.ms_examples import LLAMA_8B, gpu_node, modelserver
 
 
 def _free_port() -> int:

@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kmock
 import pytest
-from ms_cluster import EmulatedCluster, Operator, eventually
-from ms_examples import LLAMA_8B
 from spillway.adapters.model_config import catalog_config
 from spillway.core import k8s_names as names
+from support.ms_cluster import EmulatedCluster, Operator, eventually
+from support.ms_examples import LLAMA_8B
 from test_ms_operator import Api, memory_limit, planned_limit, wait_planned
 
 HUB_TOKEN = "hub-secret"

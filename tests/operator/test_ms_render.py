@@ -7,10 +7,10 @@ import sys
 
 import yaml
 from ms_crd_schema import REPO
-from ms_examples import gpu_node, modelserver
 from spillway.controller.facts import summarize_node, synthetic_node
 from spillway.controller.manifests import desired
 from spillway.core import k8s_names as names
+from support.ms_examples import gpu_node, modelserver
 
 EXAMPLE = REPO / "docs" / "examples" / "modelserver.yaml"
 

@@ -13,7 +13,7 @@ def spillway(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "spillway.cli", *args], capture_output=True, text=True, timeout=60, check=False)
 
 
-def test_json_contract():
+def test_json_output_holds_the_plan_sections():
     out = spillway("plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "512Gi",
                    "--gpus-per-node", "8", "--offload-size", "auto", "--output", "json")
     assert out.returncode == 0, out.stderr

@@ -21,7 +21,8 @@ from typing import Any, Self
 import attrs
 import kmock
 from spillway.core import k8s_names as names
-from support.kube_api import VERBS, EmulatedApi  # noqa: F401 - VERBS re-exported for other suites
+
+from support.kube_api import EmulatedApi
 
 REPO = Path(__file__).resolve().parents[2]
 KOPF = Path(sys.executable).with_name("kopf")
