@@ -8,11 +8,11 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet

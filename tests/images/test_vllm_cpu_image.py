@@ -3,9 +3,10 @@
 Its entrypoint runs `vllm serve` of a tiny dummy-weight Llama (config.json only) with Spillway's connector
 and host-memory offloading, as a non-root user without capabilities, over the host's loopback. Before
 that, in a /dev/shm shared with a second container, it removes a pool file a previous container left and
-keeps the one the second container (another PID namespace) still maps. Then the connector suite's
-preempting workload (tests/connector/offload_workload.py) runs against it: KV stored to the pool, loaded
-back under pressure with unchanged greedy outputs, and Spillway's series on /metrics.
+keeps the one the second container (another PID namespace) still maps. Then prompts are served one
+after another (prefix caching off, so a hit can only come from the pool): their KV is stored to the
+pool, and a prompt served again is reloaded from it with the same greedy output; Spillway's series on
+/metrics count the transfers. (The preempting workload is the connector suite's, tests/connector.)
 """
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ import container
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
-from offload_workload import OffloadChecks, Workload, run_phases
+from offload_workload import Workload, complete
 from pools import HOLDER, plant
-from spillway.core import vllm_api
+from promtext import samples, total
+from spillway.core import vllm_api as V
+from spillway_connector import names
 from spillway_connector.host_backend import cpu_offload_args
-from support import VllmServer
+from support import SERVED_MODEL_NAME, VllmServer
 
 # The first test also waits for the image build (a cold one installs torch and vLLM) and the engine start.
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(container.BUILD_TIMEOUT_S + 900)]
@@ -44,7 +47,7 @@ class ContainerVllmServer(VllmServer):
             "--volume", f"{self.model_dir}:{self.model_dir}:ro", "--volume", f"{shm}:/dev/shm",
             # vLLM's CPU attention backend takes its own layout only (LBHNC, not the preset BLHNC); "auto"
             # is how the entrypoint is told to leave the choice to the backend.
-            "--env", f"{vllm_api.ENV_KV_CACHE_LAYOUT}=auto",
+            "--env", f"{V.ENV_KV_CACHE_LAYOUT}=auto",
         ])
 
     def _entrypoint_args(self) -> list[str]:
@@ -114,13 +117,13 @@ def server(image, shm, sidecar):
 
 
 @pytest.fixture(scope="module")
-def workload() -> Workload:
-    return WORKLOAD
-
-
-@pytest.fixture(scope="module")
-def run(server, workload) -> dict:
-    return run_phases(server, workload)
+def run(server) -> dict:
+    """Two prompts, each alone; then the first again."""
+    prompts = [server.token_ids(WORKLOAD.prompt_tokens, seed=seed) for seed in range(2)]
+    first = [complete(server, prompt, WORKLOAD.output_tokens) for prompt in prompts]
+    stored = server.metrics_text()
+    again = complete(server, prompts[0], WORKLOAD.output_tokens)
+    return {"first": first, "stored": stored, "again": again, "final": server.metrics_text()}
 
 
 def test_entrypoint_removed_the_stale_pool_and_kept_the_one_in_use(server, shm, sidecar):
@@ -138,5 +141,32 @@ def test_served_by_the_entrypoint_as_the_images_user(server):
     assert serving and all(line.split()[0] in ("65532", "spillway") for line in serving), top
 
 
-class TestCpuImageOffloads(OffloadChecks):
-    pass
+def transfers(text: str, direction: str) -> float:
+    return total(text, names.TRANSFER_THROUGHPUT + "_count", direction=direction)
+
+
+def test_served_prompts_are_stored_to_the_pool_and_nothing_is_loaded(run):
+    text = run["stored"]
+    assert all(len(tokens) == WORKLOAD.output_tokens for tokens in run["first"])
+    assert total(text, V.Metric.OFFLOAD_STORE_BYTES + "_total") > 0, "nothing was stored to the pool"
+    assert total(text, V.Metric.OFFLOAD_LOAD_BYTES + "_total") == 0
+    assert transfers(text, names.DIRECTION_STORE) == total(text, "vllm:kv_offload_store_size_count") > 0
+    assert transfers(text, names.DIRECTION_LOAD) == 0
+
+
+def test_a_prompt_served_again_is_reloaded_from_the_pool_with_the_same_output(run):
+    before, after = run["stored"], run["final"]
+    assert run["again"] == run["first"][0]
+    hits = total(after, V.Metric.EXTERNAL_HITS + "_total") - total(before, V.Metric.EXTERNAL_HITS + "_total")
+    assert hits >= WORKLOAD.block_tokens, "the repeated prompt got no hit from the pool"
+    assert total(after, V.Metric.OFFLOAD_LOAD_BYTES + "_total") > 0
+    assert transfers(after, names.DIRECTION_LOAD) == total(after, "vllm:kv_offload_load_size_count") > 0
+
+
+def test_spillway_pool_series_carry_vllm_engine_labels(run):
+    text = run["final"]
+    (labels, capacity), = samples(text, names.POOL_CAPACITY_CHUNKS)
+    assert capacity == WORKLOAD.pool_chunks
+    assert labels.get("model_name") == SERVED_MODEL_NAME and labels.get("engine") == "0"
+    resident = total(text, names.POOL_RESIDENT_CHUNKS)
+    assert 2 * WORKLOAD.prompt_blocks <= resident <= WORKLOAD.pool_chunks
