@@ -99,3 +99,6 @@ def test_mamba_hybrid_blocks_follow_the_release():
     assert (old.groups.block_size, modern.groups.block_size) == (1280, 1040)
     assert old.groups.groups[0].page_bytes == 5 * MiB
     assert _plan("Qwen/Qwen3-Next-80B-A3B-Instruct", 2).groups.block_size == 544
+    # vLLM aligns a Mamba hybrid's offloaded blocks only with prefix caching on
+    assert "--enable-prefix-caching" in modern.args
+    assert "--enable-prefix-caching" not in _plan("meta-llama/Llama-3.1-8B-Instruct", 1).args

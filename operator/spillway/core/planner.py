@@ -31,7 +31,7 @@ from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
 from .footprint import Footprint, footprint, largest_pool, pinned_tensors
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
-from .groups import FULL, MLA, CacheGroup, KVGroups, host_copies, kv_groups
+from .groups import FULL, MAMBA, MLA, CacheGroup, KVGroups, host_copies, kv_groups
 from .options import Attention, Connector, EvictionPolicy, Layout, choices
 from .quantity import GiB, MiB, format_bytes, parse_bytes
 from .rates import interpolate_log2
@@ -387,6 +387,8 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
         pod = PodPlan(limit, limit, shm, reserve, request.tensor_parallel_size)
     env = engine_env(request)
     args = engine_args(layout, request.offload, pool)
+    if pool is not None and any(g.kind == MAMBA for g in groups.groups):
+        args.append(api.FLAG_ENABLE_PREFIX_CACHING)  # vLLM: "Hybrid models (e.g. Mamba+Attention) need it"
     transfer = _transfer_plan(layout, request, node) if pool is not None else None
     warnings = _warnings(layout, node_plan, node, pool, request, transfer)
     return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups)

@@ -66,6 +66,8 @@ FLAG_MAX_NUM_SEQS = "--max-num-seqs"
 FLAG_MAX_NUM_BATCHED_TOKENS = "--max-num-batched-tokens"
 FLAG_ENFORCE_EAGER = "--enforce-eager"
 FLAG_NO_ENABLE_PREFIX_CACHING = "--no-enable-prefix-caching"
+# Mamba hybrids: the offloading connector needs prefix caching to align their block sizes (build_offloading_config)
+FLAG_ENABLE_PREFIX_CACHING = "--enable-prefix-caching"
 FLAG_DTYPE = "--dtype"
 LOAD_FORMAT_DUMMY = "dummy"
 
