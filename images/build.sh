@@ -153,12 +153,13 @@ import_rootfs() {  # import_rootfs DIRECTORY TAG
   case "$engine" in
     docker) tar -C "$1" -c . | docker import - "$2" >/dev/null ;;
     podman) tar -C "$1" -c . | podman import --quiet - "$2" >/dev/null ;;
-    buildah)
-      local container
+    buildah)  # `buildah add` unpacks a tar archive into the container's root
+      local container archive
       container="$(buildah from scratch)"
-      tar -C "$1" -c . | buildah copy "$container" - / >/dev/null 2>&1 \
-        || { local archive; archive="$(mktemp --suffix .tar)"; tar -C "$1" -cf "$archive" .
-             buildah add "$container" "$archive" / >/dev/null; rm -f "$archive"; }
+      archive="$(mktemp --suffix .tar)"
+      tar -C "$1" -cf "$archive" .
+      buildah add "$container" "$archive" / >/dev/null
+      rm -f "$archive"
       buildah commit --quiet "$container" "$2" >/dev/null
       buildah rm "$container" >/dev/null ;;
   esac
