@@ -7,8 +7,6 @@ Every metric also carries vLLM's own engine labels (`model_name`, `engine`).
 """
 from __future__ import annotations
 
-PREFIX = "spillway:"
-
 # -- preempted requests served from the CPU pool (counters) --------------------
 # vLLM keeps these apart from vllm:external_prefix_cache_* and never exports them.
 PREEMPTED_RELOAD_REQUESTS = "spillway:kv_offload_preempted_reload_requests"

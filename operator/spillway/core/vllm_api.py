@@ -25,7 +25,6 @@ from spillway_connector.transfer_config import (  # noqa: F401 - re-exported: th
     flag_value,
     kv_transfer_config,
 )
-from spillway_connector.versions import SUPPORTED_MINORS
 
 # -- engine flags -------------------------------------------------------------
 FLAG_TENSOR_PARALLEL_SIZE = "--tensor-parallel-size"
@@ -68,7 +67,6 @@ FLAG_ENFORCE_EAGER = "--enforce-eager"
 FLAG_NO_ENABLE_PREFIX_CACHING = "--no-enable-prefix-caching"
 # Mamba hybrids: the offloading connector needs prefix caching to align their block sizes (build_offloading_config)
 FLAG_ENABLE_PREFIX_CACHING = "--enable-prefix-caching"
-FLAG_DTYPE = "--dtype"
 LOAD_FORMAT_DUMMY = "dummy"
 
 # -- KV cache events (ZMQ), which a KV-aware router indexes ----------------------------------------------------
@@ -89,8 +87,6 @@ PYTHONHASHSEED_VALUE = "0"
 
 NATIVE_BACKEND = "native"
 
-# Releases Spillway plans for: the connector's supported minors (oldest first; the last is our image's).
-SUPPORTED_VLLM_MINORS = SUPPORTED_MINORS
 IMAGE_VLLM_VERSION = "0.33.0"
 BLOCK_LAYOUT_ENV_SINCE = (0, 32)  # VLLM_KV_CACHE_LAYOUT accepts block-outermost layouts (BLHNC) from here
 
@@ -114,7 +110,6 @@ RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SP
 
 # -- the pool's backing file ---------------------------------------------------
 SHM_DIR = "/dev/shm"
-SHM_FILE_GLOB = "/dev/shm/vllm_offload_*"
 
 # -- server endpoints ----------------------------------------------------------
 SERVER_PORT = 8000

@@ -25,7 +25,6 @@ KEEPALIVE_S = 1.0
 # the request timeout (long prompts, up to an hour) must not let a server that accepts and never answers
 # hold the run. One attempt each: a timed-out GET is not retried.
 CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=10, sock_connect=10)
-JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class EndpointError(SpillwayError):
@@ -92,7 +91,7 @@ class OpenAIClient:
             try:
                 async with self._session.get(self.url(path), timeout=CONTROL_TIMEOUT) as response:
                     return response.status, await response.text()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise EndpointError(f"{self.url(path)} did not answer within {CONTROL_TIMEOUT.total:g} s") from None
             except (aiohttp.ClientError, OSError) as exc:
                 if attempt == attempts - 1 or isinstance(exc, aiohttp.ClientConnectorError):
@@ -149,7 +148,7 @@ class OpenAIClient:
                 body = await response.text()
                 if response.status != 200:
                     raise EndpointError(f"{url} answered HTTP {response.status}: {_clip(_message(body))}")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise EndpointError(f"cannot reach {url}: {_describe(exc)}") from None
         try:
             return bool(json.loads(body).get("success", True))
@@ -181,7 +180,7 @@ class OpenAIClient:
         """Open the connections a phase will use before its clock starts."""
         try:
             await self._pool.warm(connections)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise EndpointError(f"cannot reach {self.base_url}: {_describe(exc)}") from None
 
     async def complete(self, prompt: list[int] | str, max_tokens: int = 1, stream: bool = False) -> Completion:
@@ -195,7 +194,7 @@ class OpenAIClient:
         start = time.perf_counter()
         try:
             reply = await self._pool.send(request, stream)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             return Completion(False, time.perf_counter() - start, error=_describe(exc))
         return _completion(reply, stream)
 

@@ -21,7 +21,7 @@ from spillway_connector import names as connector
 from spillway.core.vllm_api import CacheHitSource, Metric, OffloadConfigInfoLabel
 
 from . import recording as rec
-from .promql import DIRECTION, MODEL, NAMESPACE, POD, POD_KEY, by, counter, eq, one_of, selector
+from .promql import DIRECTION, MODEL, NAMESPACE, POD, POD_KEY, by, eq, one_of, selector
 
 DATASOURCE_VAR = "datasource"
 NAMESPACE_VAR, MODEL_VAR, POD_VAR = "namespace", "model", "pod"
@@ -65,10 +65,6 @@ class RowSpec:
 def f(metric: str, *matchers: str) -> str:
     """The metric restricted to the dashboard's namespace/model/pod selection."""
     return selector(metric, *matchers, *FILTER)
-
-
-def _per_pod_rate(metric: str) -> str:
-    return f"sum {by(*POD_KEY)} (rate({f(counter(metric))}[{RATE_INTERVAL}]))"
 
 
 def _direction(record: str, direction: str) -> str:

@@ -48,8 +48,3 @@ def scatter(rng: random.Random, pool: int, blocks: int) -> list[int]:
 def block_pointers(base: int, indices: Sequence[int], block_bytes: int) -> list[int]:
     """Byte addresses of the indexed blocks in a buffer that starts at `base`."""
     return [base + i * block_bytes for i in indices]
-
-
-def relative_gap(measured: float, reference: float) -> float:
-    """Signed relative difference (measured - reference) / reference."""
-    return (measured - reference) / reference
