@@ -6,7 +6,7 @@ escalation, the memory and CPU limits. It talks over the host's loopback to an e
 that refuses whatever the chart's RBAC does not grant (tests/chart/test_operator_rbac.py), with a
 kubeconfig in place of the ServiceAccount token (the emulator speaks plain HTTP). The chart's own
 `helm test` check must find it healthy, and it must plan ModelServers into Deployments and Services
-and follow their readiness.
+and follow their readiness. The chart pins the image by its digest (operator.image.digest).
 """
 from __future__ import annotations
 
@@ -66,13 +66,21 @@ def run_options(docs: list[dict], kubeconfig: Path, health_port: int, metrics_po
 
 
 def test_operator_image_runs_as_the_chart_runs_it_and_reconciles(image, tmp_path):
-    docs = render(require_binary("helm"), {"operator": {"image": {"repository": image.rsplit(":", 1)[0],
-                                                                  "tag": image.rsplit(":", 1)[1]}}})
-    assert operator_container(docs)["image"] == image
+    # Pinned by digest, as docs/chart.md tells users to: the chart names the image repository@sha256:...
+    # (podman records a local image's digest; docker only a pushed one's, so there the tag pins it.)
+    repository, tag = image.rsplit(":", 1)
+    inspect = container.run(["image", "inspect", "--format", "{{.Digest}}", image], check=False)
+    digest = inspect.stdout.strip() if inspect.returncode == 0 and inspect.stdout.startswith("sha256:") else ""
+    pin = {"digest": digest} if digest else {"tag": tag}
+    docs = render(require_binary("helm"), {"operator": {"image": {"repository": repository, **pin}}})
+    pinned = operator_container(docs)["image"]
+    assert pinned == (f"{repository}@{digest}" if digest else image)
+    if container.engine() == "podman":
+        assert digest, "podman records the digest of every image it builds"
     health_port = free_port()
     with AuthorizingCluster(tmp_path, Policy(docs)) as cluster:
         options, args = run_options(docs, cluster.operator_kubeconfig, health_port, free_port())
-        with container.Container(image, args, options) as operator:
+        with container.Container(pinned, args, options) as operator:
             try:
                 check = subprocess.run([sys.executable, "-c", (CHART / "scripts" / "helm_test.py").read_text(),
                                         f"--operator=http://127.0.0.1:{health_port}/healthz", "--timeout=90"],

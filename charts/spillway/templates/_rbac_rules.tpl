@@ -21,14 +21,18 @@ exactly these rules.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.operator.hubFetch.enabled }}
-# Hub fetches authenticate with the ModelServer's spec.hfTokenSecretRef: get by name, never list.
+{{- if and .Values.operator.hubFetch.enabled .Values.operator.watchNamespaces }}
+# Hub fetches authenticate with the ModelServer's spec.hfTokenSecretRef: get by name, never list, and only in
+# the watched namespaces (one Role each): an operator serving every namespace reads no Secrets at all.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
