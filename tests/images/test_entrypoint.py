@@ -5,8 +5,12 @@ The built image runs the same entrypoint in test_vllm_cpu_image.py, with the hol
 """
 from __future__ import annotations
 
+import os
+import re
+import runpy
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -106,3 +110,34 @@ def test_an_unreadable_shm_is_reported_and_vllm_still_starts(tmp_path):
     proc = entrypoint(tmp_path, "m", SPILLWAY_SHM_DIR=str(blocked))
     assert proc.returncode == 0 and proc.stdout.splitlines()[0] == "serve m"
     assert "cannot list" in proc.stderr and "starting vLLM anyway" in proc.stderr
+
+
+def region_sources() -> list[Path]:
+    """vLLM's shared_offload_region.py in the installed vLLM and in SPILLWAY_VLLM_TREES (CI: 0.33, 0.26)."""
+    import importlib.util
+
+    roots = [Path(tree) for tree in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if tree]
+    spec = importlib.util.find_spec("vllm")
+    if spec is not None and spec.origin:
+        roots.append(Path(spec.origin).parents[1])
+    files = [root / "vllm" / "v1" / "kv_offload" / "cpu" / "shared_offload_region.py" for root in roots]
+    return [f for f in files if f.is_file()]
+
+
+def test_the_cleanup_knows_the_pool_file_names_of_vllms_sources():
+    stale_pools = runpy.run_path(str(ENTRYPOINT.with_name("stale_pools.py")))
+    sources = region_sources()
+    if not sources:
+        pytest.skip("no vLLM source with a shared offload region (vLLM >= 0.32) is at hand")
+    engine_id = str(uuid.uuid4())  # vllm/config/kv_transfer.py: the default engine_id
+    for source in sources:
+        text = source.read_text()
+        path, = re.findall(r'self\.mmap_path = f"([^"]+)"', text)
+        directory, name = path.replace("{engine_id}", engine_id).rsplit("/", 1)
+        assert directory == "/dev/shm", f"{source}: vLLM moved its pool files to {directory}"
+        names = [name]
+        # 0.33 splits a large pool into segment files: f"{self.mmap_path}.{i}"
+        for segment in re.findall(r'f"(\{self\.mmap_path\}\.\{i\})"', text):
+            names += [segment.replace("{self.mmap_path}", name).replace("{i}", str(n)) for n in (1, 12)]
+        for found in names:
+            assert stale_pools["POOL_FILE"].fullmatch(found), f"{source} names a pool file {found}"

@@ -19,9 +19,8 @@ import pytest
 from spillway.core.quantity import parse_bytes
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS / "chart"))
-from chart_render import CHART, NAMESPACE, operator_container, operator_deployment, render, require_binary
-from test_operator_rbac import AuthorizingCluster, Policy, exercise, free_port
+from support.chart_render import CHART, NAMESPACE, operator_container, operator_deployment, render, require_binary
+from support.rbac_cluster import AuthorizingCluster, Policy, exercise, free_port
 
 KUBECONFIG = "/etc/spillway/kubeconfig"
 pytestmark = pytest.mark.timeout(container.BUILD_TIMEOUT_S + 300)  # a cold build makes the Python base too

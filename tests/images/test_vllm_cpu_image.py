@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import container
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
-from offload_workload import Workload, complete
 from pools import HOLDER, plant
-from promtext import samples, total
 from spillway.core import vllm_api as V
 from spillway_connector import names
 from spillway_connector.host_backend import cpu_offload_args
 from support import SERVED_MODEL_NAME, VllmServer
+from support.offload_workload import Workload, complete
+from support.promtext import samples, total
 
 # The first test also waits for the image build (a cold one installs torch and vLLM) and the engine start.
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(container.BUILD_TIMEOUT_S + 900)]

@@ -151,9 +151,19 @@ def _hub_fetcher(namespace: str, spec: ModelServerSpec) -> HubFetcher | None:
         token = None
         ref = spec.hf_token_secret
         if ref is not None:
-            secret = kube().get(path("v1", "Secret", namespace, ref.name))
+            try:
+                secret = kube().get(path("v1", "Secret", namespace, ref.name))
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                raise ModelGeometryUnknown(
+                    f"the operator may not read Secret {ref.name} in namespace {namespace} (the chart grants Secret "
+                    "reads only in operator.watchNamespaces): give spec.modelConfig instead") from exc
             encoded = ((secret or {}).get("data") or {}).get(ref.key)
-            token = base64.b64decode(encoded).decode().strip() if encoded else None
+            try:
+                token = base64.b64decode(encoded).decode().strip() if encoded else None
+            except ValueError as exc:  # binascii.Error, UnicodeDecodeError
+                raise ModelGeometryUnknown(f"Secret {ref.name} key {ref.key} is not a token") from exc
         return fetch_config(model, revision or "main", token)
     return fetch
 
