@@ -25,6 +25,11 @@ MODES = (MODE_NONE, MODE_KV_AWARE, MODE_LLM_D)
 KV_EVENTS_PORT = 5557  # the vLLM pods' ZMQ publisher (container port name: names.PORT_NAME_KV_EVENTS)
 ROUTER_PORT = 8000  # the router's OpenAI endpoint: the port clients already use
 ROUTER_METRICS_PORT = 29000  # vllm-router's default --prometheus-port
+EPP_PORT = 9002  # llm-d-router's endpoint picker (gRPC ext-proc), the InferencePool extension's default port
+EPP_CONFIG_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"  # EndpointPickerConfig
+# The CPU tier's weight in llm-d's precise prefix scorer: a CPU hit is worth what the router's host-tier credit
+# says when it is known; this is vllm-router's own default credit.
+LLM_D_CPU_TIER_WEIGHT = 0.8
 
 # Recompute rate anchor: Llama-3.1-8B-Instruct prefilled 41,391 prompt tokens/s on one H200 with nothing cached
 # (bench/results/h200-2026-11-30/run2/call5-loadtest/loadtest-loadtest-no-offload-v1.json, hit rate 0).

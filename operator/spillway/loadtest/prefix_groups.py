@@ -3,7 +3,8 @@
 The shape of llm-d's tiered-prefix-cache benchmark: G prefix groups (tenants, each with its own long system
 prompt) x P prompts per group (a short question after the prefix). Each route (an endpoint in front of the same
 replicas, e.g. a router with round_robin and one with kv_aware) gets its own never-seen prompts: a warm-up sends
-one question per group, so every prefix reaches some replica's CPU pool, then the timed phase sends all G x P
+one question per group, all at once (a load-aware router spreads the tenants), so every prefix reaches some
+replica's CPU pool, then the timed phase sends all G x P
 prompts in a seeded shuffled order, streamed (TTFT), with the plan's concurrency. Each replica's /metrics is
 scraped around the timed phase: its CPU-pool hits (vLLM's external prefix cache hits), GPU prefix hits, prompt
 tokens and finished requests give the per-replica hit rates and the request balance. A router's own /metrics,
@@ -163,7 +164,8 @@ class _Sender:
     def __init__(self, client: OpenAIClient, plan: PrefixGroupsPlan, progress_mode: str) -> None:
         self.client, self.plan, self.progress_mode = client, plan, progress_mode
 
-    async def send(self, label: str, bodies: list[bytes], stream: bool) -> tuple[list[Completion], float]:
+    async def send(self, label: str, bodies: list[bytes], stream: bool,
+                   concurrency: int | None = None) -> tuple[list[Completion], float]:
         progress = Progress(label, len(bodies), self.progress_mode)
         results: list[Completion] = [None] * len(bodies)  # type: ignore[list-item]
         next_index = 0
@@ -177,7 +179,7 @@ class _Sender:
                 progress.update(result.ok)
 
         start = time.perf_counter()
-        workers = [asyncio.create_task(worker()) for _ in range(min(self.plan.concurrency, len(bodies)))]
+        workers = [asyncio.create_task(worker()) for _ in range(min(concurrency or self.plan.concurrency, len(bodies)))]
         try:
             await asyncio.gather(*workers)
         finally:
@@ -196,7 +198,8 @@ async def run_route(route: Route, plan: PrefixGroupsPlan, replicas: list[str], *
     """Warm-up and timed phase through one route; figures from every replica's /metrics."""
     prompts = PromptSource(plan.seed, plan.id_range)
     timeout = plan.request_timeout_s
-    async with OpenAIClient(route.endpoint, api_key=api_key, concurrency=plan.concurrency,
+    # The connection pool admits the warm-up's burst (one request per group) as well as the timed phase.
+    async with OpenAIClient(route.endpoint, api_key=api_key, concurrency=max(plan.concurrency, plan.groups),
                             request_timeout_s=timeout) as client:
         replica_clients = [OpenAIClient(url, api_key=api_key, request_timeout_s=60) for url in replicas]
         router = OpenAIClient(route.router_metrics, request_timeout_s=60) if route.router_metrics else None
@@ -216,8 +219,10 @@ async def run_route(route: Route, plan: PrefixGroupsPlan, replicas: list[str], *
             sender = _Sender(client, plan, progress)
             warmup: dict[str, Any] = {"requests": 0, "errors": 0}
             if plan.warmup:
+                # All tenants arrive at once: a load-aware router spreads them over the replicas.
                 results, elapsed = await sender.send(f"{route.name} warm-up",
-                                                     [body(g, -1, False) for g in range(plan.groups)], False)
+                                                     [body(g, -1, False) for g in range(plan.groups)], False,
+                                                     concurrency=plan.groups)
                 warmup = {"requests": len(results), "errors": sum(not r.ok for r in results),
                           "elapsed_s": elapsed, "error_samples": _errors(results)}
                 await asyncio.sleep(plan.settle_s)
