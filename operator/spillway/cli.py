@@ -8,7 +8,7 @@ import sys
 from .core.errors import SpillwayError
 
 # modules under spillway/ that provide add_parser(subparsers)
-SUBCOMMANDS = ["commands.plan", "commands.render", "qualify", "loadtest"]
+SUBCOMMANDS = ["commands.plan", "commands.render", "commands.route", "qualify", "loadtest"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -267,4 +267,6 @@ def render(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, with_po
         objects.append(network_policy(body, spec))
     if with_pod_monitor:
         objects.append(pod_monitor(body))
-    return objects
+    from .routing_objects import routed
+
+    return routed(body, spec, result, objects)

@@ -19,6 +19,7 @@ from ..core.model_source import ModelSource
 from ..core.options import Connector, EvictionPolicy, Layout, choices
 from ..core.planner import OffloadRequest, ServingRequest
 from .engine_flags import planned_flag
+from .routing_spec import RoutingSpec, check_events_args, parse_routing
 from .spec_checks import OFFLOAD_FIELDS, SPEC_FIELDS, check_affinity, check_tolerations, known_fields
 
 # Resources the plan sets; a spec may add others (cpu, ephemeral-storage, ...) but not these.
@@ -63,6 +64,7 @@ class ModelServerSpec:
     api_key_secret: ObjectKeyRef | None = None  # VLLM_API_KEY from a Secret
     network_policy: bool = True  # a NetworkPolicy admits only the router, Prometheus and client_namespaces
     client_namespaces: Mapping[str, Any] | None = None  # a namespace label selector
+    routing: RoutingSpec = field(default_factory=RoutingSpec)  # how requests reach the replicas
 
     def model_source(self) -> ModelSource:
         config = self.model_config
@@ -264,7 +266,18 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         extra_args=_extra_args(spec),
         env=_env(spec, reserved),
         **_exposure(spec),
+        routing=_routing(spec),
     )
+
+
+def _routing(spec: Mapping[str, Any]) -> RoutingSpec:
+    result = parse_routing(spec)
+    check_events_args(tuple(a for a in _list(spec, "extraArgs", "spec") if isinstance(a, str)), result.mode)
+    env_names = {e.get("name") for e in _list(spec, "env", "spec") if isinstance(e, Mapping)}
+    if result.enabled and api.ENV_PYTHONHASHSEED in env_names:
+        raise InvalidSpec(f"spec.env sets {api.ENV_PYTHONHASHSEED}, which routing.mode {result.mode} fixes: every "
+                          "replica must hash prefixes alike")
+    return result
 
 
 def _exposure(spec: Mapping[str, Any]) -> dict[str, Any]:

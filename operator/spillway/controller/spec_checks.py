@@ -20,7 +20,7 @@ SPEC_FIELDS = frozenset({
     "model", "revision", "servedModelName", "modelConfig", "hfTokenSecretRef", "tensorParallelSize", "replicas",
     "replicasPerNode", "blockSize", "kvCacheDtype", "image", "vllmVersion", "imagePullPolicy", "imagePullSecrets",
     "resources", "nodeSelector", "tolerations", "affinity", "extraArgs", "env", "offload", "apiKeySecretRef",
-    "networkPolicy",
+    "networkPolicy", "routing",
 })
 OFFLOAD_FIELDS = frozenset({"enabled", "size", "evictionPolicy", "layout", "blockSize", "connector"})
 

@@ -31,6 +31,9 @@ METRIC_MODELSERVER_PLANNED = "spillway_modelserver_planned"
 
 DEFAULT_VLLM_IMAGE = "ghcr.io/spillway-dev/spillway-vllm:0.1.0-vllm0.33.0"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/spillway-dev/spillway-operator:0.1.0"
+# The router runs `spillway route` over vllm-router (router_api.ROUTER_VERSION): the operator image carries both.
+DEFAULT_ROUTER_IMAGE = DEFAULT_OPERATOR_IMAGE
+DEFAULT_ROUTER_CLUSTER_ROLE = "spillway-router"
 
 # -- what the operator writes for a ModelServer ---------------------------------------------------
 APP_NAME = "spillway"  # app.kubernetes.io/name of every object the operator writes
@@ -40,6 +43,10 @@ COMPONENT_VLLM = "vllm"  # app.kubernetes.io/component of the vLLM pods (the cha
 COMPONENT_LOADTEST = "loadtest"  # app.kubernetes.io/component of `spillway loadtest job` pods
 CONTAINER_VLLM = "vllm"
 PORT_NAME_HTTP = "http"  # the vLLM pods' OpenAI + /metrics port name
+PORT_NAME_KV_EVENTS = "kv-events"  # the vLLM pods' ZMQ KV event publisher (routing.mode kv-aware, llm-d)
+PORT_NAME_METRICS = "metrics"  # the router's Prometheus port
+COMPONENT_ROUTER = "router"  # app.kubernetes.io/component of the kv-aware router pods
+CONTAINER_ROUTER = "router"
 VOLUME_SHM = "dshm"
 FINALIZER = f"{GROUP}/finalizer"
 # On objects the operator applies: a hash of what it applied (an unchanged hash skips the write).
@@ -64,8 +71,15 @@ PODMONITOR_VERSION = "v1"
 PODMONITOR_PLURAL = "podmonitors"
 PODMONITOR_KIND = "PodMonitor"
 
+# Gateway API Inference Extension (routing.mode llm-d)
+INFERENCEPOOL_GROUP = "inference.networking.k8s.io"
+INFERENCEPOOL_VERSION = "v1"
+INFERENCEPOOL_KIND = "InferencePool"
+
 # Operator settings (environment of the operator process).
 ENV_ALLOW_HUB_FETCH = "SPILLWAY_ALLOW_HUB_FETCH"  # "true": fetch config.json of unknown model ids from the hub
 ENV_POD_MONITORS = "SPILLWAY_POD_MONITORS"  # "auto" (when the CRD exists, default) | "false"
 ENV_METRICS_PORT = "SPILLWAY_METRICS_PORT"  # serve the operator's /metrics on this port (unset: off)
 ENV_RETRY_SECONDS = "SPILLWAY_RETRY_SECONDS"  # wait before retrying API errors and missing ConfigMaps (30)
+ENV_ROUTER_IMAGE = "SPILLWAY_ROUTER_IMAGE"  # the kv-aware router's image (the chart sets it from its values)
+ENV_ROUTER_CLUSTER_ROLE = "SPILLWAY_ROUTER_CLUSTER_ROLE"  # the chart's pod-reader ClusterRole the router binds to

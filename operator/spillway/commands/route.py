@@ -1,0 +1,141 @@
+"""`spillway route`: run vllm-router's kv_aware policy over a ModelServer's ready vLLM pods.
+
+vllm-router takes each worker's KV event source as a static WORKER_URL=tcp://HOST:PORT pair, and pod IPs
+change. This supervisor lists the pods by their labels (a namespaced Role: pods get/list), starts
+vllm-router with one worker URL and one event source per ready pod, and restarts it in place when the set
+of ready pods changes. Without a ready pod no router runs: the router pod is then not ready (its readiness
+probe fails), which is the truth, and nothing crash-loops.
+
+    spillway route --namespace NS --selector spillway.dev/modelserver=NAME,app.kubernetes.io/component=vllm \
+        --model NAME --block-size 16 [--host-tier-credit 0.9]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..core import router_api as R
+from ..core import routing
+from ..core import vllm_api as api
+
+POLL_SECONDS = 5.0
+STOP_GRACE_SECONDS = 10.0
+
+
+def ready_pod_ips(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """IPs of running, ready, not terminating pods, sorted (the router's worker order is then stable)."""
+    ips = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not status.get("podIP"):
+            continue
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        if ready:
+            ips.append(status["podIP"])
+    return sorted(ips)
+
+
+def _host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def router_args(ips: Sequence[str], *, model: str, block_size: int, host_tier_credit: float | None,
+                api_key: str | None = None, port: int = routing.ROUTER_PORT, metrics_port: int = routing.ROUTER_METRICS_PORT,
+                events_port: int = routing.KV_EVENTS_PORT, binary: str = R.ROUTER_COMMAND) -> list[str]:
+    """The vllm-router command line for these worker pods."""
+    urls = [f"http://{_host(ip)}:{api.SERVER_PORT}" for ip in ips]
+    args = [binary, R.FLAG_HOST, "0.0.0.0", R.FLAG_PORT, str(port), R.FLAG_POLICY, R.POLICY_KV_AWARE,
+            R.FLAG_WORKER_URLS, *urls]
+    for ip, url in zip(ips, urls):
+        args += [R.FLAG_KV_EVENT_SOURCE, f"{url}=tcp://{_host(ip)}:{events_port}"]
+    args += [R.FLAG_KV_EVENT_BLOCK_SIZE, str(block_size), R.FLAG_KV_EVENT_MODEL, model,
+             R.FLAG_PROMETHEUS_HOST, "0.0.0.0", R.FLAG_PROMETHEUS_PORT, str(metrics_port)]
+    if host_tier_credit is not None:
+        args += [R.FLAG_KV_PENALTY_HOST, f"{host_tier_credit:g}"]
+    if api_key:
+        args += [R.FLAG_API_KEY, api_key]
+    return args
+
+
+class Supervisor:
+    """Keeps one vllm-router process running for the current set of ready pods."""
+
+    def __init__(self, list_pods, build_args, poll_s: float = POLL_SECONDS, log=print) -> None:
+        self.list_pods, self.build_args, self.poll_s, self.log = list_pods, build_args, poll_s, log
+        self.ips: list[str] | None = None
+        self.proc: subprocess.Popen | None = None
+        self.stopped = threading.Event()
+
+    def step(self) -> None:
+        try:
+            ips = ready_pod_ips(self.list_pods())
+        except Exception as exc:  # noqa: BLE001 - the API server's trouble: keep the router we have, retry
+            self.log(f"spillway route: cannot list pods ({type(exc).__name__}: {exc}); keeping the current router")
+            return
+        exited = self.proc is not None and self.proc.poll() is not None
+        if ips == self.ips and not exited:
+            return
+        if exited:
+            self.log(f"spillway route: vllm-router exited with {self.proc.returncode}; starting it again")
+        self.stop_router()
+        self.ips = ips
+        if not ips:
+            self.log("spillway route: no ready vLLM pod; no router until one is ready")
+            return
+        self.log(f"spillway route: routing over {len(ips)} ready pods: {', '.join(ips)}")
+        self.proc = subprocess.Popen(self.build_args(ips))
+
+    def stop_router(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            self.step()
+            self.stopped.wait(self.poll_s)
+        self.stop_router()
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("route", help="run vllm-router (kv_aware) over a ModelServer's ready vLLM pods "
+                                            "(the kv-aware router pod's entry point)")
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--selector", required=True, help="the vLLM pods' label selector, k=v,k=v")
+    p.add_argument("--model", required=True, help="the served model name (the router's KV event model)")
+    p.add_argument("--block-size", type=int, required=True, help="the pods' --block-size")
+    p.add_argument("--host-tier-credit", type=float, help="vllm-router --kv-penalty-host (default: the router's)")
+    p.add_argument("--poll-seconds", type=float, default=POLL_SECONDS)
+    p.set_defaults(func=cmd_route)
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    from ..adapters.kube import Kube, load_config, path
+
+    load_config()
+    kube = Kube()
+
+    def list_pods() -> list[dict[str, Any]]:
+        found = kube.request("GET", path("v1", "pods", args.namespace), query=[("labelSelector", args.selector)])
+        return list((found or {}).get("items") or [])
+
+    api_key = os.environ.get(api.ENV_API_KEY)  # the workers' bearer token (spec.apiKeySecretRef)
+    supervisor = Supervisor(list_pods, lambda ips: router_args(ips, model=args.model, block_size=args.block_size,
+                                                               host_tier_credit=args.host_tier_credit, api_key=api_key),
+                            poll_s=args.poll_seconds, log=lambda m: print(m, file=sys.stderr, flush=True))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: supervisor.stopped.set())
+    supervisor.run()
+    return 0

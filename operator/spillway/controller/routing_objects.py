@@ -1,0 +1,248 @@
+"""spec.routing -> the objects in front of the replicas, and what routing changes on the vLLM pods.
+
+kv-aware: the Service <name> (the user's endpoint) selects a vllm-router Deployment <name>-router. Its pods run
+`spillway route`, which lists the ModelServer's ready vLLM pods (a RoleBinding to the chart's pod-reader
+ClusterRole, in this namespace only) and runs vllm-router's kv_aware policy with one static KV event source
+per pod (vllm-router 0.1.17 takes no event sources from its own Kubernetes discovery).
+llm-d: an InferencePool selecting the vLLM pods and a ConfigMap with the endpoint picker's configuration for
+llm-d-router, which the user's Gateway runs; the Service <name> keeps pointing at the pods.
+Both: every vLLM pod publishes KV events (ZMQ, port kv-events) with self-describing CPU-medium stores and a
+fixed PYTHONHASHSEED.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from ..core import k8s_names as names
+from ..core import router_api as R
+from ..core import routing
+from ..core import vllm_api as api
+from ..core.planner import Plan
+from .hardening import api_key_env
+from .spec import ModelServerSpec
+
+ROUTER_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
+ROUTER_LIMITS = {"memory": "1Gi"}
+EPP_CONFIG_KEY = "config.yaml"
+
+
+def router_name(name: str) -> str:
+    return f"{name}-{names.COMPONENT_ROUTER}"
+
+
+def router_labels(name: str) -> dict[str, str]:
+    return {names.LABEL_NAME: names.APP_NAME, names.LABEL_INSTANCE: name, names.LABEL_COMPONENT: names.COMPONENT_ROUTER,
+            names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_MODELSERVER: name,
+            names.LABEL_ROLE: names.ROLE_ROUTER}  # the vLLM pods' NetworkPolicy admits this role
+
+
+def router_selector(name: str) -> dict[str, str]:
+    return {names.LABEL_MODELSERVER: name, names.LABEL_COMPONENT: names.COMPONENT_ROUTER}
+
+
+def router_image(spec: ModelServerSpec) -> str:
+    return spec.routing.router_image or os.environ.get(names.ENV_ROUTER_IMAGE) or names.DEFAULT_ROUTER_IMAGE
+
+
+def router_cluster_role() -> str:
+    return os.environ.get(names.ENV_ROUTER_CLUSTER_ROLE) or names.DEFAULT_ROUTER_CLUSTER_ROLE
+
+
+def host_tier_credit(spec: ModelServerSpec, result: Plan) -> float | None:
+    """The override, else reload (the qualified node) against recompute (the model); None: the router's default."""
+    if spec.routing.host_tier_credit is not None:
+        return spec.routing.host_tier_credit
+    recompute = routing.recompute_tokens_per_s(result.layout.geometry.config, spec.request.tensor_parallel_size)
+    if result.transfer is None or recompute is None:
+        return None
+    return routing.host_tier_credit(result.transfer.reload_tokens_per_s, recompute)
+
+
+# -- the vLLM pods ----------------------------------------------------------------------------------------
+
+def _with_self_describing_events(args: list[str]) -> list[str]:
+    out = list(args)
+    for i, arg in enumerate(out[:-1]):
+        if arg == api.FLAG_KV_TRANSFER_CONFIG:
+            config = json.loads(out[i + 1])
+            config.setdefault(api.KV_CONNECTOR_EXTRA_CONFIG_KEY, {})[api.EXTRA_SELF_DESCRIBING_KV_EVENTS] = True
+            out[i + 1] = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return out
+
+
+def publish_events(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The vLLM Deployment with every pod publishing KV events."""
+    container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == names.CONTAINER_VLLM)
+    container["args"] = _with_self_describing_events(container["args"]) + [api.FLAG_KV_EVENTS_CONFIG,
+                                                                           routing.kv_events_flag_value()]
+    container["env"] = [*container.get("env", []), {"name": api.ENV_PYTHONHASHSEED, "value": api.PYTHONHASHSEED_VALUE}]
+    container["ports"] = [*container.get("ports", []), {"name": names.PORT_NAME_KV_EVENTS,
+                                                        "containerPort": routing.KV_EVENTS_PORT, "protocol": "TCP"}]
+    return deployment
+
+
+# -- kv-aware -----------------------------------------------------------------------------------------------
+
+def _metadata(body: Mapping[str, Any], name: str, labels: dict[str, str], owner: dict | None) -> dict[str, Any]:
+    meta = {"name": name, "namespace": (body.get("metadata") or {}).get("namespace") or "default", "labels": labels}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return meta
+
+
+def _router_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": names.PORT_NAME_HTTP}, "periodSeconds": period, "timeoutSeconds": 3,
+            "failureThreshold": failures}
+
+
+def router_command(body: Mapping[str, Any], spec: ModelServerSpec, credit: float | None) -> list[str]:
+    name = body["metadata"]["name"]
+    namespace = body["metadata"].get("namespace") or "default"
+    from .manifests import selector
+
+    args = ["spillway", "route", "--namespace", namespace,
+            "--selector", ",".join(f"{k}={v}" for k, v in selector(name).items()),
+            "--model", spec.served_model_name or spec.model, "--block-size", str(spec.request.block_size)]
+    if credit is not None:
+        args += ["--host-tier-credit", f"{credit:g}"]
+    return args
+
+
+def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, credit: float | None,
+                   owner: dict | None) -> list[dict[str, Any]]:
+    name = body["metadata"]["name"]
+    rname, labels = router_name(name), router_labels(name)
+    resources = spec.routing.router_resources
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(body, rname, labels, owner)}
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _metadata(body, rname, labels, owner),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": router_cluster_role()},
+        "subjects": [{"kind": "ServiceAccount", "name": rname,
+                      "namespace": body["metadata"].get("namespace") or "default"}],
+    }
+    container = {
+        "name": names.CONTAINER_ROUTER,
+        "image": router_image(spec),
+        "command": router_command(body, spec, credit),
+        "env": api_key_env(spec),  # vllm-router forwards it to the workers (`spillway route` reads it)
+        "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": routing.ROUTER_PORT, "protocol": "TCP"},
+                  {"name": names.PORT_NAME_METRICS, "containerPort": routing.ROUTER_METRICS_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {**ROUTER_REQUESTS, **resources.get("requests", {})},
+                      "limits": {**ROUTER_LIMITS, **resources.get("limits", {})}},
+        # Readiness only: with no ready vLLM pod no router runs, and a liveness probe would restart the pod in
+        # a loop for what is the replicas' state; `spillway route` restarts a router that exits by itself.
+        "readinessProbe": _router_probe(R.ROUTER_HEALTH_PATH, 5, 2),
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+    }
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(body, rname, labels, owner),
+        "spec": {
+            "replicas": spec.routing.router_replicas,
+            "selector": {"matchLabels": router_selector(name)},
+            "template": {"metadata": {"labels": labels}, "spec": {
+                "serviceAccountName": rname, "containers": [container], "enableServiceLinks": False,
+                "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}}},
+        },
+    }
+    return [account, binding, deployment]
+
+
+def admit_router_to_events(policy: dict[str, Any]) -> dict[str, Any]:
+    """The vLLM pods' NetworkPolicy, also admitting the router (and llm-d's endpoint picker, labelled so) to
+    the KV event port."""
+    router = {"podSelector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_ROUTER}}}
+    policy["spec"]["ingress"].append({"from": [router], "ports": [{"port": routing.KV_EVENTS_PORT,
+                                                                   "protocol": "TCP"}]})
+    return policy
+
+
+def route_service(service: dict[str, Any], name: str) -> dict[str, Any]:
+    """The user's Service <name>, in front of the router instead of the pods."""
+    service["spec"]["selector"] = router_selector(name)
+    return service
+
+
+# -- llm-d ------------------------------------------------------------------------------------------------------
+
+def epp_config(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
+    """llm-d-router's EndpointPickerConfig: GPU and CPU tiers scored precisely from the pods' KV events, and
+    an approximate CPU scorer that assumes the planned pool's blocks per pod (lruCapacityPerServer)."""
+    block = spec.request.block_size
+    pool_blocks = (result.pool.tokens // block) if result.pool is not None else 0
+    plugins: list[dict[str, Any]] = [
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "precise-prefix-cache-scorer", "parameters": {
+            "tokenProcessorConfig": {"blockSize": block, "hashSeed": api.PYTHONHASHSEED_VALUE},
+            "kvEventsConfig": {"discoverPods": True, "podDiscoveryConfig": {"socketPort": routing.KV_EVENTS_PORT}},
+            "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True},
+                              "backendConfigs": [{"name": "gpu", "weight": 1.0},
+                                                 {"name": "cpu", "weight": routing.LLM_D_CPU_TIER_WEIGHT}]},
+        }},
+    ]
+    profile = [{"pluginRef": "queue-scorer", "weight": 2.0}, {"pluginRef": "kv-cache-utilization-scorer", "weight": 2.0},
+               {"pluginRef": "precise-prefix-cache-scorer", "weight": 3.0}]
+    if pool_blocks:
+        plugins.append({"type": "prefix-cache-scorer", "name": "cpu-prefix-cache-scorer",
+                        "parameters": {"autoTune": False, "blockSize": block, "lruCapacityPerServer": pool_blocks}})
+        profile.append({"pluginRef": "cpu-prefix-cache-scorer", "weight": 1.0})
+    return {"apiVersion": routing.EPP_CONFIG_API_VERSION, "kind": "EndpointPickerConfig", "plugins": plugins,
+            "schedulingProfiles": [{"name": "default", "plugins": profile}]}
+
+
+def llm_d_objects(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan,
+                  owner: dict | None) -> list[dict[str, Any]]:
+    from .manifests import labels, selector
+
+    name = body["metadata"]["name"]
+    pool = {
+        "apiVersion": f"{names.INFERENCEPOOL_GROUP}/{names.INFERENCEPOOL_VERSION}", "kind": names.INFERENCEPOOL_KIND,
+        "metadata": _metadata(body, name, labels(name), owner),
+        "spec": {"selector": {"matchLabels": selector(name)}, "targetPorts": [{"number": api.SERVER_PORT}],
+                 "extensionRef": {"name": f"{name}-epp", "portNumber": routing.EPP_PORT, "failureMode": "FailOpen"}},
+    }
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(body, f"{name}-epp", labels(name), owner),
+              "data": {EPP_CONFIG_KEY: yaml.safe_dump(epp_config(spec, result), sort_keys=False)}}
+    return [pool, config]
+
+
+# -- all of it ----------------------------------------------------------------------------------------------
+
+def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan,
+           objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The objects of an unrouted ModelServer, changed and extended for spec.routing."""
+    mode = spec.routing.mode
+    if mode == routing.MODE_NONE:
+        return objects
+    from .manifests import owner_reference, with_hash
+
+    name, owner = body["metadata"]["name"], owner_reference(body)
+    out = []
+    for obj in objects:
+        if obj["kind"] == "Deployment":
+            obj = with_hash(publish_events(obj))
+        elif obj["kind"] == "Service" and mode == routing.MODE_KV_AWARE:
+            obj = with_hash(route_service(obj, name))
+        elif obj["kind"] == "NetworkPolicy":
+            obj = with_hash(admit_router_to_events(obj))
+        out.append(obj)
+    if mode == routing.MODE_KV_AWARE:
+        credit = host_tier_credit(spec, result)
+        out += [with_hash(o) for o in router_objects(body, spec, credit, owner)]
+    else:
+        out += [with_hash(o) for o in llm_d_objects(body, spec, result, owner)]
+    return out
+
+
+def routing_warnings(spec: ModelServerSpec) -> list[str]:
+    if spec.routing.enabled and spec.replicas <= 1:
+        return [(f"routing.mode {spec.routing.mode} with {spec.replicas} replica: there is no other replica to "
+                "route to (it only adds a hop); scale out or set routing.mode none")]
+    return []
