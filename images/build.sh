@@ -130,10 +130,7 @@ image_label() {  # image_label IMAGE LABEL
 }
 
 pull() {
-  case "$engine" in
-    docker) docker pull --quiet "$1" ;;
-    *) "$engine" pull --quiet "$1" ;;
-  esac >/dev/null 2>&1
+  "$engine" pull --quiet "$1" >/dev/null 2>&1
 }
 
 # -- the Python base, made locally where no registry answers --------------------------------------------
