@@ -47,10 +47,11 @@ def test_deployment_carries_the_plan():
     limits, requests = container["resources"]["limits"], container["resources"]["requests"]
     assert parse_bytes(limits["memory"]) == parse_bytes(requests["memory"]) == expected.pod.memory_limit_bytes
     assert limits[names.GPU_RESOURCE] == "1" and requests["cpu"] == "4"
-    shm, = pod["volumes"]
+    shm, *writable = pod["volumes"]  # then /tmp and the image user's home for the read-only root
     assert shm["emptyDir"]["medium"] == "Memory"
     assert parse_bytes(shm["emptyDir"]["sizeLimit"]) == expected.pod.shm_bytes
-    assert container["volumeMounts"] == [{"name": shm["name"], "mountPath": api.SHM_DIR}]
+    assert container["volumeMounts"][0] == {"name": shm["name"], "mountPath": api.SHM_DIR}
+    assert [v["name"] for v in writable] == [m["name"] for m in container["volumeMounts"][1:]]
     env = {e["name"]: e for e in container["env"]}
     assert env[api.ENV_KV_CACHE_LAYOUT]["value"] == api.CONTIGUOUS_LAYOUT
     assert env[api.ENV_HF_TOKEN]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}

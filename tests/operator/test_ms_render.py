@@ -24,7 +24,7 @@ def test_renders_the_example_like_the_operator():
     done = spillway("-f", str(EXAMPLE), "--node-memory", "2Ti", "--gpus-per-node", "8")
     assert done.returncode == 0, done.stderr
     docs = list(yaml.safe_load_all(done.stdout))
-    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
+    assert [d["kind"] for d in docs] == ["Deployment", "Service", "NetworkPolicy"]
     body = yaml.safe_load(EXAMPLE.read_text())
     node = summarize_node(synthetic_node("2Ti", 8, labels=body["spec"]["nodeSelector"]))
     assert docs == [json.loads(json.dumps(o)) for o in desired(body, [node]).objects]
@@ -40,7 +40,7 @@ def test_nodes_file_json_output_and_pod_monitor(tmp_path):
     done = spillway("-f", str(ms), "--nodes", str(nodes), "--pod-monitor", "-o", "json")
     assert done.returncode == 0, done.stderr
     items = json.loads(done.stdout)["items"]
-    assert [i["kind"] for i in items] == ["Deployment", "Service", names.PODMONITOR_KIND]
+    assert [i["kind"] for i in items] == ["Deployment", "Service", "NetworkPolicy", names.PODMONITOR_KIND]
     small = desired(modelserver(), [summarize_node(gpu_node("small", "1Ti", 8))])
     assert items[0] == small.objects[0]
 

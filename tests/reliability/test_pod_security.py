@@ -47,7 +47,7 @@ def test_a_rendered_vllm_pod_passes_pod_security_restricted(tmp_path):
     uid = pod["spec"]["securityContext"].get("runAsUser", security.get("runAsUser"))
     assert uid == _image_user(), "the pod runs as the user the image creates"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/tmp", "/home/spillway/.cache"} <= mounts, mounts
+    assert {"/tmp", names.VLLM_IMAGE_HOME} <= mounts, mounts
     assert pod["spec"]["automountServiceAccountToken"] is False
 
 
