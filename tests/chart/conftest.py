@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from chart_render import HELMS, require_binary
+from support.chart_render import HELMS, require_binary
 
 
 @pytest.fixture(params=HELMS)

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from chart_render import CHART, REPO, SCENARIOS, render, render_text, require_binary
+from support.chart_render import CHART, REPO, SCENARIOS, render, render_text, require_binary
 
 CONFIG = CHART / ".checkov.yaml"
 CHECKOV_VENV = REPO / ".venv" / "checkov" / "bin" / "checkov"  # its own virtualenv: its pins clash with vLLM's

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from chart_render import CHART
 from spillway.core import vllm_api
+from support.chart_render import CHART
 
 SCRIPT = (CHART / "scripts" / "helm_test.py").read_text()
 

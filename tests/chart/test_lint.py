@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 import yaml
-from chart_render import CHART, SCENARIOS
+from support.chart_render import CHART, SCENARIOS
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import pytest
-from chart_render import (
+from spillway.core import k8s_names, vllm_api
+from support.chart_render import (
     CHART,
     MONITORING_API,
     NAMESPACE,
@@ -17,7 +18,6 @@ from chart_render import (
     render_scenario,
     test_pod,
 )
-from spillway.core import k8s_names, vllm_api
 
 MONITORING_KINDS = {"PodMonitor", "PrometheusRule"}
 DASHBOARD_FILES = sorted((CHART / "files" / "dashboards").glob("*.json"))
@@ -34,7 +34,7 @@ def dashboards(docs: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_helm3_and_helm4_render_the_same_objects(scenario):
-    from chart_render import require_binary
+    from support.chart_render import require_binary
     assert render_scenario(require_binary("helm"), scenario) == render_scenario(require_binary("helm3"), scenario)
 
 
@@ -168,7 +168,7 @@ def test_namespace_scoped_operator_gets_a_role_per_namespace(helm):
 
 
 def test_operator_runs_the_handlers_module_that_exists():
-    from chart_render import require_binary
+    from support.chart_render import require_binary
 
     command = operator_container(render(require_binary("helm")))["command"]
     module = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--module="))
@@ -255,7 +255,7 @@ def test_chart_refuses_kubernetes_older_than_supported(helm):
 def test_notes_tell_what_to_do_next():
     import subprocess
 
-    from chart_render import helm_command, require_binary
+    from support.chart_render import helm_command, require_binary
 
     values, _ = SCENARIOS["models"]
     # `helm install --dry-run=client` prints NOTES.txt (`helm template` does not); Helm 3's wants a cluster.

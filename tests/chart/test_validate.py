@@ -12,8 +12,8 @@ import json
 import jsonschema
 import kubernetes_validate
 import pytest
-from chart_render import KUBE_NEWEST, KUBE_OLDEST, SCENARIOS, crd_documents, modelserver_crd, render_scenario
 from spillway.core import k8s_names
+from support.chart_render import KUBE_NEWEST, KUBE_OLDEST, SCENARIOS, crd_documents, modelserver_crd, render_scenario
 
 # Custom resources of the Prometheus Operator: not in kubernetes-validate's schemas, and this
 # repository does not carry the operator's CRDs; their shape is asserted in test_render.py.

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import yaml
-from chart_render import CHART, REPO, model, render, render_failure
+from support.chart_render import CHART, REPO, model, render, render_failure
 
 BAD_VALUES = {
     "unknown top-level key": ({"replicas": 2}, "replicas"),

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from offload_workload import OffloadChecks, Workload, run_phases
-from promtext import total
 from spillway.core import vllm_api as V
 from spillway_connector import names
 from support import TinyLlama, vllm_server_fixture
+from support.offload_workload import OffloadChecks, Workload, run_phases
+from support.promtext import total
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():

@@ -6,9 +6,9 @@ tokens, 4 at a time under pressure (see offload_workload.py for the phases and t
 from __future__ import annotations
 
 import pytest
-from offload_workload import OffloadChecks, Workload, run_phases
 from spillway_connector.host_backend import cpu_offload_args
 from support import vllm_server_fixture
+from support.offload_workload import OffloadChecks, Workload, run_phases
 
 pytestmark = pytest.mark.engine
 

@@ -10,12 +10,12 @@ pytest.importorskip("vllm")
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from promtext import total
 from spillway.core import vllm_api as V
 from spillway_connector import names
 from spillway_connector.compat import OffloadingConnectorStats
 from spillway_connector.connector import SpillwayOffloadingConnector
 from spillway_connector.host_backend import kv_transfer_config
+from support.promtext import total
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 

@@ -1,7 +1,8 @@
 """The CPU vLLM image (images/vllm/Dockerfile on the CPU build of vLLM) serves with the connector.
 
 Its entrypoint runs `vllm serve` of a tiny dummy-weight Llama (config.json only) with Spillway's connector
-and host-memory offloading, as a non-root user without capabilities, over the host's loopback. Before
+and host-memory offloading over the host's loopback, with what the operator's Deployment gives the
+container (non-root, read-only root with writable /tmp and home, no capabilities). Before
 that, in a /dev/shm shared with a second container, it removes a pool file a previous container left and
 keeps the one the second container (another PID namespace) still maps. Then prompts are served one
 after another (prefix caching off, so a hit can only come from the pool): their KV is stored to the
@@ -18,6 +19,8 @@ from pathlib import Path
 import container
 import pytest
 from pools import HOLDER, plant
+from spillway.controller import hardening
+from spillway.controller.spec import parse_spec
 from spillway.core import vllm_api as V
 from spillway_connector import names
 from spillway_connector.host_backend import cpu_offload_args
@@ -34,13 +37,28 @@ STALE = ("vllm_offload_2c9e1f0b.mmap", "vllm_offload_2c9e1f0b.mmap.1")
 HELD = "vllm_offload_8d41aa37.mmap"
 
 
+def pod_options(image: str) -> list[str]:
+    """podman/docker run options for what the operator's Deployment gives a vLLM container of this image:
+    its security context and the writable volumes of its read-only root (controller/hardening.py)."""
+    spec = parse_spec({"model": "tiny", "image": image})
+    security = hardening.container_security_context(spec)
+    assert security["readOnlyRootFilesystem"], "the operator runs Spillway's image with a read-only root"
+    assert security["capabilities"] == {"drop": ["ALL"]} and not security["allowPrivilegeEscalation"]
+    options = ["--user", f"{security['runAsUser']}:{security['runAsGroup']}", "--read-only",
+               "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+    volumes, mounts = hardening.writable_volumes(spec)
+    assert all("emptyDir" in volume for volume in volumes)
+    # An emptyDir is a writable, executable directory; podman's tmpfs default is noexec.
+    return options + [item for mount in mounts for item in ("--tmpfs", f"{mount['mountPath']}:rw,exec,mode=1777")]
+
+
 class ContainerVllmServer(VllmServer):
     """VllmServer's command line and checks, served by the image's entrypoint in a container."""
 
     def __init__(self, image: str, shm: Path, **kwargs):
         super().__init__(**kwargs)
         self.container = container.Container(image, self._entrypoint_args(), [
-            "--network", "host", "--user", USER, "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "--network", "host", *pod_options(image),
             "--volume", f"{self.model_dir}:{self.model_dir}:ro", "--volume", f"{shm}:/dev/shm",
             # vLLM's CPU attention backend takes its own layout only (LBHNC, not the preset BLHNC); "auto"
             # is how the entrypoint is told to leave the choice to the backend.
@@ -132,7 +150,9 @@ def test_entrypoint_removed_the_stale_pool_and_kept_the_one_in_use(server, shm, 
     assert (shm / HELD).exists() and sidecar.running()
 
 
-def test_served_by_the_entrypoint_as_the_images_user(server):
+def test_served_by_the_entrypoint_as_the_images_user_on_a_read_only_root(server):
+    write = server.container.exec("sh", "-c", "touch /probe")
+    assert write.returncode != 0 and "Read-only file system" in write.stderr
     top = container.run(["top", server.container.name, "user", "args"]).stdout
     serving = [line for line in top.splitlines()[1:] if "vllm" in line or "python" in line]
     assert serving and all(line.split()[0] in ("65532", "spillway") for line in serving), top

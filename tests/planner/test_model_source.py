@@ -51,7 +51,7 @@ def test_config_map_failures_name_the_config_map():
 
 def test_the_hub_is_asked_only_when_allowed_and_only_for_hub_ids():
     asked = []
-    hub = lambda model, rev: asked.append((model, rev)) or layers(5)  # noqa: E731
+    hub = lambda model, rev: asked.append((model, rev)) or layers(5)
     unknown = parse_spec({"model": "acme/private-70b", "revision": "v2"}).model_source()
     with pytest.raises(ModelGeometryUnknown, match="not in Spillway's catalog and hub fetches are off"):
         resolve_geometry(unknown)

@@ -14,19 +14,22 @@ import yaml
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-try:  # the harness lives in tests/support once the operator suites share it
-    from support.ms_cluster import EmulatedCluster, Operator, eventually  # type: ignore[import-not-found]
-except ImportError:
-    sys.path.insert(0, str(TESTS / "operator"))
-    from ms_cluster import EmulatedCluster, Operator, eventually  # noqa: E402
+from spillway.core import k8s_names as names
+from support.ms_cluster import EmulatedCluster, Operator, eventually
 
-try:
-    from spillway.core import k8s_names as names  # noqa: E402
-except ImportError:
-    from spillway import k8s_names as names  # type: ignore[no-redef]  # noqa: E402
-
-__all__ = ["EmulatedCluster", "Operator", "eventually", "names", "spillway", "one_error_line", "Api",
-           "LLAMA_8B", "gpu_node", "modelserver", "render"]
+__all__ = [
+    "LLAMA_8B",
+    "Api",
+    "EmulatedCluster",
+    "Operator",
+    "eventually",
+    "gpu_node",
+    "modelserver",
+    "names",
+    "one_error_line",
+    "render",
+    "spillway",
+]
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 

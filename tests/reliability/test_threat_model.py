@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from harness import LLAMA_8B, REPO, TESTS, spillway
+from harness import REPO, spillway
 
 SECURITY = REPO / "docs" / "security.md"
 TOKEN = "hf_secret_token"
@@ -84,8 +83,7 @@ def test_the_hub_token_does_not_follow_a_redirect_to_another_origin():
 
 
 def _rbac(values: dict) -> list[tuple[str, str, str]]:
-    sys.path.insert(0, str(TESTS / "chart"))
-    from chart_render import render, require_binary
+    from support.chart_render import render, require_binary
 
     require_binary("helm")
     docs = render("helm", values)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 from spillway.core import k8s_names
+
 from support.tools import require_binary  # noqa: F401 - re-exported for the tests here
 
 REPO = Path(__file__).resolve().parents[2]

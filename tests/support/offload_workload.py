@@ -16,10 +16,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from promtext import samples, total
 from spillway.core import vllm_api as V
 from spillway_connector import names
+
 from support import SERVED_MODEL_NAME, TinyLlama, VllmServer
+from support.promtext import samples, total
 
 
 @dataclass(frozen=True)
