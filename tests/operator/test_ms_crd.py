@@ -9,7 +9,7 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
-from ms_crd_schema import REPO, admit, crd, rules, version_schema
+from support.crd_schema import REPO, admit, crd, rules, version_schema
 from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired
 from spillway.controller.spec import parse_spec

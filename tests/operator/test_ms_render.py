@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import yaml
-from ms_crd_schema import REPO
+from support.crd_schema import REPO
 from spillway.controller.facts import summarize_node, synthetic_node
 from spillway.controller.manifests import desired
 from spillway.core import k8s_names as names

@@ -30,7 +30,7 @@ def test_render_refuses_a_huge_node_description_in_one_line(tmp_path):
 
 
 def test_the_schema_refuses_sizes_past_any_memory():
-    from ms_crd_schema import admit  # the CRD applied the way the API server applies it
+    from support.crd_schema import admit  # the CRD applied the way the API server applies it
 
     for size in ("1e400", "1e309", "1e100Ei", "99999999999999999999999Ei"):
         _, errors = admit(modelserver(offload={"size": size}))
