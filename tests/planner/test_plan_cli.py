@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from spillway.adapters.model_config import catalog_config
+from spillway.core.options import Connector, EvictionPolicy, Layout, choices
 
 
 def spillway(*args: str) -> subprocess.CompletedProcess:
@@ -67,3 +68,28 @@ def test_malformed_json_exits_2(tmp_path):
     bad.write_text('{"architectures": [')
     out = spillway("plan", "--model-config", str(bad))
     assert out.returncode == 2 and "malformed JSON" in out.stderr
+
+
+def test_plan_from_args_is_what_the_command_prints():
+    """bench/gpu takes its plans from plan_from_args(); they are the command's own, byte for byte."""
+    import argparse
+
+    from spillway.commands import plan as plan_command
+
+    argv = ["plan", "--model", "Qwen/Qwen3-32B", "--tensor-parallel-size", "2", "--node-memory", "1Ti",
+            "--gpus-per-node", "8", "--layout", "default", "--connector", "native", "--eviction-policy", "arc",
+            "-o", "json"]
+    parser = argparse.ArgumentParser(prog="spillway")
+    plan_command.add_parser(parser.add_subparsers(dest="command"))
+    printed = spillway(*argv)
+    assert printed.returncode == 0, printed.stderr
+    assert plan_command.plan_from_args(parser.parse_args(argv)).to_json() + "\n" == printed.stdout
+
+
+@pytest.mark.parametrize("flag, kind", [("--layout", Layout), ("--connector", Connector),
+                                        ("--eviction-policy", EvictionPolicy)])
+def test_choices_come_from_the_core_enums(flag, kind):
+    out = spillway("plan", "--model", "Qwen/Qwen3-32B", flag, "bogus")
+    assert out.returncode == 2 and "invalid choice: 'bogus'" in out.stderr
+    offered = out.stderr.split("choose from", 1)[1]
+    assert sorted(w.strip(" '()\n") for w in offered.split(",")) == sorted(choices(kind))
