@@ -27,7 +27,8 @@ STANDARD_ARCHITECTURES = frozenset({
     # sliding-window, chunked-local and Mamba hybrids: their KV-cache groups come from groups.py
     "GptOssForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
     "Llama4ForCausalLM", "Llama4ForConditionalGeneration", "Qwen3NextForCausalLM",
-    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "GraniteMoeHybridForCausalLM",
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM", "GraniteMoeHybridForCausalLM",
     "NemotronHForCausalLM", "Cohere2ForCausalLM",
 })
 # Multi-head latent attention: one compressed latent (+ rope key) per token per layer.
