@@ -36,6 +36,10 @@ CORE = {
     "v1/services": {"kind": "Service", "namespaced": True},
     "networking.k8s.io/v1/networkpolicies": {"kind": "NetworkPolicy", "namespaced": True},
     "apps/v1/deployments": {"kind": "Deployment", "namespaced": True, "subresources": {"status", "scale"}},
+    # spec.routing: the kv-aware router's account and binding, llm-d's InferencePool
+    "v1/serviceaccounts": {"kind": "ServiceAccount", "namespaced": True},
+    "rbac.authorization.k8s.io/v1/rolebindings": {"kind": "RoleBinding", "namespaced": True},
+    "inference.networking.k8s.io/v1/inferencepools": {"kind": "InferencePool", "namespaced": True},
     f"{names.API_VERSION}/{names.PLURAL}": {"kind": names.KIND, "namespaced": True, "singular": "modelserver",
                                             "shortnames": {names.SHORT_NAME}, "subresources": {"status", "scale"}},
 }

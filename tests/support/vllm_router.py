@@ -20,7 +20,7 @@ from spillway.core import router_api as R
 
 from .vllm_server import ServerStartError, _die_with_parent, _kill_group, free_port
 
-STARTUP_TIMEOUT_S = 60.0
+STARTUP_TIMEOUT_S = 180.0  # the router waits until every worker answers /health
 
 
 class VllmRouter:
@@ -36,7 +36,8 @@ class VllmRouter:
         self.log_path = self._workdir / "router.log"
         args = [binary, R.FLAG_HOST, "127.0.0.1", R.FLAG_PORT, str(self.port), R.FLAG_POLICY, policy,
                 R.FLAG_WORKER_URLS, *worker_urls,
-                R.FLAG_PROMETHEUS_HOST, "127.0.0.1", R.FLAG_PROMETHEUS_PORT, str(self.metrics_port)]
+                R.FLAG_PROMETHEUS_HOST, "127.0.0.1", R.FLAG_PROMETHEUS_PORT, str(self.metrics_port),
+                R.FLAG_WORKER_STARTUP_CHECK_INTERVAL, "1"]
         for worker, endpoint in (event_sources or {}).items():
             args += [R.FLAG_KV_EVENT_SOURCE, f"{worker}={endpoint}"]
         if block_size is not None:

@@ -32,6 +32,9 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "Secret": "secrets",
     "Pod": "pods",
+    "ServiceAccount": "serviceaccounts",
+    "RoleBinding": "rolebindings",
+    names.INFERENCEPOOL_KIND: names.INFERENCEPOOL_PLURAL,
     "Job": "jobs",
 }
 APPLY_PATCH = "application/apply-patch+yaml"

@@ -30,6 +30,8 @@ from . import conditions as cond
 from . import metrics
 from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
+from .routing_objects import host_tier_credit, router_name
+from .routing_status import routing_status
 from .spec import ModelServerSpec, parse_spec
 from .status import error_line, status_plan
 
@@ -249,13 +251,38 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         _event(body, "ScaledToZero", f"the nodes no longer fit the applied plan: {error_line(error)}", warning=True)
         deployment = _deployment(namespace, name)
     metrics.publish_planned(namespace, name, error is None)
+    routed = _routing_status(namespace, name, spec, deployment, result, generation, update)
     update["conditions"] = cond.merge(status.get("conditions"), [
         planned, cond.ready_condition(deployment, generation), cond.degraded_condition(planned, deployment, generation),
-    ])
+    ] + ([routed] if routed is not None else []))
     update.update(cond.ready_counts(deployment))
     _write_status(namespace, name, status, update)
     if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(spec):
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
+
+
+def _routing_status(namespace: str, name: str, spec: Any, deployment: Mapping[str, Any] | None,
+                    result: Desired | None, generation: int | None, update: dict[str, Any]) -> dict[str, Any] | None:
+    """status.routing into `update`; the Routed condition (None when the ModelServer is not routed)."""
+    if not isinstance(spec, ModelServerSpec):
+        return None
+    router = kube().get(path("apps/v1", "Deployment", namespace, router_name(name))) if spec.routing.enabled else None
+    credit = host_tier_credit(spec, result.plan) if result is not None and spec.routing.enabled else None
+    update["routing"], routed = routing_status(name, namespace, spec, deployment, router, generation, credit)
+    return routed
+
+
+def _router_changed(ms: Mapping[str, Any], namespace: str, name: str) -> None:
+    spec = _parsed(ms.get("spec"))
+    status = ms.get("status") or {}
+    update: dict[str, Any] = {}
+    routed = _routing_status(namespace, name, spec, _deployment(namespace, name), None,
+                             (ms.get("metadata") or {}).get("generation"), update)
+    if routed is None:
+        return
+    update["routing"]["hostTierCredit"] = (status.get("routing") or {}).get("hostTierCredit")
+    update["conditions"] = cond.merge(status.get("conditions"), [routed])
+    _write_status(namespace, name, status, update)
 
 
 def _planned_generation(deployment: Mapping[str, Any] | None) -> int | None:
@@ -311,6 +338,9 @@ def deployment_changed(body: kopf.Body, type: str | None, namespace: str, gpu_no
         if type == "DELETED":
             logger.info(f"Deployment {namespace}/{owner} was deleted: applying it again")
             reconcile(ms, _all_nodes(gpu_nodes), logger)
+            return
+        if ((body.get("metadata") or {}).get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_ROUTER:
+            _router_changed(ms, namespace, owner)
             return
         status = ms.get("status") or {}
         generation = (ms.get("metadata") or {}).get("generation")

@@ -75,6 +75,7 @@ PODMONITOR_KIND = "PodMonitor"
 INFERENCEPOOL_GROUP = "inference.networking.k8s.io"
 INFERENCEPOOL_VERSION = "v1"
 INFERENCEPOOL_KIND = "InferencePool"
+INFERENCEPOOL_PLURAL = "inferencepools"
 
 # Operator settings (environment of the operator process).
 ENV_ALLOW_HUB_FETCH = "SPILLWAY_ALLOW_HUB_FETCH"  # "true": fetch config.json of unknown model ids from the hub

@@ -24,6 +24,7 @@ FLAG_SELECTOR = "--selector"  # key=value ... (pods' labels)
 FLAG_SERVICE_DISCOVERY_PORT = "--service-discovery-port"
 FLAG_SERVICE_DISCOVERY_NAMESPACE = "--service-discovery-namespace"
 FLAG_LOG_LEVEL = "--log-level"
+FLAG_WORKER_STARTUP_CHECK_INTERVAL = "--worker-startup-check-interval"  # seconds between start-up health checks (30)
 FLAG_API_KEY = "--api-key"  # the bearer token it sends to the workers
 
 POLICY_ROUND_ROBIN = "round_robin"

@@ -1,0 +1,227 @@
+"""spec.routing: what the operator renders in front of the replicas and on them, each object valid for
+Kubernetes 1.30 and 1.37 (kubernetes-validate --strict), the InferencePool against the Gateway API Inference
+Extension's schema (vendored in schemas/), and the bad inputs routing adds."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from spillway.commands.route import Supervisor, ready_pod_ips, router_args
+from spillway.controller.facts import summarize_node
+from spillway.controller.manifests import desired, selector
+from spillway.controller.routing_objects import epp_config, routing_warnings
+from spillway.core import k8s_names as names
+from spillway.core import router_api as R
+from spillway.core import routing
+from spillway.core import vllm_api as api
+from spillway.core.errors import InvalidSpec
+from support.ms_examples import gpu_node, modelserver
+
+KUBERNETES_VERSIONS = ("1.30", "1.37")
+INFERENCEPOOL_SCHEMA = json.loads((Path(__file__).parent / "schemas" / "inferencepool-v1.schema.json").read_text())
+
+
+def render(mode: str, replicas: int = 3, dma: str | None = None, **spec):
+    body = modelserver(replicas=replicas, routing={"mode": mode, **spec.pop("routing_extra", {})}, **spec)
+    body["metadata"]["uid"] = "0b8f5f5e-0000-4000-8000-000000000000"
+    return desired(body, [summarize_node(gpu_node("g", dma=dma))])
+
+
+def kinds(result) -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in result.objects}
+
+
+def vllm_container(result) -> dict:
+    deployment = kinds(result)[("Deployment", "llama")]
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_no_routing_changes_nothing():
+    plain = desired(modelserver(replicas=3), [summarize_node(gpu_node("g"))])
+    explicit = render(routing.MODE_NONE)
+    assert [o["kind"] for o in plain.objects] == [o["kind"] for o in explicit.objects]
+    assert api.FLAG_KV_EVENTS_CONFIG not in vllm_container(explicit)["args"]
+
+
+@pytest.mark.parametrize("mode", [routing.MODE_KV_AWARE, routing.MODE_LLM_D])
+def test_vllm_pods_publish_self_describing_kv_events(mode):
+    container = vllm_container(render(mode))
+    args = container["args"]
+    events = json.loads(args[args.index(api.FLAG_KV_EVENTS_CONFIG) + 1])
+    assert events == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{routing.KV_EVENTS_PORT}"}
+    transfer = json.loads(args[args.index(api.FLAG_KV_TRANSFER_CONFIG) + 1])
+    assert transfer[api.KV_CONNECTOR_EXTRA_CONFIG_KEY][api.EXTRA_SELF_DESCRIBING_KV_EVENTS] is True
+    assert {"name": api.ENV_PYTHONHASHSEED, "value": api.PYTHONHASHSEED_VALUE} in container["env"]
+    assert {"name": names.PORT_NAME_KV_EVENTS, "containerPort": routing.KV_EVENTS_PORT,
+            "protocol": "TCP"} in container["ports"]
+
+
+def test_kv_aware_puts_the_router_behind_the_users_service():
+    objects = kinds(render(routing.MODE_KV_AWARE))
+    service = objects[("Service", "llama")]
+    router = objects[("Deployment", "llama-router")]
+    pod = router["spec"]["template"]
+    assert service["spec"]["selector"] == router["spec"]["selector"]["matchLabels"]
+    assert all(pod["metadata"]["labels"][k] == v for k, v in service["spec"]["selector"].items())
+    assert pod["metadata"]["labels"][names.LABEL_ROLE] == names.ROLE_ROUTER  # the NetworkPolicy admits it
+    container, = pod["spec"]["containers"]
+    command = container["command"]
+    assert command[:2] == ["spillway", "route"]
+    assert command[command.index("--selector") + 1] == ",".join(f"{k}={v}" for k, v in selector("llama").items())
+    assert command[command.index("--block-size") + 1] == "16"
+    assert container["readinessProbe"]["httpGet"]["path"] == R.ROUTER_HEALTH_PATH
+    assert "livenessProbe" not in container  # no replica ready must not restart the router in a loop
+    assert {p["name"] for p in container["ports"]} == {names.PORT_NAME_HTTP, names.PORT_NAME_METRICS}
+    assert container["resources"]["limits"]["memory"]
+    binding = objects[("RoleBinding", "llama-router")]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": names.DEFAULT_ROUTER_CLUSTER_ROLE}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-router", "namespace": "default"}]
+    assert pod["spec"]["serviceAccountName"] == "llama-router"
+    policy = objects[("NetworkPolicy", "llama")]
+    assert {"from": [{"podSelector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_ROUTER}}}],
+            "ports": [{"port": routing.KV_EVENTS_PORT, "protocol": "TCP"}]} in policy["spec"]["ingress"]
+
+
+def test_host_tier_credit_follows_the_qualified_node_or_the_override():
+    def credit(result):
+        command = kinds(result)[("Deployment", "llama-router")]["spec"]["template"]["spec"]["containers"][0]["command"]
+        return float(command[command.index("--host-tier-credit") + 1]) if "--host-tier-credit" in command else None
+
+    assert credit(render(routing.MODE_KV_AWARE)) is None  # unqualified node: the router's own default
+    fast, slow = render(routing.MODE_KV_AWARE, dma="50"), render(routing.MODE_KV_AWARE, dma="10")
+    assert 0 < credit(slow) < credit(fast) <= routing.MAX_HOST_TIER_CREDIT
+    assert credit(render(routing.MODE_KV_AWARE, dma="2")) == 0  # reloading slower than an H200 recomputes
+    assert credit(render(routing.MODE_KV_AWARE, dma="50", routing_extra={"hostTierCredit": 0.3})) == 0.3
+
+
+def test_host_tier_credit_arithmetic():
+    assert routing.host_tier_credit(1_000_000, 40_000) == 0.95  # capped: a reload is never free
+    assert routing.host_tier_credit(400_000, 40_000) == 0.9
+    assert routing.host_tier_credit(30_000, 40_000) == 0.0  # reloading slower than recomputing saves nothing
+    # The anchor model scales to itself; a model with 4x the weights per token prefills 4x slower.
+    assert routing.recompute_tokens_per_s(routing.ANCHOR_CONFIG, 1) == routing.ANCHOR_RECOMPUTE_TOKENS_PER_S
+    wide = {**routing.ANCHOR_CONFIG, "num_hidden_layers": 128}
+    assert routing.recompute_tokens_per_s(wide, 1) == pytest.approx(routing.ANCHOR_RECOMPUTE_TOKENS_PER_S / 4)
+    assert routing.recompute_tokens_per_s({}, 1) is None
+
+
+def test_llm_d_renders_an_inference_pool_and_the_endpoint_picker_config():
+    result = render(routing.MODE_LLM_D)
+    objects = kinds(result)
+    pool = objects[(names.INFERENCEPOOL_KIND, "llama")]
+    jsonschema.validate(pool, INFERENCEPOOL_SCHEMA)
+    assert pool["spec"]["selector"]["matchLabels"] == selector("llama")
+    assert pool["spec"]["targetPorts"] == [{"number": api.SERVER_PORT}]
+    assert objects[("Service", "llama")]["spec"]["selector"] == selector("llama")  # no router of ours
+    config = yaml.safe_load(objects[("ConfigMap", "llama-epp")]["data"]["config.yaml"])
+    assert config == epp_config(result.spec, result.plan)
+    plugins = {p.get("name", p["type"]): p for p in config["plugins"]}
+    precise = plugins["precise-prefix-cache-scorer"]["parameters"]
+    assert {"name": "cpu", "weight": routing.LLM_D_CPU_TIER_WEIGHT} in precise["indexerConfig"]["backendConfigs"]
+    assert precise["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] == routing.KV_EVENTS_PORT
+    approximate = plugins["cpu-prefix-cache-scorer"]["parameters"]
+    assert approximate["lruCapacityPerServer"] == result.plan.pool.tokens // 16  # the planned pool, in blocks
+    profile = {p["pluginRef"] for p in config["schedulingProfiles"][0]["plugins"]}
+    assert profile == set(plugins)
+
+
+def test_the_inference_pool_schema_refuses_a_misspelt_field():
+    pool = kinds(render(routing.MODE_LLM_D))[(names.INFERENCEPOOL_KIND, "llama")]
+    pool["spec"]["targetPort"] = pool["spec"].pop("targetPorts")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(pool, INFERENCEPOOL_SCHEMA)
+
+
+@pytest.mark.parametrize("mode", [routing.MODE_KV_AWARE, routing.MODE_LLM_D])
+def test_routed_objects_validate_strictly(mode):
+    for obj in render(mode).objects:
+        if obj["kind"] == names.INFERENCEPOOL_KIND:
+            continue  # not a built-in kind: checked against its own schema above
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize(("routing_spec", "extra", "message"), [
+    ({"mode": "kv-aware"}, {"extraArgs": ["--kv-events-config", "{}"]}, "routing.mode kv-aware writes"),
+    ({"mode": "none"}, {"extraArgs": ['--kv-events-config={"endpoint": "tcp://*:8000"}']}, "the pod's HTTP port"),
+    ({"mode": "llm-d", "hostTierCredit": 0.5}, {}, "kv-aware router's setting"),
+    ({"mode": "none", "router": {"replicas": 2}}, {}, "configures the kv-aware router"),
+    ({"mode": "kv-aware", "router": {"replicas": 0}}, {}, "router.replicas"),
+    ({"mode": "kv-aware", "hostTierCredit": 1.5}, {}, "hostTierCredit"),
+    ({"mode": "round-robin"}, {}, "routing.mode must be one of"),
+    ({"mode": "kv-aware", "speed": 1}, {}, "speed"),
+    ({"mode": "kv-aware"}, {"env": [{"name": "PYTHONHASHSEED", "value": "7"}]}, "PYTHONHASHSEED"),
+])
+def test_bad_routing_input_is_refused(routing_spec, extra, message):
+    with pytest.raises(InvalidSpec, match=message):
+        desired(modelserver(replicas=2, routing=routing_spec, **extra), [summarize_node(gpu_node("g"))])
+
+
+def test_one_replica_gets_a_warning():
+    assert routing_warnings(render(routing.MODE_KV_AWARE, replicas=1).spec)
+    assert not routing_warnings(render(routing.MODE_KV_AWARE, replicas=2).spec)
+
+
+# -- spillway route: the router pod's supervisor ------------------------------------------------------------------
+
+def pod(ip: str, ready: bool = True, phase: str = "Running", deleting: bool = False) -> dict:
+    meta = {"name": f"p-{ip}"} | ({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})
+    return {"metadata": meta, "status": {"phase": phase, "podIP": ip,
+                                         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_only_ready_running_pods_are_routed_to():
+    pods = [pod("10.0.0.9"), pod("10.0.0.2"), pod("10.0.0.3", ready=False), pod("10.0.0.4", phase="Pending"),
+            pod("10.0.0.5", deleting=True)]
+    assert ready_pod_ips(pods) == ["10.0.0.2", "10.0.0.9"]
+
+
+def test_router_args_give_each_pod_its_event_source():
+    args = router_args(["10.0.0.2", "fd00::3"], model="m", block_size=16, host_tier_credit=0.9, api_key="k")
+    assert args[args.index(R.FLAG_POLICY) + 1] == R.POLICY_KV_AWARE
+    sources = [args[i + 1] for i, a in enumerate(args) if a == R.FLAG_KV_EVENT_SOURCE]
+    assert sources == [f"http://10.0.0.2:8000=tcp://10.0.0.2:{routing.KV_EVENTS_PORT}",
+                       f"http://[fd00::3]:8000=tcp://[fd00::3]:{routing.KV_EVENTS_PORT}"]
+    assert args[args.index(R.FLAG_KV_PENALTY_HOST) + 1] == "0.9" and args[args.index(R.FLAG_API_KEY) + 1] == "k"
+
+
+def test_the_supervisor_restarts_the_router_when_the_ready_pods_change(tmp_path):
+    """A real child process stands in for vllm-router: it records its arguments and runs until stopped."""
+    listed = [[pod("10.0.0.1")], [pod("10.0.0.1")], [pod("10.0.0.1"), pod("10.0.0.2")], RuntimeError("api down"), []]
+    log: list[str] = []
+
+    def list_pods():
+        item = listed.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def build(ips):
+        return [sys.executable, "-c", "import time; time.sleep(60)", *ips]
+
+    supervisor = Supervisor(list_pods, build, log=log.append)
+    try:
+        _steps(supervisor, build, log)
+    finally:
+        supervisor.stop_router()
+
+
+def _steps(supervisor, build, log):
+    supervisor.step()
+    first = supervisor.proc
+    assert first.args == build(["10.0.0.1"])
+    supervisor.step()  # unchanged: the same process
+    assert supervisor.proc is first and first.poll() is None
+    supervisor.step()  # a second pod became ready: restarted with both
+    assert first.poll() is not None and supervisor.proc.args == build(["10.0.0.1", "10.0.0.2"])
+    second = supervisor.proc
+    supervisor.step()  # the API server fails: the router keeps running
+    assert supervisor.proc is second and second.poll() is None and "cannot list pods" in log[-1]
+    supervisor.step()  # no ready pod: no router
+    assert supervisor.proc is None and second.poll() is not None and "no ready vLLM pod" in log[-1]
