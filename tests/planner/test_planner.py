@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from spillway.adapters.model_config import catalog_ids, resolve_geometry
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes, PoolDoesNotFit, SpillwayError
-from spillway.core.geometry import ModelGeometry
+from spillway.core.geometry import ModelGeometry, geometry_from_config
 from spillway.core.planner import SHM_EXTRA_BYTES, NodeFacts, OffloadRequest, ServingRequest, plan, process_reserve
 
 GiB = 2**30
@@ -32,7 +32,25 @@ mla_geometry = st.builds(
                                          "bfloat16"),
     st.integers(1, 128), st.sampled_from([576, 1088]),
 )
-geometries = st.one_of(standard_geometry, mla_geometry, st.sampled_from(catalog_ids()).map(resolve_geometry))
+sliding_geometry = st.builds(
+    lambda layers, period, window, kv, head_dim: geometry_from_config({
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": layers,
+        "num_attention_heads": 64, "num_key_value_heads": kv, "head_dim": head_dim, "sliding_window": window,
+        "layer_types": ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(layers)],
+        "max_position_embeddings": 131072}),
+    st.integers(2, 96), st.integers(2, 8), st.sampled_from([128, 512, 1024, 4096]), st.sampled_from([1, 2, 8, 16]),
+    st.sampled_from([64, 128, 256]),
+)
+mamba_geometry = st.builds(
+    lambda groups, interval, v_heads, dim: geometry_from_config({
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": groups * interval,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": interval,
+        "linear_num_key_heads": 16, "linear_num_value_heads": v_heads, "linear_key_head_dim": dim,
+        "linear_value_head_dim": dim, "linear_conv_kernel_dim": 4, "max_position_embeddings": 262144}),
+    st.integers(1, 16), st.integers(2, 6), st.sampled_from([16, 32, 64]), st.sampled_from([64, 128]),
+)
+geometries = st.one_of(standard_geometry, mla_geometry, sliding_geometry, mamba_geometry,
+                       st.sampled_from(catalog_ids()).map(resolve_geometry))
 nodes = st.builds(NodeFacts, st.integers(8 * GiB, 8 * 2**40), st.sampled_from([1, 2, 4, 8, 16]))
 sizes = st.one_of(
     st.just("auto"),
@@ -74,9 +92,14 @@ def test_plan_invariants(geometry, node, size, tp, block_size, cache_dtype, vers
     assert node_plan.replicas_per_node * pod.memory_limit_bytes <= node.allocatable_memory
     # the pool is whole chunks and never exceeds what was asked for
     assert pool.chunks >= 1 and pool.bytes == pool.chunks * pool.chunk_bytes
-    # a chunk row never holds more than its chunk of prefix; a uniform model's rows all hold prefix
+    # with a full-attention group a chunk row never holds more than its chunk of prefix (a uniform model's rows
+    # all do); windowed groups alone keep only the window's rows of each request
     held = pool.blocks * result.groups.block_size
-    assert pool.tokens == held if not result.groups.is_hybrid else 0 <= pool.tokens <= held
+    unbounded = any(result.groups.window_chunks(g) is None for g in result.groups.groups)
+    if not result.groups.is_hybrid:
+        assert pool.tokens == held
+    else:
+        assert 0 <= pool.tokens <= (held if unbounded else pool.chunks * (geometry.max_model_len or 131072))
     if size.endswith("Gi") or size.isdigit():
         asked = int(size[:-2]) * GiB if size.endswith("Gi") else int(size)
         assert asked - pool.chunk_bytes < pool.bytes <= asked  # rounded down by less than one chunk, never shrunk
