@@ -21,8 +21,9 @@
 # CA bundle (bind-mounted for RUN steps only, nothing lands in the image). PIP_FIND_LINKS, when it names
 # a local directory, is mounted at /wheels for the CPU build (where PyTorch's CPU wheel lies on disk).
 #
-# Each build ends with the image's facts: size, layers, user, and whether it runs with a read-only root
-# filesystem, no capabilities and no privilege escalation (podman and docker; buildah cannot run images).
+# Each build ends with the image's facts: size, layers, user, whether it runs with a read-only root
+# filesystem, no capabilities and no privilege escalation (podman and docker; buildah cannot run images),
+# and its digest (podman, buildah).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -232,7 +233,12 @@ facts() {  # facts IMAGE CHECK-ENTRYPOINT [CHECK-ARGS...]
         readonly="NO: \`$*\` failed with a read-only root, no capabilities, no new privileges"
       fi ;;
   esac
-  echo "images: $image: size $size, $layers layers, user ${user:-root}, read-only root: $readonly"
+  local digest=""
+  case "$engine" in  # the digest to pin it by (docker knows one only once the image is pushed)
+    podman) digest="$(podman image inspect --format '{{.Digest}}' "$image")" ;;
+    buildah) digest="$(buildah images --format '{{.Digest}}' "$image" | head -n1)" ;;
+  esac
+  echo "images: $image: size $size, $layers layers, user ${user:-root}, read-only root: $readonly${digest:+, digest $digest}"
 }
 
 # -- builds -----------------------------------------------------------------------------------------------
