@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
-import tomllib
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

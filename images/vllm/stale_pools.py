@@ -10,7 +10,8 @@ A file is stale when no process has it open or mapped, in this container or in a
 /dev/shm (a sidecar, a second engine: their processes are not visible here). The kernel tells: a write
 lease (fcntl F_SETLEASE) is granted only on a file that no other open file description refers to, an
 mmap included. The lease is held while the file is unlinked, so no process can open it in between.
-A file the lease cannot be taken on (in use, or owned by another user) is kept, and the log says why.
+A file the lease cannot be taken on (in use, or owned by another user) is kept, and the log says why;
+so are the further segments of a pool whose first file is kept.
 
     stale_pools.py [DIRECTORY]      (default /dev/shm)
 """
@@ -82,8 +83,21 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         log(f"cannot list {directory} for stale pool files: {exc.strerror}")
         return 1
-    for name in names:
-        if POOL_FILE.fullmatch(name):
+    pools = [(name, match) for name in names if (match := POOL_FILE.fullmatch(name))]
+    kept = set()
+    for name, match in pools:  # first files first: they decide for their segments
+        if not match.group(1) and not remove_if_stale(os.path.join(directory, name)) \
+                and os.path.exists(os.path.join(directory, name)):
+            kept.add(name)
+    for name, match in pools:
+        if not match.group(1):
+            continue
+        first = name[: -len(match.group(1))]
+        if first in kept:
+            # vLLM creates, sizes and closes the segment files before it maps them, holding only the
+            # first file open meanwhile: a segment of a kept pool may be unheld for a moment, yet in use.
+            log(f"kept {os.path.join(directory, name)}: a segment of the kept {first}")
+        else:
             remove_if_stale(os.path.join(directory, name))
     return 0
 

@@ -141,3 +141,22 @@ def test_the_cleanup_knows_the_pool_file_names_of_vllms_sources():
             names += [segment.replace("{self.mmap_path}", name).replace("{i}", str(n)) for n in (1, 12)]
         for found in names:
             assert stale_pools["POOL_FILE"].fullmatch(found), f"{source} names a pool file {found}"
+
+
+def test_the_segments_of_a_pool_in_use_are_kept_even_while_unmapped(tmp_path):
+    # vLLM 0.33 holds the first file open while it creates, sizes and closes the segments, before mapping them.
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    first = plant(shm / "vllm_offload_c0ffee.mmap")
+    segment = plant(shm / "vllm_offload_c0ffee.mmap.1")
+    orphan = plant(shm / "vllm_offload_dead.mmap.1")  # its first file is gone: judged by itself
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(first)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        proc = entrypoint(tmp_path, "m")
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert first.exists() and segment.exists() and not orphan.exists()
+    assert f"kept {segment}: a segment of the kept {first.name}" in proc.stderr
+    assert f"removed stale pool file {orphan}" in proc.stderr
