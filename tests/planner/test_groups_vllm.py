@@ -54,8 +54,11 @@ def engine_truth(tmp_path_factory) -> dict:
     return _run("engine", cases, tmp_path_factory.mktemp("truth"), [], timeout=1500)
 
 
-def _model(name: str, release: tuple[int, int], tp: int = 1):
-    return kv_groups(FAMILIES[name], release, tp, _block(name) or 16, name=name, kernel_block=CPU_KERNEL_BLOCK)
+def _model(name: str, release: tuple[int, int], truth: dict, tp: int = 1):
+    # The MLA backend picks its own block on the CPU (16 for CPU_MLA; AMX machines may differ): an input, as
+    # --block-size is; every other family runs the 128-token block asked for.
+    block = _block(name) or truth["vllm_block_size"]
+    return kv_groups(FAMILIES[name], release, tp, block, name=name, kernel_block=CPU_KERNEL_BLOCK)
 
 
 def _ours(groups) -> list[tuple]:
@@ -82,7 +85,7 @@ def _compare(name: str, groups, truth: dict) -> dict:
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_vllm_032_engine_sizes_the_pool_as_the_groups_model(name, engine_truth):
     truth = engine_truth[name]
-    _compare(name, _model(name, (0, 32)), truth)
+    _compare(name, _model(name, (0, 32), truth), truth)
     assert truth["worker_offload"] == truth["offload"], "scheduler and worker size the pool alike"
 
 
@@ -97,7 +100,14 @@ def source_truth(request, engine_truth, tmp_path_factory) -> dict:
         cases[name] = base
         if FAMILIES[name].get("kv_lora_rank"):
             cases[name + "@tp2"] = {**base, "tensor_parallel_size": 2}  # one host copy of the latent, or two?
-    return _run("sources", cases, tmp_path_factory.mktemp("sources"), [request.param], timeout=900)
+    results = _run("sources", cases, tmp_path_factory.mktemp("sources"), [request.param], timeout=900)
+    for name in cases:
+        results[name]["vllm_block_size"] = cases[name]["block_size"]
+    return results
+
+
+def case_block(results: dict, name: str) -> dict:
+    return {"vllm_block_size": results[name]["vllm_block_size"]}
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -105,7 +115,7 @@ def test_other_releases_size_the_pool_as_the_groups_model(name, source_truth):
     truth = source_truth[name]
     release = tuple(truth["version"])
     try:
-        groups = _model(name, release)
+        groups = _model(name, release, case_block(source_truth, name))
     except ModelGeometryUnknown as refusal:
         # Spillway refuses exactly where vLLM's own offloading configuration fails.
         assert "error" in truth, f"{name}: refused ({refusal}) though vLLM {release} offloads it"
@@ -120,7 +130,7 @@ def test_other_releases_size_the_pool_as_the_groups_model(name, source_truth):
 def test_mla_host_copies_follow_the_release(name, source_truth):
     truth = source_truth[name + "@tp2"]
     release = tuple(truth["version"])
-    groups = _model(name, release, tp=2)
+    groups = _model(name, release, case_block(source_truth, name), tp=2)
     _compare(name, groups, truth)
     assert truth["offload"]["replicated_layout"] == (release >= (0, 32))
     assert groups.copies == (1 if release >= (0, 32) else 2)
