@@ -29,7 +29,7 @@ STANDARD_ARCHITECTURES = frozenset({
     "Llama4ForCausalLM", "Llama4ForConditionalGeneration", "Qwen3NextForCausalLM",
     "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM", "GraniteMoeHybridForCausalLM",
-    "NemotronHForCausalLM", "Cohere2ForCausalLM",
+    "NemotronHForCausalLM",
 })
 # Multi-head latent attention: one compressed latent (+ rope key) per token per layer.
 MLA_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM"})

@@ -185,7 +185,7 @@ def layer_types(config: Mapping[str, Any], num_layers: int, name: str) -> list[s
     if model_type in ("gemma3", "gemma3_text") and window:
         period = _int(config, "sliding_window_pattern", name, 6)
         return [FULL if (i + 1) % period == 0 else SLIDING for i in range(num_layers)]
-    if model_type in ("gemma2", "gpt_oss", "cohere2") and window:
+    if model_type in ("gemma2", "gpt_oss") and window:
         return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
     if window and config.get("use_sliding_window", True) is not False:
         return [SLIDING] * num_layers  # Mistral v0.1-style: every layer keeps a window
@@ -197,7 +197,7 @@ def mamba_state_bytes(config: Mapping[str, Any], tp: int, model_dtype_bytes: int
     """One layer's recurrent state on one rank (vllm/model_executor/layers/mamba/mamba_utils.py,
     MambaStateShapeCalculator): the conv state in the model's dtype, the SSM state in the SSM dtype."""
     model_type = str(config.get("model_type", ""))
-    if model_type.startswith("qwen3_next") or model_type.startswith("qwen3_5"):
+    if model_type.startswith(("qwen3_next", "qwen3_5")):
         # gated_delta_net_state_shape
         k_heads, v_heads = _int(config, "linear_num_key_heads", name), _int(config, "linear_num_value_heads", name)
         k_dim, v_dim = _int(config, "linear_key_head_dim", name), _int(config, "linear_value_head_dim", name)
@@ -276,7 +276,6 @@ def layer_caches(config: Mapping[str, Any], tensor_parallel_size: int = 1, kv_ca
     elif not isinstance(head_dim, int) or head_dim <= 0:
         raise ModelGeometryUnknown(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
     token = attention_token_bytes(FULL, kv_heads, head_dim, tp, dtype_bytes)
-    window = config.get("sliding_window")
     chunk = config.get("attention_chunk_size")
     state = 0
     if MAMBA in kinds:
@@ -296,7 +295,6 @@ def layer_caches(config: Mapping[str, Any], tensor_parallel_size: int = 1, kv_ca
             out.append(LayerCache(FULL, token))
         else:
             out.append(LayerCache(""))  # an MLP-only layer (Nemotron-H "-"): no cache
-    del window
     return out
 
 
@@ -395,7 +393,3 @@ def _cdiv(a: int, b: int) -> int:
 
 def _round_up(n: int, unit: int) -> int:
     return _cdiv(n, unit) * unit
-
-
-def lcm(*values: int) -> int:
-    return math.lcm(*values)
