@@ -300,7 +300,9 @@ def test_rbac_is_least_privilege(helm, scenario):
         assert cluster_wide == {("", "nodes")}
     writes = {(group, resource) for _, group, resource, verb in grants if verb in {"create", "patch"}}
     assert writes == {(k8s_names.GROUP, "modelservers"), (k8s_names.GROUP, "modelservers/status"),
-                      ("apps", "deployments"), ("", "services"), ("", "events")}
+                      ("apps", "deployments"), ("", "services"), ("", "events"), ("networking.k8s.io", "networkpolicies"),
+                      # spec.routing.mode llm-d: the InferencePool and the endpoint picker's ConfigMap
+                      (k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_PLURAL), ("", "configmaps")}
 
 
 def test_operator_settings_use_the_operators_names(helm):

@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from spillway.commands.route import Supervisor, ready_pod_ips, router_args
+from spillway.commands.route import Supervisor, resolve_ips, router_args
 from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired, selector
 from spillway.controller.routing_objects import epp_config, routing_warnings
@@ -72,17 +72,17 @@ def test_kv_aware_puts_the_router_behind_the_users_service():
     container, = pod["spec"]["containers"]
     command = container["command"]
     assert command[:2] == ["spillway", "route"]
-    assert command[command.index("--selector") + 1] == ",".join(f"{k}={v}" for k, v in selector("llama").items())
+    assert command[command.index("--replicas") + 1] == "llama-replicas.default.svc"
     assert command[command.index("--block-size") + 1] == "16"
     assert container["readinessProbe"]["httpGet"]["path"] == R.ROUTER_HEALTH_PATH
     assert "livenessProbe" not in container  # no replica ready must not restart the router in a loop
     assert {p["name"] for p in container["ports"]} == {names.PORT_NAME_HTTP, names.PORT_NAME_METRICS}
     assert container["resources"]["limits"]["memory"]
-    binding = objects[("RoleBinding", "llama-router")]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": names.DEFAULT_ROUTER_CLUSTER_ROLE}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-router", "namespace": "default"}]
-    assert pod["spec"]["serviceAccountName"] == "llama-router"
+    assert pod["spec"]["automountServiceAccountToken"] is False  # DNS finds the replicas: no API access at all
+    replicas = objects[("Service", "llama-replicas")]
+    assert replicas["spec"]["clusterIP"] == "None" and replicas["spec"]["selector"] == selector("llama")
+    assert {p["name"] for p in replicas["spec"]["ports"]} == {names.PORT_NAME_HTTP, names.PORT_NAME_KV_EVENTS}
+    assert not any(o["kind"] in ("ServiceAccount", "RoleBinding", "Role") for o in objects.values())
     policy = objects[("NetworkPolicy", "llama")]
     assert {"from": [{"podSelector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_ROUTER}}}],
             "ports": [{"port": routing.KV_EVENTS_PORT, "protocol": "TCP"}]} in policy["spec"]["ingress"]
@@ -170,16 +170,9 @@ def test_one_replica_gets_a_warning():
 
 # -- spillway route: the router pod's supervisor ------------------------------------------------------------------
 
-def pod(ip: str, ready: bool = True, phase: str = "Running", deleting: bool = False) -> dict:
-    meta = {"name": f"p-{ip}"} | ({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})
-    return {"metadata": meta, "status": {"phase": phase, "podIP": ip,
-                                         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
-
-
-def test_only_ready_running_pods_are_routed_to():
-    pods = [pod("10.0.0.9"), pod("10.0.0.2"), pod("10.0.0.3", ready=False), pod("10.0.0.4", phase="Pending"),
-            pod("10.0.0.5", deleting=True)]
-    assert ready_pod_ips(pods) == ["10.0.0.2", "10.0.0.9"]
+def test_replicas_are_found_by_dns():
+    assert "127.0.0.1" in resolve_ips("localhost")
+    assert resolve_ips("no-replica-is-ready.invalid") == []  # a headless Service without endpoints
 
 
 def test_router_args_give_each_pod_its_event_source():
@@ -191,13 +184,13 @@ def test_router_args_give_each_pod_its_event_source():
     assert args[args.index(R.FLAG_KV_PENALTY_HOST) + 1] == "0.9" and args[args.index(R.FLAG_API_KEY) + 1] == "k"
 
 
-def test_the_supervisor_restarts_the_router_when_the_ready_pods_change(tmp_path):
+def test_the_supervisor_restarts_the_router_when_the_ready_pods_change():
     """A real child process stands in for vllm-router: it records its arguments and runs until stopped."""
-    listed = [[pod("10.0.0.1")], [pod("10.0.0.1")], [pod("10.0.0.1"), pod("10.0.0.2")], RuntimeError("api down"), []]
+    answers = [["10.0.0.1"], ["10.0.0.1"], ["10.0.0.1", "10.0.0.2"], OSError("resolver down"), []]
     log: list[str] = []
 
-    def list_pods():
-        item = listed.pop(0)
+    def discover():
+        item = answers.pop(0)
         if isinstance(item, Exception):
             raise item
         return item
@@ -205,7 +198,7 @@ def test_the_supervisor_restarts_the_router_when_the_ready_pods_change(tmp_path)
     def build(ips):
         return [sys.executable, "-c", "import time; time.sleep(60)", *ips]
 
-    supervisor = Supervisor(list_pods, build, log=log.append)
+    supervisor = Supervisor(discover, build, log=log.append)
     try:
         _steps(supervisor, build, log)
     finally:
@@ -221,7 +214,7 @@ def _steps(supervisor, build, log):
     supervisor.step()  # a second pod became ready: restarted with both
     assert first.poll() is not None and supervisor.proc.args == build(["10.0.0.1", "10.0.0.2"])
     second = supervisor.proc
-    supervisor.step()  # the API server fails: the router keeps running
-    assert supervisor.proc is second and second.poll() is None and "cannot list pods" in log[-1]
+    supervisor.step()  # the resolver fails: the router keeps running
+    assert supervisor.proc is second and second.poll() is None and "cannot resolve" in log[-1]
     supervisor.step()  # no ready pod: no router
     assert supervisor.proc is None and second.poll() is not None and "no ready vLLM pod" in log[-1]

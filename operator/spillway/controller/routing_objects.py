@@ -1,9 +1,10 @@
 """spec.routing -> the objects in front of the replicas, and what routing changes on the vLLM pods.
 
 kv-aware: the Service <name> (the user's endpoint) selects a vllm-router Deployment <name>-router. Its pods run
-`spillway route`, which lists the ModelServer's ready vLLM pods (a RoleBinding to the chart's pod-reader
-ClusterRole, in this namespace only) and runs vllm-router's kv_aware policy with one static KV event source
-per pod (vllm-router 0.1.17 takes no event sources from its own Kubernetes discovery).
+`spillway route`, which resolves the headless Service <name>-replicas (DNS answers with the ready vLLM pods'
+IPs: no Kubernetes API access, so no RBAC and no service account token) and runs vllm-router's kv_aware policy
+with one static KV event source per pod (vllm-router 0.1.17 takes no event sources from its own Kubernetes
+discovery).
 llm-d: an InferencePool selecting the vLLM pods and a ConfigMap with the endpoint picker's configuration for
 llm-d-router, which the user's Gateway runs; the Service <name> keeps pointing at the pods.
 Both: every vLLM pod publishes KV events (ZMQ, port kv-events) with self-describing CPU-medium stores and a
@@ -49,8 +50,8 @@ def router_image(spec: ModelServerSpec) -> str:
     return spec.routing.router_image or os.environ.get(names.ENV_ROUTER_IMAGE) or names.DEFAULT_ROUTER_IMAGE
 
 
-def router_cluster_role() -> str:
-    return os.environ.get(names.ENV_ROUTER_CLUSTER_ROLE) or names.DEFAULT_ROUTER_CLUSTER_ROLE
+def replicas_service_name(name: str) -> str:
+    return f"{name}-replicas"
 
 
 def host_tier_credit(spec: ModelServerSpec, result: Plan) -> float | None:
@@ -103,10 +104,7 @@ def _router_probe(path: str, period: int, failures: int) -> dict[str, Any]:
 def router_command(body: Mapping[str, Any], spec: ModelServerSpec, credit: float | None) -> list[str]:
     name = body["metadata"]["name"]
     namespace = body["metadata"].get("namespace") or "default"
-    from .manifests import selector
-
-    args = ["spillway", "route", "--namespace", namespace,
-            "--selector", ",".join(f"{k}={v}" for k, v in selector(name).items()),
+    args = ["spillway", "route", "--replicas", f"{replicas_service_name(name)}.{namespace}.svc",
             "--model", spec.served_model_name or spec.model, "--block-size", str(spec.request.block_size)]
     if credit is not None:
         args += ["--host-tier-credit", f"{credit:g}"]
@@ -118,14 +116,17 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, credit: float
     name = body["metadata"]["name"]
     rname, labels = router_name(name), router_labels(name)
     resources = spec.routing.router_resources
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(body, rname, labels, owner)}
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": _metadata(body, rname, labels, owner),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": router_cluster_role()},
-        "subjects": [{"kind": "ServiceAccount", "name": rname,
-                      "namespace": body["metadata"].get("namespace") or "default"}],
-    }
+    from .manifests import labels as vllm_labels
+    from .manifests import selector
+
+    # Headless: DNS answers with each ready pod's IP (not-ready pods are left out), which the router needs.
+    replicas = {"apiVersion": "v1", "kind": "Service",
+                "metadata": _metadata(body, replicas_service_name(name), vllm_labels(name), owner),
+                "spec": {"clusterIP": "None", "selector": selector(name), "ports": [
+                    {"name": names.PORT_NAME_HTTP, "port": api.SERVER_PORT, "targetPort": names.PORT_NAME_HTTP,
+                     "protocol": "TCP"},
+                    {"name": names.PORT_NAME_KV_EVENTS, "port": routing.KV_EVENTS_PORT,
+                     "targetPort": names.PORT_NAME_KV_EVENTS, "protocol": "TCP"}]}}
     container = {
         "name": names.CONTAINER_ROUTER,
         "image": router_image(spec),
@@ -147,11 +148,11 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, credit: float
             "replicas": spec.routing.router_replicas,
             "selector": {"matchLabels": router_selector(name)},
             "template": {"metadata": {"labels": labels}, "spec": {
-                "serviceAccountName": rname, "containers": [container], "enableServiceLinks": False,
+                "automountServiceAccountToken": False, "containers": [container], "enableServiceLinks": False,
                 "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}}},
         },
     }
-    return [account, binding, deployment]
+    return [replicas, deployment]
 
 
 def admit_router_to_events(policy: dict[str, Any]) -> dict[str, Any]:

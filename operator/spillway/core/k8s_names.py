@@ -33,7 +33,6 @@ DEFAULT_VLLM_IMAGE = "ghcr.io/spillway-dev/spillway-vllm:0.1.0-vllm0.33.0"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/spillway-dev/spillway-operator:0.1.0"
 # The router runs `spillway route` over vllm-router (router_api.ROUTER_VERSION): the operator image carries both.
 DEFAULT_ROUTER_IMAGE = DEFAULT_OPERATOR_IMAGE
-DEFAULT_ROUTER_CLUSTER_ROLE = "spillway-router"
 
 # -- what the operator writes for a ModelServer ---------------------------------------------------
 APP_NAME = "spillway"  # app.kubernetes.io/name of every object the operator writes
@@ -83,4 +82,3 @@ ENV_POD_MONITORS = "SPILLWAY_POD_MONITORS"  # "auto" (when the CRD exists, defau
 ENV_METRICS_PORT = "SPILLWAY_METRICS_PORT"  # serve the operator's /metrics on this port (unset: off)
 ENV_RETRY_SECONDS = "SPILLWAY_RETRY_SECONDS"  # wait before retrying API errors and missing ConfigMaps (30)
 ENV_ROUTER_IMAGE = "SPILLWAY_ROUTER_IMAGE"  # the kv-aware router's image (the chart sets it from its values)
-ENV_ROUTER_CLUSTER_ROLE = "SPILLWAY_ROUTER_CLUSTER_ROLE"  # the chart's pod-reader ClusterRole the router binds to
