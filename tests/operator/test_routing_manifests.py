@@ -218,3 +218,21 @@ def _steps(supervisor, build, log):
     assert supervisor.proc is second and second.poll() is None and "cannot resolve" in log[-1]
     supervisor.step()  # no ready pod: no router
     assert supervisor.proc is None and second.poll() is not None and "no ready vLLM pod" in log[-1]
+
+
+def test_spillway_render_shows_the_router_and_the_publishing_pods(tmp_path):
+    """`spillway render` of a 3-replica kv-aware ModelServer: the router Deployment and Service in front, the
+    replicas' headless Service, and vLLM pods publishing KV events."""
+    import subprocess
+
+    path = tmp_path / "ms.yaml"
+    path.write_text(yaml.safe_dump(modelserver(replicas=3, routing={"mode": "kv-aware"})))
+    done = subprocess.run([sys.executable, "-m", "spillway.cli", "render", "-f", str(path), "--node-memory", "2Ti",
+                           "--gpus-per-node", "8"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
+    assert {("Deployment", "llama"), ("Deployment", "llama-router"), ("Service", "llama"),
+            ("Service", "llama-replicas")} <= set(docs)
+    assert docs[("Service", "llama")]["spec"]["selector"][names.LABEL_COMPONENT] == names.COMPONENT_ROUTER
+    vllm = docs[("Deployment", "llama")]["spec"]["template"]["spec"]["containers"][0]
+    assert api.FLAG_KV_EVENTS_CONFIG in vllm["args"] and docs[("Deployment", "llama")]["spec"]["replicas"] == 3

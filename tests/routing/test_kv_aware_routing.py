@@ -79,7 +79,7 @@ def run(replicas, tmp_path_factory) -> dict:
     with VllmRouter(urls, policy=R.POLICY_ROUND_ROBIN, binary=binary) as rr, \
          VllmRouter(urls, policy=R.POLICY_KV_AWARE, binary=binary, block_size=BLOCK, model=replicas[0].model,
                     event_sources={s.base_url: s.kv_events_endpoint for s in replicas}) as kv:
-        cmd = [sys.executable, "-m", "spillway", "loadtest", prefix_groups.EXPERIMENT, "run",
+        cmd = [sys.executable, "-m", "spillway.cli", "loadtest", prefix_groups.EXPERIMENT, "run",
                "--route", f"{rr.policy}={rr.base_url}", "--route", f"{kv.policy}={kv.base_url}",
                "--router-metrics", f"{rr.policy}={rr.metrics_url}", "--router-metrics", f"{kv.policy}={kv.metrics_url}",
                *[arg for url in urls for arg in ("--replica", url)],
