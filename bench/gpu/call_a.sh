@@ -1,9 +1,9 @@
 #!/bin/bash
-# First call of a device session (carry .gpu/extract.py .gpu/chunks/a.tar.xz): unpack vLLM's main extension
+# First call of a device session (carry .gpu/chunks/a.tar.xz): unpack vLLM's main extension
 # into /tmp/site, record the machine, and qualify the transfer path with the methods that need no vLLM.
 set -uo pipefail
 T0=$(date +%s)
-mkdir -p /tmp/site && python3 .gpu/extract.py .gpu/chunks/a.tar.xz || exit 1
+mkdir -p /tmp/site && python3 bench/gpu/extract.py .gpu/chunks/a.tar.xz || exit 1
 export PYTHONPATH=$PWD/operator PYTHONUNBUFFERED=1
 {
   date -u +%FT%TZ; uname -r; nproc; free -g

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Second call, within 30 s of call_a (carry .gpu/extract.py .gpu/chunks/b.tar.xz .whl): the rest of vLLM 0.26,
+# Second call, within 30 s of call_a (carry .gpu/chunks/b.tar.xz .whl): the rest of vLLM 0.26,
 # the server's missing wheels, then: qualify with vLLM's own copy op, the load-path sweep, and the engines.
 #   ENGINES=offload-native,no-offload  STEPS="qualify sweep serve"  bash bench/gpu/call_b.sh
 set -uo pipefail
@@ -7,7 +7,7 @@ T0=$(date +%s)
 LIMIT=${LIMIT:-585}  # seconds this call may take (the device allows 600)
 [ -f .gpu/chunks/a33.part0 ] && cp .gpu/chunks/a33.part0 /tmp/
 if [ -f .gpu/chunks/b.tar.xz ]; then  # a warm machine keeps /tmp/site from the previous call
-  python3 .gpu/extract.py .gpu/chunks/b.tar.xz || exit 1
+  python3 bench/gpu/extract.py .gpu/chunks/b.tar.xz || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | grep -v WARNING
 fi
 export PYTHONPATH=/tmp/site:$PWD/operator:$PWD/connector VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \

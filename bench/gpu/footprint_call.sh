@@ -1,13 +1,13 @@
 #!/bin/bash
 # Host footprint of the offload pool, two calls of one device session:
-#   call 1 (carry .gpu/extract.py .gpu/chunks/a.tar.xz):  bash bench/gpu/footprint_call.sh a
-#   call 2 (carry .gpu/extract.py .gpu/chunks/b.tar.xz):  CASES=llama:16:v1,... bash bench/gpu/footprint_call.sh b
+#   call 1 (carry .gpu/chunks/a.tar.xz):  bash bench/gpu/footprint_call.sh a
+#   call 2 (carry .gpu/chunks/b.tar.xz):  CASES=llama:16:v1,... bash bench/gpu/footprint_call.sh b
 set -uo pipefail
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1
 case "${1:-}" in
   a)
-    mkdir -p /tmp/site && python3 .gpu/extract.py .gpu/chunks/a.tar.xz || exit 1
+    mkdir -p /tmp/site && python3 bench/gpu/extract.py .gpu/chunks/a.tar.xz || exit 1
     { date -u +%FT%TZ; uname -r; nproc; free -g; cat /proc/self/cgroup; ls /sys/fs/cgroup
       cat /sys/fs/cgroup/cgroup.controllers /sys/fs/cgroup/cgroup.subtree_control 2>&1
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -17,7 +17,7 @@ case "${1:-}" in
     python3 bench/gpu/pinned_alloc.py --sizes-mib ${SIZES_MIB:-3072,4096,6144} --json $OUT/pinned_alloc.json ;;
   b)
     [ -f /tmp/site/vllm/_C_stable_libtorch.abi3.so ] || { echo "run step a first (machine not warm)"; exit 1; }
-    python3 .gpu/extract.py .gpu/chunks/b.tar.xz || exit 1
+    python3 bench/gpu/extract.py .gpu/chunks/b.tar.xz || exit 1
     export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
     python3 -c "import vllm; print('vllm', vllm.__version__)" || exit 1
     LEFT=$(( ${LIMIT:-585} - 15 - ($(date +%s) - T0) ))
