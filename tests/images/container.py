@@ -1,6 +1,7 @@
 """Build the project's images with images/build.sh and run them with podman or docker, for the image tests.
 
-The engine is CONTAINER_ENGINE, else the first of podman, docker that answers. Without one the image
+The engine that runs them is CONTAINER_ENGINE when it is podman or docker, else the first of podman,
+docker that answers; CONTAINER_ENGINE=buildah builds them for podman to run. Without one the image
 tests skip on a developer's machine and fail under CI (CI=true), where .ci/run installs podman.
 Each image is built once per test session through images/build.sh (the engine's layer cache makes a
 build of unchanged sources a matter of seconds), so the tests run what `make images` ships.
@@ -31,7 +32,9 @@ def _unavailable(message: str) -> None:
 
 @functools.cache
 def _engine() -> str | None:
-    candidates = [os.environ["CONTAINER_ENGINE"]] if os.environ.get("CONTAINER_ENGINE") else ["podman", "docker"]
+    chosen = os.environ.get("CONTAINER_ENGINE")
+    # buildah builds but runs no images: podman runs what it built (they share one image store).
+    candidates = [chosen] if chosen in ("podman", "docker") else ["podman", "docker"]
     for name in candidates:
         path = shutil.which(name)
         if path and subprocess.run([path, "info"], capture_output=True, timeout=60, check=False).returncode == 0:
@@ -48,8 +51,9 @@ def engine() -> str:
 
 @functools.cache
 def _build(image: str) -> tuple[int, str]:
+    builder = os.environ.get("CONTAINER_ENGINE") or _engine() or ""
     proc = subprocess.run(["bash", str(BUILD), image], cwd=REPO, capture_output=True, text=True,
-                          timeout=BUILD_TIMEOUT_S, check=False, env={**os.environ, "CONTAINER_ENGINE": _engine() or ""})
+                          timeout=BUILD_TIMEOUT_S, check=False, env={**os.environ, "CONTAINER_ENGINE": builder})
     return proc.returncode, proc.stdout + proc.stderr
 
 
