@@ -23,7 +23,7 @@ try:
     out["load"] = "ok"
 except Exception as exc:  # noqa: BLE001 - the exact error is the result
     out["load"] = f"{type(exc).__name__}: {exc}"
-nm = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True)
+nm = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True, check=False)
 needed = [line.split()[-1] for line in nm.stdout.splitlines() if line.strip()]
 libdir = os.path.join(os.path.dirname(torch.__file__), "lib")
 libs = [ctypes.CDLL(os.path.join(libdir, name)) for name in ("libtorch.so", "libtorch_cpu.so", "libtorch_cuda.so", "libc10.so")
