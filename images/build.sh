@@ -18,8 +18,9 @@
 # it `vllm` is skipped when not asked for by name, and fails when it is.
 #
 # With podman or buildah, RUN steps reach the network through the host's (--network host) and trust its
-# CA bundle (bind-mounted for RUN steps only, nothing lands in the image). PIP_FIND_LINKS, when it names
-# a local directory, is mounted at /wheels for the CPU build (where PyTorch's CPU wheel lies on disk).
+# CA bundle (bind-mounted for RUN steps only, nothing lands in the image). PIP_FIND_LINKS (else pip's
+# global.find-links), when it names a local directory, is mounted at /wheels for the CPU build and
+# replaces PyTorch's CPU index there (machines where PyTorch's CPU wheel lies on disk).
 #
 # Each build ends with the image's facts: size, layers, user, whether it runs with a read-only root
 # filesystem, no capabilities and no privilege escalation (podman and docker; buildah cannot run images),
