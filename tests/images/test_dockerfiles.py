@@ -313,3 +313,38 @@ def test_build_with_podman_or_buildah_uses_the_hosts_network_and_ca_for_run_step
     ca = "/etc/ssl/certs/ca-certificates.crt"
     if Path(ca).exists():
         assert f"--volume {ca}:{ca}:ro" in line
+
+
+def test_build_builds_every_image_with_the_projects_tags_from_a_clean_context(tmp_path):
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    log = tmp_path / "builds"
+    log.mkdir()
+    # A podman stand-in: every image is present, `build` records its arguments and its context's files.
+    stub(engines, "podman", f"""case "$1" in
+  build) ;;
+  *) exit 0 ;;
+esac
+for arg; do context=$arg; done
+n=0; while [ -e {log}/$n.args ]; do n=$((n + 1)); done
+echo "$@" > {log}/$n.args
+(cd "$context" && find . -type f | sort) > {log}/$n.files
+""")
+    (REPO / "operator" / "spillway" / "__pycache__").mkdir(exist_ok=True)  # what a test run leaves behind
+    proc = build_sh([tmp_path, engines])
+    assert proc.returncode == 0, proc.stderr
+    builds = []
+    for n in range(4):
+        args = (log / f"{n}.args").read_text().split()
+        files = (log / f"{n}.files").read_text().splitlines()
+        dockerfile = args[args.index("--file") + 1].split("/images/", 1)[1]
+        builds.append((dockerfile, args[args.index("--tag") + 1]))
+        assert not [f for f in files if "__pycache__" in f or ".egg-info" in f]
+        for source in copy_sources(IMAGES / dockerfile):
+            assert any(f == f"./{source}" or f.startswith(f"./{source.rstrip('/')}/") for f in files), source
+    cpu_base = f"localhost/spillway-vllm-cpu-base:{build_args(CPU_DOCKERFILE)['VLLM_CPU_VERSION']}"
+    assert builds == [("operator/Dockerfile", k8s_names.DEFAULT_OPERATOR_IMAGE),
+                      ("vllm/Dockerfile", k8s_names.DEFAULT_VLLM_IMAGE),
+                      ("vllm/cpu/Dockerfile", cpu_base),
+                      ("vllm/Dockerfile", cpu_tag())]
+    assert "built operator vllm vllm-cpu" in proc.stdout
