@@ -196,3 +196,23 @@ def test_no_request_fails_on_a_connection_the_server_is_closing(server: VllmServ
 
     results = asyncio.run(phases())
     assert [r.error for r in results if not r.ok] == []
+
+
+def test_preemption_reloads_are_counted_by_vllm_and_by_the_connector(server: VllmServer, tmp_path: Path):
+    # 8 sequences growing to 448 tokens need 112 blocks of 32; the engine has 48: it must preempt, and a preempted
+    # request's stored blocks come back from the CPU pool when it resumes.
+    out = loadtest("preemption", "--endpoint", server.base_url, "--requests", "8", "--prompt-len", "256",
+                   "--output-tokens", "192", "--concurrency", "8", "--seed", "3", "-o", str(tmp_path / "p.json"),
+                   "--progress", "none")
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["status"] == "complete" and result["schema"] == "spillway.loadtest.preemption/v1"
+    (run,) = result["runs"]
+    assert run["role"] == "offload" and run["ok"] == 8 and run["output_tokens"] == 8 * 192
+    achieved = run["achieved"]
+    assert achieved["preemptions"] > 0
+    assert 0 < achieved["preempted_reload_requests"] <= achieved["preemptions"]
+    assert run["preempted_reload_tokens"] >= BLOCK * achieved["preempted_reload_requests"]
+    assert achieved["offload_load_bytes"] > 0
+    assert run["latency_s"]["p99"] >= run["latency_s"]["p50"] > 0
+    assert "Preemption: 8 requests" in out.stdout and "offload" in out.stdout
