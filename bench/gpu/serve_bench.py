@@ -2,7 +2,7 @@
 """Exp. 1 (TTFT vs prompt length) and Exp. 2 (throughput vs CPU hit rate) against `vllm serve` over HTTP.
 
 Each engine in the spec file starts with exactly the args/env `spillway plan` produces for this machine
-(plus the flags that make a weightless benchmark: dummy weights, token-id prompts, eager mode, GPU prefix
+(plus the flags that make a weightless benchmark: dummy weights, token-id prompts, GPU prefix
 cache off), runs its experiments, and is stopped. Every phase records vLLM's /metrics before and after,
 so the hit rate and bytes moved that the server counted sit next to what the client measured.
 

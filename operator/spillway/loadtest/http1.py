@@ -244,7 +244,7 @@ class Http1Pool:
                     conn = await self._connect()
                 future = conn.send(request, stream)
                 timer = asyncio.get_running_loop().call_later(self.timeout_s, conn._fail,
-                                                              asyncio.TimeoutError())
+                                                              TimeoutError())
                 try:
                     reply = await future
                 except ConnectionDropped:
