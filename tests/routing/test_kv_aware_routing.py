@@ -6,7 +6,7 @@ the difference measurable on two cores:
 - the engines run without GPU prefix caching, so every prefix hit is a CPU-pool hit and every KV event the
   router indexes is a CPU-medium one (vLLM publishes GPU-medium events only for its prefix cache);
 - each replica's CPU pool holds 38 chunks: the 6 groups of 6 chunks that kv_aware keeps on one replica fit;
-  round_robin sends a group's next prompt to the other replica half the time, where LRU has evicted it.
+  round_robin spreads all 12 over both, so a group's next prompt often lands where LRU has evicted it.
 The figures of both policies print with the test (the table of `spillway loadtest prefix-groups report`).
 """
 from __future__ import annotations
@@ -107,13 +107,16 @@ def test_prints_both_policies(run, capsys):
         assert route["prompt_tokens_per_s"] > 0 and route["ttft_s"]["p50"] > 0
 
 
-def test_kv_aware_nearly_doubles_the_cpu_pool_hit_rate(run):
-    """2x is the ceiling with two replicas (round_robin lands on the replica holding the prefix half the time);
-    1.6x leaves room for the prefixes LRU keeps by luck."""
+def test_kv_aware_beats_round_robin_by_a_clear_margin(run):
+    """Each pool holds the 6 groups kv_aware keeps on its replica. Under round_robin a group's prompt finds its
+    prefix only where one of its recent prompts landed: with two replicas and random order that is about 60% of
+    the time (a window of ~1.4 of its prompts, each on this replica with odds 1/2), so the expected ratio is about
+    1.6x; runs measured 1.6x and 1.9x. 1.4x still fails a router that ignores the events (it ties with
+    round_robin)."""
     rr, kv = _route(run, R.POLICY_ROUND_ROBIN), _route(run, R.POLICY_KV_AWARE)
-    assert kv["cpu_hit_rate"] >= 1.6 * rr["cpu_hit_rate"], (rr["cpu_hit_rate"], kv["cpu_hit_rate"])
-    # 6 of a prompt's 6.5 blocks are its group's prefix: kv_aware finds most of them.
-    assert kv["cpu_hit_rate"] > 0.7
+    assert kv["cpu_hit_rate"] >= 1.4 * rr["cpu_hit_rate"], (rr["cpu_hit_rate"], kv["cpu_hit_rate"])
+    # 6 of a prompt's 6.5 blocks are its group's prefix: kv_aware finds nearly all of them.
+    assert kv["cpu_hit_rate"] > 0.85
 
 
 def test_round_robin_balances_and_kv_aware_still_uses_both_replicas(run):
