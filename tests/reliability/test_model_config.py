@@ -64,3 +64,12 @@ def test_unknown_spec_fields_are_refused_by_render(tmp_path):
     # The API server prunes unknown fields, so a typo would silently fall back to a default.
     one_error_line(render(tmp_path, modelserver(offload={"sise": "200Gi"})), "sise")
     one_error_line(render(tmp_path, modelserver(tensorParalelSize=2)), "tensorParalelSize")
+
+
+def test_the_parser_knows_exactly_the_crds_spec_fields():
+    from spillway.controller.spec_checks import OFFLOAD_FIELDS, SPEC_FIELDS
+    from support.crd_schema import version_schema
+
+    spec = version_schema()["properties"]["spec"]["properties"]
+    assert set(spec) == SPEC_FIELDS
+    assert set(spec["offload"]["properties"]) == OFFLOAD_FIELDS

@@ -16,7 +16,7 @@ def _pod(objects: dict) -> dict:
 
 
 def _image_user() -> int:
-    found = re.findall(r"^USER\s+(\d+)", (REPO / "images" / "vllm" / "Dockerfile").read_text(), re.M)
+    found = re.findall(r"^USER\s+(\d+)", (REPO / "images" / "vllm" / "Dockerfile").read_text(), re.MULTILINE)
     return int(found[-1])
 
 

@@ -8,6 +8,7 @@ import os
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from harness import REPO, spillway
@@ -19,7 +20,7 @@ TOKEN = "hf_secret_token"
 def _chart_values() -> list[str]:
     table = (REPO / "docs" / "chart.md").read_text().split("<!-- values table: start -->")[1].split(
         "<!-- values table: end -->")[0]
-    return re.findall(r"^\| `([^`]+)` \|", table, re.M)
+    return re.findall(r"^\| `([^`]+)` \|", table, re.MULTILINE)
 
 
 def test_security_doc_states_the_threat_model():
@@ -38,7 +39,7 @@ def test_security_doc_says_what_each_chart_value_grants():
 
 
 class _Recorder(BaseHTTPRequestHandler):
-    seen: list[tuple[str, str | None]] = []
+    seen: ClassVar[list[tuple[str, str | None]]] = []
     redirect_to = ""
 
     def do_GET(self):
