@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from ..controller.facts import NodeSummary, summarize_node, synthetic_node
-from ..controller.manifests import Desired, desired
-from ..controller.spec import parse_spec
+from ..controller.facts import NodeSummary, eligibility, summarize_node, synthetic_node
+from ..controller.manifests import Desired, check_name, desired_for
+from ..controller.spec import ModelServerSpec, parse_spec
 from ..core import k8s_names as names
 from ..core.errors import InvalidSpec
 
@@ -73,15 +73,14 @@ def _model_servers(path: str) -> list[dict[str, Any]]:
     return found
 
 
-def _nodes(args: argparse.Namespace, body: dict[str, Any]) -> list[NodeSummary]:
+def _nodes(args: argparse.Namespace, spec: ModelServerSpec) -> list[NodeSummary]:
     if args.nodes:
         nodes = [summarize_node(d) for d in _documents(args.nodes) if isinstance(d, dict) and d.get("kind") == "Node"]
         return [n for n in nodes if n is not None]
     if args.node_memory is None or args.gpus_per_node is None:
         raise InvalidSpec("describe the GPU nodes: --node-memory and --gpus-per-node, or --nodes FILE")
     # The described node carries the spec's nodeSelector labels: it stands for the pool the spec selects.
-    selector = parse_spec(body.get("spec")).node_selector
-    summary = summarize_node(synthetic_node(args.node_memory, args.gpus_per_node, labels=selector))
+    summary = summarize_node(synthetic_node(args.node_memory, args.gpus_per_node, labels=spec.node_selector))
     if summary is None:
         raise InvalidSpec(f"--node-memory {args.node_memory} / --gpus-per-node {args.gpus_per_node} "
                           "describe no GPU node")
@@ -91,7 +90,10 @@ def _nodes(args: argparse.Namespace, body: dict[str, Any]) -> list[NodeSummary]:
 def render_one(args: argparse.Namespace, body: dict[str, Any]) -> Desired:
     config_text = _read(args.model_config) if args.model_config else None
     reader = (lambda _name, _key: config_text) if config_text is not None else None
-    return desired(body, _nodes(args, body), read_config_map=reader, pod_monitor=args.pod_monitor)
+    check_name(body)
+    spec = parse_spec(body.get("spec"))  # once: the described node carries its nodeSelector
+    return desired_for(body, spec, eligibility(_nodes(args, spec), spec), read_config_map=reader,
+                       pod_monitor=args.pod_monitor)
 
 
 def run(args: argparse.Namespace) -> int:
