@@ -2,7 +2,7 @@
 
 `spillway_node_qualified_dma_gbps{node}`: the GPU<->pinned-CPU copy rate `spillway qualify` wrote
 on each GPU node, so alerts can compare a pod's reload throughput with its node's measured figure.
-`spillway_modelserver_planned{namespace,modelserver}`: whether each ModelServer's last plan succeeded.
+`spillway_modelserver_planned{modelserver_namespace,modelserver}`: whether each ModelServer's last plan succeeded.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ QUALIFIED_DMA = Gauge(
 PLANNED = Gauge(
     names.METRIC_MODELSERVER_PLANNED,
     "1 while the ModelServer's last plan succeeded, 0 while it fails (see its Planned condition)",
-    ["namespace", "modelserver"],
+    # Not "namespace": Prometheus would rename it, as the scrape target (the operator's pod) has one.
+    ["modelserver_namespace", "modelserver"],
     registry=REGISTRY,
 )
 
@@ -42,7 +43,7 @@ def publish_planned(namespace: str, name: str, planned: bool | None) -> None:
         except KeyError:
             pass
         return
-    PLANNED.labels(namespace=namespace, modelserver=name).set(1 if planned else 0)
+    PLANNED.labels(modelserver_namespace=namespace, modelserver=name).set(1 if planned else 0)
 
 
 def publish_nodes(nodes: Iterable[NodeSummary]) -> None:

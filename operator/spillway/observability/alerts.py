@@ -213,6 +213,30 @@ def pool_near_memory_limit(t: Config) -> Alert:
     )
 
 
+def modelserver_not_planned(t: Config) -> Alert:
+    expr = f"{k8s_names.METRIC_MODELSERVER_PLANNED} == 0"
+    return Alert(
+        name="SpillwayModelServerNotPlanned",
+        expr=expr,
+        duration="15m",
+        severity="warning",
+        summary="ModelServer {{ $labels.modelserver_namespace }}/{{ $labels.modelserver }} has no plan that fits",
+        description=(
+            "The operator's last plan of {{ $labels.modelserver }} failed (its Planned condition says why): a spec "
+            "the operator refuses, a model it cannot size, or nodes that no longer fit an explicit offload size, "
+            "in which case its Deployment is scaled to 0 until they do."
+        ),
+        runbook=(
+            "1. `kubectl -n NAMESPACE get ms NAME -o jsonpath='{.status.conditions}'`: the Planned reason and message "
+            "name the field or the numbers.\n"
+            "2. PoolDoesNotFit after a node change: the nodes shrank; lower spec.offload.size (`spillway plan` for "
+            "the node shows what fits) or use `auto`, or restore the nodes' memory.\n"
+            "3. NoEligibleNodes: no GPU node matches nodeSelector/tolerations/affinity or has tensorParallelSize GPUs.\n"
+            "4. InternalError is an operator bug: the operator log has the traceback."
+        ),
+    )
+
+
 def alerts(t: Config = DEFAULT) -> list[Alert]:
     return [
         allocation_failures(t),
@@ -220,4 +244,5 @@ def alerts(t: Config = DEFAULT) -> list[Alert]:
         dma_throughput_low(t),
         preemption_storm_without_reloads(t),
         pool_near_memory_limit(t),
+        modelserver_not_planned(t),
     ]
