@@ -28,20 +28,23 @@ $(BIN)/helm: operator/tools/install_kube_binaries.py | $(STAMP)
 
 # The demo needs the two packages and their runtime dependencies only (no vLLM, torch or checkov): a venv
 # of its own with exactly the operator image's locked set (make generate keeps it current), so pip resolves
-# nothing; bytecode is compiled on import for the few modules the demo reads.
+# nothing; bytecode is compiled on import for the few modules the demo reads. The packages run from the
+# source tree: building them (editable installs) would double the setup time.
 DEMO_VENV := $(VENV)/demo
 DEMO_STAMP := $(DEMO_VENV)/.setup-stamp
 RUNTIME_LOCK := images/operator/requirements.txt
+DEMO_SPILLWAY := PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/connector $(DEMO_VENV)/bin/python -m spillway.cli
+DEMO_PLAN := plan --model meta-llama/Llama-3.1-8B-Instruct --node-memory 2Ti --gpus-per-node 8 --offload-size auto
+DEMO_RENDER := render -f docs/examples/modelserver.yaml --node-memory 2Ti --gpus-per-node 8
 
-$(DEMO_STAMP): operator/pyproject.toml connector/pyproject.toml $(RUNTIME_LOCK)
+$(DEMO_STAMP): $(RUNTIME_LOCK)
 	test -x $(DEMO_VENV)/bin/python || $(PYTHON) -m venv $(DEMO_VENV)
-	$(DEMO_VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile --no-deps \
-		-r $(RUNTIME_LOCK) -e connector -e operator
+	$(DEMO_VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile --no-deps -r $(RUNTIME_LOCK)
 	touch $@
 
 demo: $(DEMO_STAMP)
-	$(DEMO_VENV)/bin/spillway plan --model meta-llama/Llama-3.1-8B-Instruct --node-memory 2Ti --gpus-per-node 8 --offload-size auto
-	@if [ -f docs/examples/modelserver.yaml ]; then echo; $(DEMO_VENV)/bin/spillway render -f docs/examples/modelserver.yaml --node-memory 2Ti --gpus-per-node 8; fi
+	@echo '$$ spillway $(DEMO_PLAN)'; $(DEMO_SPILLWAY) $(DEMO_PLAN)
+	@echo; echo '$$ spillway $(DEMO_RENDER)'; $(DEMO_SPILLWAY) $(DEMO_RENDER)
 
 test: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest tests

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME_LOCK = REPO / "images" / "operator" / "requirements.txt"
-DEMO_COMMAND = re.compile(r"\$\(DEMO_VENV\)/bin/spillway ([^;\n]+)")
+DEMO_COMMAND = re.compile(r"^DEMO_(?:PLAN|RENDER) := (.+)$", flags=re.MULTILINE)
 
 # Runs `spillway ARGS` with a finder that refuses any top-level module outside the standard library, the
 # two packages and the allowed distributions: ModuleNotFoundError, exactly what the lean venv would raise.
