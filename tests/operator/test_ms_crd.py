@@ -9,12 +9,12 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
-from support.crd_schema import REPO, admit, crd, rules, version_schema
 from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired
 from spillway.controller.spec import parse_spec
 from spillway.core import k8s_names as names
 from spillway.core.errors import SpillwayError
+from support.crd_schema import REPO, admit, crd, rules, version_schema
 from support.ms_examples import gpu_node, modelserver
 
 EXAMPLE = REPO / "docs" / "examples" / "modelserver.yaml"

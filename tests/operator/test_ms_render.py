@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import yaml
-from support.crd_schema import REPO
 from spillway.controller.facts import summarize_node, synthetic_node
 from spillway.controller.manifests import desired
 from spillway.core import k8s_names as names
+from support.crd_schema import REPO
 from support.ms_examples import gpu_node, modelserver
 
 EXAMPLE = REPO / "docs" / "examples" / "modelserver.yaml"

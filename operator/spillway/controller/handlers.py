@@ -220,7 +220,7 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
                 raise NameConflict(taken)
     except ApiError:
         raise  # the API server's trouble: retried
-    except Exception as caught:  # noqa: BLE001 - contained: a status and an event, never a failed handler
+    except Exception as caught:  # contained: a status and an event, never a failed handler
         exc = caught if isinstance(caught, SpillwayError) else InternalError.of(caught)
         if not isinstance(caught, SpillwayError):
             logger.error(f"planning {namespace}/{name} failed unexpectedly", exc_info=caught)

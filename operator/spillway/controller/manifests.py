@@ -19,8 +19,8 @@ from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 from ..core.planner import Plan, plan
 from ..core.quantity import format_bytes, to_quantity
-from .facts import Eligibility, NodeSummary, describe, eligibility
 from . import hardening
+from .facts import Eligibility, NodeSummary, describe, eligibility
 from .spec import ModelServerSpec, parse_spec
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

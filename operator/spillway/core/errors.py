@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 
-
 class SpillwayError(Exception):
     """Base class: a bad input, reported as one clear line (CLI exit code 2)."""
 
