@@ -99,7 +99,7 @@ def test_a_huge_offload_size_gets_a_status(api, operator, size):
 def _planned_gauge(namespace: str, name: str) -> float | None:
     text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
     for line in text.splitlines():
-        if (line.startswith(names.METRIC_MODELSERVER_PLANNED + "{") and f'namespace="{namespace}"' in line
+        if (line.startswith(names.METRIC_MODELSERVER_PLANNED + "{") and f'modelserver_namespace="{namespace}"' in line
                 and f'modelserver="{name}"' in line):
             return float(line.rsplit(" ", 1)[1])
     return None
