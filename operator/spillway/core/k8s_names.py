@@ -25,7 +25,7 @@ LABEL_QUALIFIED = f"{GROUP}/qualified"
 # Gauge (label `node`) carrying ANNOTATION_QUALIFIED_DMA_GBPS to Prometheus, meant to be exported by the
 # operator. The DMA alert compares against it where present and against a fixed floor elsewhere.
 METRIC_NODE_QUALIFIED_DMA_GBPS = "spillway_node_qualified_dma_gbps"
-# Gauge (labels namespace, modelserver): 1 while the ModelServer's last plan succeeded, 0 while it fails
+# Gauge (labels modelserver_namespace, modelserver): 1 while the ModelServer's last plan succeeded, 0 while it fails
 # (bad spec, nodes that no longer fit it); the SpillwayModelServerNotPlanned alert watches it.
 METRIC_MODELSERVER_PLANNED = "spillway_modelserver_planned"
 
