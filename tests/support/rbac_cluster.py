@@ -186,12 +186,19 @@ def exercise(cluster: AuthorizingCluster, namespace: str, ignored_namespace: str
                        modelConfig={"configMapRef": {"name": "private-model"}}))
     if ignored_namespace:
         create(modelserver("elsewhere", ignored_namespace))
+    # spec.routing: kv-aware adds a router Deployment and Services, llm-d an InferencePool and a ConfigMap.
+    create(modelserver("routed", namespace, replicas=2, routing={"mode": "kv-aware"}))
+    create(modelserver("pooled", namespace, replicas=2, routing={"mode": "llm-d"}))
 
-    for name in ("llama", "private"):
+    for name in ("llama", "private", "routed", "pooled"):
         planned = eventually(lambda name=name: condition(custom, namespace, name, "Planned"), timeout=60,
                              what=f"{name} planned")
         assert planned["status"] == "True", planned
     eventually(lambda: core.read_namespaced_service("llama", namespace), what="the Service")
+    eventually(lambda: apps.read_namespaced_deployment("routed-router", namespace), what="the router")
+    eventually(lambda: custom.get_namespaced_custom_object(k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_VERSION,
+                                                           namespace, k8s_names.INFERENCEPOOL_PLURAL, "pooled"),
+               what="the InferencePool")
     apps.patch_namespaced_deployment_status("llama", namespace, {"status": {"replicas": 1, "readyReplicas": 1,
                                                                            "availableReplicas": 1}})
     eventually(lambda: (condition(custom, namespace, "llama", "Ready") or {}).get("status") == "True",
