@@ -20,6 +20,7 @@ from spillway.core import router_api as R
 from spillway.core import routing
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec
+from support.crd_schema import admit
 from support.ms_examples import gpu_node, modelserver
 
 KUBERNETES_VERSIONS = ("1.30", "1.37")
@@ -236,3 +237,29 @@ def test_spillway_render_shows_the_router_and_the_publishing_pods(tmp_path):
     assert docs[("Service", "llama")]["spec"]["selector"][names.LABEL_COMPONENT] == names.COMPONENT_ROUTER
     vllm = docs[("Deployment", "llama")]["spec"]["template"]["spec"]["containers"][0]
     assert api.FLAG_KV_EVENTS_CONFIG in vllm["args"] and docs[("Deployment", "llama")]["spec"]["replicas"] == 3
+
+
+# -- the CRD: schema and CEL at the API server -------------------------------------------------------------------
+
+@pytest.mark.parametrize(("routing_spec", "error"), [
+    ({"mode": "kv-aware", "hostTierCredit": 0.9, "router": {"replicas": 2, "resources": {"requests": {"cpu": "1"}}}},
+     None),
+    ({"mode": "llm-d"}, None),
+    ({"mode": "llm-d", "hostTierCredit": 0.5}, "hostTierCredit is the kv-aware router's setting"),
+    ({"router": {"replicas": 2}}, "router configures the kv-aware router"),
+    ({"mode": "kv-aware", "hostTierCredit": 2}, "hostTierCredit"),
+    ({"mode": "random"}, "routing.mode"),
+    ({"mode": "kv-aware", "router": {"replicas": 0}}, "router.replicas"),
+])
+def test_the_crd_admits_good_routing_and_refuses_bad(routing_spec, error):
+    obj, errors = admit(modelserver(replicas=2, routing=routing_spec))
+    if error is None:
+        assert errors == []
+        assert obj["spec"]["routing"]["mode"] == routing_spec["mode"]
+    else:
+        assert any(error in e for e in errors), errors
+
+
+def test_the_crd_defaults_routing_to_none():
+    obj, errors = admit(modelserver())
+    assert errors == [] and obj["spec"]["routing"] == {"mode": routing.MODE_NONE}
