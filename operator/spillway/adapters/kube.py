@@ -50,7 +50,7 @@ def load_config(context: str | None = None) -> None:
         if context is None and in_pod:
             kubernetes.config.load_incluster_config()
         else:
-            kubernetes.config.load_kube_config(context=context)
+            kubernetes.config.load_kube_config(os.environ.get("KUBECONFIG"), context=context)
     except (kubernetes.config.ConfigException, OSError, TypeError) as exc:
         raise InvalidSpec(f"no Kubernetes configuration: {exc}") from None
 
@@ -58,7 +58,7 @@ def load_config(context: str | None = None) -> None:
 def kubeconfig_namespace(context: str | None = None) -> str | None:
     """The namespace of the kubeconfig's current (or named) context; None without a kubeconfig."""
     try:
-        contexts, active = kubernetes.config.list_kube_config_contexts()
+        contexts, active = kubernetes.config.list_kube_config_contexts(os.environ.get("KUBECONFIG"))
     except (kubernetes.config.ConfigException, OSError, TypeError):
         return None
     if context:
