@@ -1,5 +1,6 @@
-"""The kopf operator: handlers.py (`kopf run -m spillway.controller.handlers`) around manifests.desired().
+"""The kopf operator: handlers.py (`kopf run -m spillway.controller.handlers`) around manifests.desired_for().
 
-spec.py checks a ModelServer's spec, facts.py reads GPU nodes, manifests.py renders the objects, status.py the
-status, conditions.py the conditions; kube.py talks to the API server, metrics.py serves /metrics.
+spec.py checks a ModelServer's spec, facts.py reads GPU nodes and finds the eligible ones, manifests.py renders
+the objects, status.py the status, conditions.py the conditions, metrics.py serves /metrics. The API server is
+reached through spillway.adapters.kube, a model's config.json through spillway.adapters.model_config.
 """
