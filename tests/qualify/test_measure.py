@@ -59,7 +59,7 @@ def test_block_pointers_are_base_plus_index_times_size():
     assert block_pointers(4096, [0, 3, 1], 2 * MiB) == [4096, 4096 + 6 * MiB, 4096 + 2 * MiB]
 
 
-def test_row_statistics():
+def test_a_row_reports_median_best_worst_spread_and_round_trips():
     r = Row("dma", "c2g", 2 * MiB, 1000, samples=[50.0, 52.0, 51.0, 40.0, 51.5])
     assert r.median == 51.0 and r.best == 52.0 and r.worst == 40.0
     assert r.spread_pct == pytest.approx(12 / 51 * 100)
