@@ -155,3 +155,17 @@ def test_the_not_planned_alert_watches_the_operators_gauge():
     found = {a.name: a for a in alerts()}
     alert = found["SpillwayModelServerNotPlanned"]
     assert names.METRIC_MODELSERVER_PLANNED in alert.expr
+
+
+def test_an_object_the_api_server_refuses_gets_a_status_not_endless_retries(api, cluster):
+    import kmock
+
+    api.node("a")
+    deployments = f"/apis/apps/v1/namespaces/{api.namespace}/deployments"
+    # What a real API server answers to a pod spec the CRD's schema let through (preserve-unknown fields);
+    # the emulator creates what its apply does not find, so its create answers it.
+    cluster.call(lambda: cluster.emulator["post", kmock.path(deployments)] << 422)
+    api.modelserver()
+    planned = api.planned(status="False", reason="InvalidSpec")
+    assert "the API server refused Deployment llama" in planned["message"], planned
+    assert ("Warning", "InvalidSpec") in {(t, r) for t, r, _ in eventually(api.events)}

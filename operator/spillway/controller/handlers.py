@@ -25,7 +25,14 @@ from ..adapters.hub import fetch_config
 from ..adapters.kube import ApiError, Kube, load_config, path
 from ..adapters.model_config import HubFetcher
 from ..core import k8s_names as names
-from ..core.errors import InternalError, ModelGeometryUnknown, NameConflict, PoolDoesNotFit, SpillwayError
+from ..core.errors import (
+    InternalError,
+    InvalidSpec,
+    ModelGeometryUnknown,
+    NameConflict,
+    PoolDoesNotFit,
+    SpillwayError,
+)
 from . import conditions as cond
 from . import metrics
 from .facts import NodeSummary, eligibility, summarize_node
@@ -37,6 +44,8 @@ from .status import error_line, status_plan
 
 GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
 # A referenced ConfigMap may appear later; API errors are retried too.
+# API answers that refuse the object itself (invalid, malformed): retrying cannot help.
+API_REFUSALS = (400, 422)
 RETRY_SECONDS = float(os.environ.get(names.ENV_RETRY_SECONDS) or 30)
 
 _kube: Kube | None = None
@@ -235,14 +244,24 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         planned = cond.condition(cond.PLANNED, True, cond.REASON_PLANNED, summary, generation)
         if old_planned is None or old_planned.get("message") != summary:
             _event(body, "Replanned" if old_planned is not None else "Planned", summary)
-        for obj in result.objects:
-            if obj["kind"] == "Deployment" and generation is not None:
-                obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(generation)
-            outcome = kube().apply(obj)
-            if outcome != "unchanged":
-                _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
-                logger.info(f"{outcome} {obj['kind']} {namespace}/{obj['metadata']['name']}")
-        update["plan"] = status_plan(result)
+        try:
+            for obj in result.objects:
+                if obj["kind"] == "Deployment" and generation is not None:
+                    obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(generation)
+                outcome = kube().apply(obj)
+                if outcome != "unchanged":
+                    _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
+                    logger.info(f"{outcome} {obj['kind']} {namespace}/{obj['metadata']['name']}")
+        except ApiError as exc:
+            if exc.status not in API_REFUSALS:
+                raise  # the API server's trouble: retried
+            # What the schema let through (preserve-unknown affinity, env valueFrom) but the API server refuses
+            # in a pod: the spec's fault, reported on it, not retried forever.
+            error = InvalidSpec(f"the API server refused {obj['kind']} {obj['metadata']['name']}: {exc}")
+            planned = cond.condition(cond.PLANNED, False, error.reason, error_line(error), generation)
+            _event(body, error.reason, planned["message"], warning=True)
+        else:
+            update["plan"] = status_plan(result)
     deployment = _deployment(namespace, name)
     if isinstance(error, PoolDoesNotFit) and _no_longer_fits(deployment, generation):
         # The spec it was planned from is unchanged: the nodes shrank. Its pods would not fit (or be
