@@ -17,3 +17,11 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.nodeid.split("tests/reliability/", 1)[-1] in known:
             item.add_marker(pytest.mark.xfail(strict=True, reason="known failure: its fix has not landed"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fuzz test's count, also where pytest captures its output (make test)."""
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for key, value in getattr(report, "user_properties", []):
+            if key == "summary":
+                terminalreporter.write_line(str(value))

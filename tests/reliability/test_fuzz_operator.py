@@ -83,7 +83,7 @@ def _unsafe(deployment: dict, allocatable: int) -> list[str]:
     return found
 
 
-def test_generated_modelservers_all_get_a_status_and_no_unsafe_deployment(cluster, tmp_path):
+def test_generated_modelservers_all_get_a_status_and_no_unsafe_deployment(cluster, tmp_path, record_property):
     api = Api(cluster)
     for node, memory in NODE_MEMORY.items():
         api.node(node, memory)
@@ -107,8 +107,11 @@ def test_generated_modelservers_all_get_a_status_and_no_unsafe_deployment(cluste
             specs = {b["metadata"]["name"]: b["spec"] for b in bodies if b["metadata"]["name"] in waiting}
             pytest.fail(f"no status on {waiting}: {json.dumps(specs)[:3000]}\n{operator.output()[-4000:]}")
         reasons = sorted({c["reason"] for c in planned.values()})
-        print(f"\nfuzz: {len(bodies)} generated ModelServers through the operator; Planned reasons: "
-              + ", ".join(f"{r} {sum(c['reason'] == r for c in planned.values())}" for r in reasons))
+        summary = (f"fuzz: {len(bodies)} ModelServers generated from the CRD's schema ran through the operator; "
+                   "Planned reasons: " + ", ".join(f"{r} {sum(c['reason'] == r for c in planned.values())}"
+                                                   for r in reasons))
+        print("\n" + summary)
+        record_property("summary", summary)  # conftest prints it in the run's summary
         internal = {n: c["message"] for n, c in planned.items() if c["reason"] == "InternalError"}
         assert not internal, internal
         assert operator.alive()
