@@ -21,7 +21,7 @@ from spillway_connector import names as connector
 from spillway.core.vllm_api import CacheHitSource, Metric, OffloadConfigInfoLabel
 
 from . import recording as rec
-from .promql import DIRECTION, MODEL, NAMESPACE, POD, POD_KEY, by, eq, one_of, selector
+from .promql import DIRECTION, MODEL, NAMESPACE, POD, POD_KEY, by, counter, eq, one_of, selector
 
 DATASOURCE_VAR = "datasource"
 NAMESPACE_VAR, MODEL_VAR, POD_VAR = "namespace", "model", "pod"
@@ -244,6 +244,39 @@ def offload_rows() -> tuple[RowSpec, ...]:
                     ),
                 ),
                 _pool_plan(),
+            ),
+        ),
+        _routing_row(),
+    )
+
+
+def _routing_row() -> RowSpec:
+    model = by(NAMESPACE, MODEL)
+    finished = f"sum {by(*POD_KEY)} (rate({f(counter(Metric.REQUEST_SUCCESS))}[{RATE_INTERVAL}]))"
+    return RowSpec(
+        "Routing across replicas",
+        "With several replicas a prefix hits only where a CPU pool holds it. Each replica's hit rate close to "
+        "the model's, with requests spread evenly, means the router (ModelServer spec.routing: kv-aware or "
+        "llm-d) sends each tenant where its prefix is; behind a round-robin Service the hit rate falls with "
+        "the replica count.",
+        (
+            PanelSpec(
+                "CPU pool hit rate: each replica and the model",
+                "Prompt tokens found in the CPU pool / looked up there, per pod and over every pod of the "
+                "model (vllm:external_prefix_cache_hits / _queries).",
+                "percentunit",
+                (
+                    Query(f(rec.HIT_RATIO), "{{pod}}"),
+                    Query(f"sum {model} ({f(rec.HIT_TOKENS_RATE)}) / sum {model} ({f(rec.QUERIED_TOKENS_RATE)})",
+                          "{{model_name}} all replicas"),
+                ),
+            ),
+            PanelSpec(
+                "Request balance",
+                "Each replica's share of the model's finished requests (vllm:request_success): 1 / replicas "
+                "each when evenly spread.",
+                "percentunit",
+                (Query(f"{finished} / ignoring({POD}) group_left sum {model} ({finished})", "{{pod}}"),),
             ),
         ),
     )
