@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,8 @@ def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
         dma_gbps = float(dma) if dma is not None else None
     except ValueError:
         dma_gbps = None
+    if dma_gbps is not None and not (math.isfinite(dma_gbps) and dma_gbps > 0):
+        dma_gbps = None  # "nan", "inf" or "-1" measure nothing (and NaN is no JSON for the status)
     taints = tuple(t for t in ((node.get("spec") or {}).get("taints") or []) if isinstance(t, Mapping))
     table = qualification_table((meta.get("annotations") or {}).get(names.ANNOTATION_QUALIFICATION))
     return NodeSummary(str(meta.get("name", "node")), dict(meta.get("labels") or {}), taints,
