@@ -169,3 +169,15 @@ def test_an_object_the_api_server_refuses_gets_a_status_not_endless_retries(api,
     planned = api.planned(status="False", reason="InvalidSpec")
     assert "the API server refused Deployment llama" in planned["message"], planned
     assert ("Warning", "InvalidSpec") in {(t, r) for t, r, _ in eventually(api.events)}
+
+
+@pytest.mark.parametrize("rate", ["nan", "inf", "-5"])
+def test_a_qualified_rate_that_is_no_rate_is_ignored(api, rate):
+    from harness import gpu_node
+
+    node = gpu_node(f"{api.pool}-odd", labels={"pool": api.pool})
+    node["metadata"]["annotations"] = {names.ANNOTATION_QUALIFIED_DMA_GBPS: rate}
+    api.core.create_node(node)
+    api.modelserver()
+    api.planned(status="True")
+    assert "qualifiedDmaGBps" not in api.get()["status"]["plan"]
