@@ -156,8 +156,8 @@ def test_create_applies_the_planned_deployment_and_service(api):
     cond = {c["type"]: c for c in status["conditions"]}
     assert cond["Ready"]["status"] == "False" and cond["Degraded"]["status"] == "False"
     assert status["ready"] == "0/2" and status["plan"]["cachedTokens"] > 0
-    reasons = {reason for _, reason, _ in eventually(api.events)}
-    assert {"Planned", "Created"} <= reasons
+    # Events are posted as the reconcile goes (Planned before the writes, Created after each): wait for both.
+    eventually(lambda: {"Planned", "Created"} <= {reason for _, reason, _ in api.events()}, what="the events")
 
 
 def test_spec_change_rolls_out(api):
