@@ -261,14 +261,17 @@ def _routing_row() -> RowSpec:
         "the replica count.",
         (
             PanelSpec(
-                "CPU pool hit rate: each replica and the model",
-                "Prompt tokens found in the CPU pool / looked up there, per pod and over every pod of the "
-                "model (vllm:external_prefix_cache_hits / _queries).",
+                "CPU pool hit rate per replica",
+                "Prompt tokens found in the CPU pool / looked up there, per pod "
+                "(vllm:external_prefix_cache_hits / _queries), and each pod's rate relative to the whole "
+                "model's (1: the same; well below 1: its prompts' prefixes are pooled elsewhere).",
                 "percentunit",
                 (
                     Query(f(rec.HIT_RATIO), "{{pod}}"),
-                    Query(f"sum {model} ({f(rec.HIT_TOKENS_RATE)}) / sum {model} ({f(rec.QUERIED_TOKENS_RATE)})",
-                          "{{model_name}} all replicas"),
+                    # pod / model = pod * model queries / model hits; no model hits: no series, not +Inf
+                    Query(f"{f(rec.HIT_RATIO)} / ignoring({POD}) group_left sum {model} ({f(rec.HIT_TOKENS_RATE)} > 0)"
+                          f" * ignoring({POD}) group_left sum {model} ({f(rec.QUERIED_TOKENS_RATE)})",
+                          "{{pod}} relative to the model"),
                 ),
             ),
             PanelSpec(
