@@ -90,3 +90,34 @@ def test_an_api_key_from_a_secret(tmp_path):
 @pytest.mark.parametrize("arg", ["--api-key=x", "--api_key", "--api-key"])
 def test_flags_that_weaken_the_server_are_refused(tmp_path, arg):
     one_error_line(render(tmp_path, modelserver(extraArgs=[arg])), "spec.extraArgs")
+
+
+# checkov's checks of the controls above (privileged, host namespaces, escalation, root, UID, capabilities,
+# NET_RAW, seccomp, read-only root, ServiceAccount token).
+CHECKOV_POD_SECURITY = {"CKV_K8S_16", "CKV_K8S_17", "CKV_K8S_18", "CKV_K8S_19", "CKV_K8S_20", "CKV_K8S_22",
+                        "CKV_K8S_23", "CKV_K8S_28", "CKV_K8S_31", "CKV_K8S_37", "CKV_K8S_38", "CKV_K8S_40"}
+# What checkov flags that is the site's policy, not the pod's security: CPU comes from spec.resources, the
+# release process pins the image by digest, the pull policy is spec.imagePullPolicy.
+CHECKOV_SITE_POLICY = {"CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_43", "CKV_K8S_15"}
+
+
+def test_checkov_finds_the_rendered_vllm_pod_confined(tmp_path):
+    import json
+    import subprocess
+
+    import yaml
+    from support.tools import require_binary
+
+    checkov = REPO / ".venv" / "checkov" / "bin" / "checkov"
+    objects = rendered(render(tmp_path, modelserver(namespace="serving")))
+    scan = tmp_path / "scan"
+    scan.mkdir()
+    (scan / "vllm.yaml").write_text(yaml.safe_dump_all(list(objects.values())))
+    done = subprocess.run([str(checkov) if checkov.exists() else require_binary("checkov"), "--directory", str(scan),
+                           "--framework", "kubernetes", "--output", "json"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    results = json.loads(done.stdout)["results"]
+    failed = {c["check_id"] for c in results["failed_checks"]}
+    passed = {c["check_id"] for c in results["passed_checks"]}
+    assert CHECKOV_POD_SECURITY <= passed, CHECKOV_POD_SECURITY - passed
+    assert failed <= CHECKOV_SITE_POLICY, failed - CHECKOV_SITE_POLICY
