@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
-from harness import REPO, spillway
+from harness import REPO, names, spillway
 
 SECURITY = REPO / "docs" / "security.md"
 TOKEN = "hf_secret_token"
@@ -99,3 +99,23 @@ def test_the_chart_grants_secret_reads_in_watched_namespaces_only(namespaces):
     assert all(kind == "Role" for kind, _, _ in grants), grants
     assert sorted(ns for _, ns, _ in grants) == sorted(namespaces)
     assert {verb for _, _, verb in grants} <= {"get"}
+
+
+def test_a_secret_the_operator_may_not_read_gets_a_status(tmp_path):
+    import kmock
+    from harness import Api, EmulatedCluster, Operator
+
+    with EmulatedCluster(tmp_path) as cluster:
+        api = Api(cluster)
+        api.node("a")
+        secret = f"/api/v1/namespaces/{api.namespace}/secrets/hf"
+        # The chart grants no Secret reads to an operator serving every namespace: the API server answers 403.
+        cluster.call(lambda: cluster.emulator["get", kmock.path(secret)] << 403)
+        operator = Operator(cluster.kubeconfig, tmp_path / "kopf.log", {
+            names.ENV_RETRY_SECONDS: "1", names.ENV_ALLOW_HUB_FETCH: "true", "HF_ENDPOINT": "http://127.0.0.1:9"}).start()
+        try:
+            api.modelserver(model="acme/private-8b", hfTokenSecretRef={"name": "hf"})
+            planned = api.planned(status="False", reason="ModelGeometryUnknown")
+            assert "may not read Secret hf" in planned["message"], planned
+        finally:
+            operator.kill()
