@@ -39,7 +39,8 @@ def test_deployment_carries_the_plan():
     deployment, service = by_kind(result)["Deployment"], by_kind(result)["Service"]
     pod = deployment["spec"]["template"]["spec"]
     container, = pod["containers"]
-    assert container["command"] == ["vllm", "serve"] and container["args"][0] == LLAMA_8B
+    # Our image's entrypoint runs (stale pool cleanup, then `vllm serve`): no command overrides it.
+    assert "command" not in container and container["args"][0] == LLAMA_8B
     assert container["args"][1:1 + len(expected.args)] == expected.args
     assert "--max-model-len=8192" == container["args"][-1]
     config = json.loads(container["args"][container["args"].index(api.FLAG_KV_TRANSFER_CONFIG) + 1])
@@ -155,3 +156,20 @@ def test_strict_validation_catches_a_misspelt_field():
     obj["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize("layout, expected", [("contiguous", api.CONTIGUOUS_LAYOUT),
+                                              ("default", names.VLLM_IMAGE_LAYOUT_BACKEND_CHOICE)])
+def test_our_image_gets_the_planned_layout_whatever_its_entrypoint_presets(layout, expected):
+    result = desired(modelserver(offload={"size": "auto", "layout": layout}), nodes(gpu_node("g", "1Ti", 8)))
+    container, = by_kind(result)["Deployment"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert env[api.ENV_KV_CACHE_LAYOUT] == expected
+
+
+def test_another_image_is_started_as_vllm_serve_with_only_the_planned_env():
+    result = desired(modelserver(image="vllm/vllm-openai:v0.33.0", offload={"size": "auto", "layout": "default"}),
+                     nodes(gpu_node("g", "1Ti", 8)))
+    container, = by_kind(result)["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == list(api.SERVE_COMMAND)
+    assert api.ENV_KV_CACHE_LAYOUT not in {e["name"] for e in container["env"]}

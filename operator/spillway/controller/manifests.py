@@ -144,7 +144,11 @@ def vllm_args(spec: ModelServerSpec, result: Plan) -> list[str]:
 
 
 def vllm_env(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(result.env.items())]
+    planned = dict(result.env)
+    if hardening.ours(spec.image):
+        # Our entrypoint presets the contiguous layout when none is set: a plan that chose none must say so.
+        planned.setdefault(api.ENV_KV_CACHE_LAYOUT, names.VLLM_IMAGE_LAYOUT_BACKEND_CHOICE)
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(planned.items())]
     if spec.hf_token_secret is not None:
         ref = spec.hf_token_secret
         env.append({"name": api.ENV_HF_TOKEN,
@@ -168,7 +172,6 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": names.CONTAINER_VLLM,
         "image": spec.image,
-        "command": ["vllm", "serve"],
         "args": vllm_args(spec, result),
         "env": vllm_env(spec, result),
         "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": api.SERVER_PORT, "protocol": "TCP"}],
@@ -179,6 +182,10 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 6),
     }
+    if not hardening.ours(spec.image):
+        # Our image's entrypoint must run (it removes pool files a restarted container left in the pod's
+        # /dev/shm before vLLM starts); another image gets vLLM's server by name, whatever its entrypoint.
+        out["command"] = list(api.SERVE_COMMAND)
     if spec.image_pull_policy:
         out["imagePullPolicy"] = spec.image_pull_policy
     return out

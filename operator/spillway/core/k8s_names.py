@@ -61,6 +61,9 @@ ROLE_ROUTER = "router"
 # Spillway's own vLLM image (repository): pods of it run under the restricted Pod Security profile.
 VLLM_IMAGE_REPOSITORY = "ghcr.io/spillway-dev/spillway-vllm"
 VLLM_IMAGE_UID = 65532  # the user images/vllm/Dockerfile creates
+# The image's entrypoint presets VLLM_KV_CACHE_LAYOUT=BLHNC when the variable is unset; "auto" tells it to
+# leave the layout to the attention backend (images/vllm/entrypoint.sh).
+VLLM_IMAGE_LAYOUT_BACKEND_CHOICE = "auto"
 VLLM_IMAGE_HOME = "/home/spillway"  # its HOME: caches (Hugging Face, vLLM, torch, triton) live below
 # kopf's own bookkeeping annotations on ModelServers start with this prefix.
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"

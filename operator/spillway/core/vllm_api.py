@@ -119,6 +119,7 @@ MODELS_PATH = "/v1/models"
 COMPLETIONS_PATH = "/v1/completions"
 RESET_PREFIX_CACHE_PATH = "/reset_prefix_cache"  # POST; served only with ENV_SERVER_DEV_MODE=1
 ENV_SERVER_DEV_MODE = "VLLM_SERVER_DEV_MODE"
+SERVE_COMMAND = ("vllm", "serve")  # the OpenAI server of any vLLM image
 
 
 class Metric:
