@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 CHECKOV_STAMP := $(VENV)/checkov/.setup-stamp
 
-.PHONY: setup demo test test-fast bench images lint generate clean
+.PHONY: setup demo test test-fast bench images lint generate vllm-src clean
 
 setup: $(STAMP) $(CHECKOV_STAMP) $(BIN)/helm
 
@@ -46,11 +46,31 @@ demo: $(DEMO_STAMP)
 	@echo '$$ spillway $(DEMO_PLAN)'; $(DEMO_SPILLWAY) $(DEMO_PLAN)
 	@echo; echo '$$ spillway $(DEMO_RENDER)'; $(DEMO_SPILLWAY) $(DEMO_RENDER)
 
-test: setup
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest tests
+# The Python sources of the other vLLM releases the planner and the connector support (0.33 in our image,
+# 0.26 on the GPU machines; 0.32 is the CPU engine in .venv): their wheels from PyPI, Python files only.
+# The ground-truth tests (tests/planner/test_groups_vllm.py, tests/connector/test_vllm_sources.py) run
+# vLLM's own offloading configuration from them.
+VLLM_SRC_VERSIONS := 0.33.0 0.26.0
+VLLM_SRC := $(VENV)/vllm-src
+VLLM_SRC_STAMPS := $(foreach v,$(VLLM_SRC_VERSIONS),$(VLLM_SRC)/$(v)/vllm/__init__.py)
+SPILLWAY_VLLM_TREES := $(subst $(eval) ,:,$(foreach v,$(VLLM_SRC_VERSIONS),$(CURDIR)/$(VLLM_SRC)/$(v)))
 
-test-fast: setup
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest tests -m "not engine"
+$(VLLM_SRC)/%/vllm/__init__.py: | $(STAMP)
+	rm -rf $(VLLM_SRC)/$* && mkdir -p $(VLLM_SRC)/$*/wheel
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps "vllm==$*" -d $(VLLM_SRC)/$*/wheel
+	unzip -q $(VLLM_SRC)/$*/wheel/*.whl '*.py' '*.json' -d $(VLLM_SRC)/$*
+	rm -rf $(VLLM_SRC)/$*/wheel
+	touch $@
+
+vllm-src: $(VLLM_SRC_STAMPS)
+
+TEST_ENV := PATH=$(CURDIR)/$(BIN):$$PATH SPILLWAY_VLLM_TREES=$${SPILLWAY_VLLM_TREES:-$(SPILLWAY_VLLM_TREES)}
+
+test: setup vllm-src
+	$(TEST_ENV) $(BIN)/python -m pytest tests
+
+test-fast: setup vllm-src
+	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not engine"
 
 bench: setup
 	@for script in bench/*.py; do echo "== $$script"; PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$script || exit 1; echo; done
