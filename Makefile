@@ -76,7 +76,7 @@ bench: setup
 	@for script in bench/*.py; do echo "== $$script"; PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$script || exit 1; echo; done
 
 lint: setup
-	$(BIN)/ruff check operator connector tests
+	$(BIN)/ruff check operator connector tests bench
 	$(BIN)/lint-imports
 
 # IMAGES="operator vllm-cpu" builds some of them (default: operator, vllm, vllm-cpu).

@@ -30,7 +30,7 @@ def main() -> None:
     for label, model, tp, size in CASES:
         geometry = resolve_geometry(model)
         request = ServingRequest(tensor_parallel_size=tp, offload=OffloadRequest(size=size))
-        median, spread = per_call_us(lambda: plan(geometry, request, NODE))
+        median, spread = per_call_us(lambda geometry=geometry, request=request: plan(geometry, request, NODE))
         print(f"  {label:32s} {median:8.1f} us  (spread {spread:.1f} us over 7 runs)")
     median, spread = per_call_us(lambda: resolve_geometry("Qwen/Qwen3-32B"), number=500)
     print(f"  {'catalog lookup + geometry':32s} {median:8.1f} us  (spread {spread:.1f} us)")
