@@ -6,7 +6,6 @@ ModelServers select), so one operator process serves the whole module.
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 import uuid
 
@@ -22,33 +21,8 @@ from spillway.core.planner import plan
 from spillway.core.qualification import Row
 from spillway.core.qualification import summary as qualification_summary
 from spillway.core.quantity import parse_bytes
-from support.ms_cluster import EmulatedCluster, Operator, eventually
+from support.ms_cluster import EmulatedCluster, eventually
 from support.ms_examples import LLAMA_8B, gpu_node, modelserver
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-METRICS_PORT = _free_port()
-OPERATOR_ENV = {names.ENV_RETRY_SECONDS: "1", names.ENV_METRICS_PORT: str(METRICS_PORT)}
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmulatedCluster(tmp_path_factory.mktemp("kmock")) as emulated:
-        yield emulated
-
-
-@pytest.fixture(scope="module")
-def operator(cluster, tmp_path_factory):
-    running = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "kopf.log", OPERATOR_ENV).start()
-    yield running
-    alive = running.alive()
-    running.kill()
-    assert alive, "the operator died during the tests:\n" + running.output()[-5000:]
 
 
 class Api:
@@ -304,8 +278,8 @@ def test_model_geometry_from_a_configmap_that_appears_later(api):
     assert status["offloadBytes"] == expected.pool.bytes
 
 
-def _qualified_dma_samples() -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+def _qualified_dma_samples(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     samples = {}
     for line in text.splitlines():
         if line.startswith(names.METRIC_NODE_QUALIFIED_DMA_GBPS + "{"):
@@ -314,14 +288,14 @@ def _qualified_dma_samples() -> dict[str, float]:
     return samples
 
 
-def test_operator_exports_the_qualified_dma_figure_of_each_node(api):
+def test_operator_exports_the_qualified_dma_figure_of_each_node(api, operator):
     api.node("qualified", dma="51.3")
     api.node("unqualified")
     qualified, unqualified = f"{api.pool}-qualified", f"{api.pool}-unqualified"
-    eventually(lambda: _qualified_dma_samples().get(qualified) == 51.3, what="the qualified node's gauge")
-    assert unqualified not in _qualified_dma_samples()
+    eventually(lambda: _qualified_dma_samples(operator.metrics_port).get(qualified) == 51.3, what="the qualified node's gauge")
+    assert unqualified not in _qualified_dma_samples(operator.metrics_port)
     api.core.delete_node(qualified)
-    eventually(lambda: qualified not in _qualified_dma_samples(), what="the deleted node's gauge to go")
+    eventually(lambda: qualified not in _qualified_dma_samples(operator.metrics_port), what="the deleted node's gauge to go")
 
 
 def test_requalifying_a_node_replans_from_its_new_table(api):

@@ -4,7 +4,7 @@ re-planning the other tenants, and must itself end with a status."""
 from __future__ import annotations
 
 import pytest
-from harness import Api, EmulatedCluster, Operator, eventually, memory_limit, names
+from harness import Api, eventually, memory_limit
 
 BROKEN_AFFINITIES = {
     "terms-a-string": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
@@ -12,20 +12,6 @@ BROKEN_AFFINITIES = {
     "expressions-a-string": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": "gpu=true"}]}}},
 }
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmulatedCluster(tmp_path_factory.mktemp("kmock")) as emulated:
-        yield emulated
-
-
-@pytest.fixture(scope="module")
-def operator(cluster, tmp_path_factory):
-    running = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("op") / "kopf.log",
-                       {names.ENV_RETRY_SECONDS: "1"}).start()
-    yield running
-    running.kill()
 
 
 @pytest.mark.parametrize("case", BROKEN_AFFINITIES)

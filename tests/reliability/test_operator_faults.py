@@ -2,34 +2,10 @@
 that shrink or disappear under a running ModelServer."""
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 import pytest
-from harness import Api, EmulatedCluster, Operator, eventually, memory_limit, names
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-METRICS_PORT = _free_port()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmulatedCluster(tmp_path_factory.mktemp("kmock")) as emulated:
-        yield emulated
-
-
-@pytest.fixture(scope="module")
-def operator(cluster, tmp_path_factory):
-    running = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("op") / "kopf.log",
-                       {names.ENV_RETRY_SECONDS: "1", names.ENV_METRICS_PORT: str(METRICS_PORT)}).start()
-    yield running
-    running.kill()
+from harness import Api, eventually, memory_limit, names
 
 
 @pytest.fixture()
@@ -96,8 +72,8 @@ def test_a_huge_offload_size_gets_a_status(api, operator, size):
 
 # -- nodes that shrink or go -------------------------------------------------------------------------
 
-def _planned_gauge(namespace: str, name: str) -> float | None:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+def _planned_gauge(port: int, namespace: str, name: str) -> float | None:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     for line in text.splitlines():
         if (line.startswith(names.METRIC_MODELSERVER_PLANNED + "{") and f'modelserver_namespace="{namespace}"' in line
                 and f'modelserver="{name}"' in line):
@@ -105,7 +81,7 @@ def _planned_gauge(namespace: str, name: str) -> float | None:
     return None
 
 
-def test_an_explicit_pool_that_no_longer_fits_scales_to_zero_and_back(api):
+def test_an_explicit_pool_that_no_longer_fits_scales_to_zero_and_back(api, operator):
     node = api.node("a", "2Ti")
     api.modelserver(offload={"size": "200Gi"}, replicasPerNode=1)
     api.planned(status="True")
@@ -117,11 +93,11 @@ def test_an_explicit_pool_that_no_longer_fits_scales_to_zero_and_back(api):
     degraded = eventually(lambda: (c := api.condition("Degraded")) and "scaled to 0" in c["message"] and c,
                           what="Degraded saying why")
     assert degraded["status"] == "True" and degraded["reason"] == "PoolDoesNotFit"
-    assert eventually(lambda: _planned_gauge(api.namespace, "llama") == 0.0, what="the planned gauge at 0")
+    assert eventually(lambda: _planned_gauge(operator.metrics_port, api.namespace, "llama") == 0.0, what="the planned gauge at 0")
     api.resize_node(node, "2Ti")
     api.planned(status="True")
     eventually(lambda: api.deployment()["spec"]["replicas"] == 1, what="the replicas back")
-    assert eventually(lambda: _planned_gauge(api.namespace, "llama") == 1.0)
+    assert eventually(lambda: _planned_gauge(operator.metrics_port, api.namespace, "llama") == 1.0)
 
 
 def test_an_auto_pool_is_replanned_smaller_on_a_shrunken_node(api):
