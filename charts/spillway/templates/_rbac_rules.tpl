@@ -1,8 +1,10 @@
 {{/*
 What the operator does in a watched namespace: reconcile ModelServers (kopf patches them for its
 bookkeeping; the operator patches their status), server-side apply their Deployment and Service
-(garbage collection through owner references deletes them), watch the Deployments' readiness,
-read a spec.modelConfig ConfigMap, post Events.
+(garbage collection through owner references deletes them with the ModelServer), watch the Deployments'
+readiness, read a spec.modelConfig ConfigMap, post Events. `delete` only on the kinds a routed mode adds
+(router Deployment, headless Service, endpoint-picker ConfigMap, InferencePool): a ModelServer whose
+routing.mode no longer wants them has them pruned, and only those it controls (docs/routing.md).
 kopf runs with --standalone (no peering objects), discovers resources through /api and /apis
 (readable by every authenticated user) and, with scanning disabled by the operator, observes neither
 CustomResourceDefinitions nor Namespaces. tests/chart/test_operator_rbac.py runs the operator under
@@ -17,20 +19,20 @@ exactly these rules.
   verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 # spec.routing.mode llm-d: the InferencePool and the endpoint picker's ConfigMap.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

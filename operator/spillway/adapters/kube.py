@@ -107,6 +107,17 @@ def object_path(obj: Mapping[str, Any], with_name: bool = True) -> str:
     return path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"] if with_name else None)
 
 
+def _controllers(existing: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [ref for ref in (existing.get("metadata") or {}).get("ownerReferences") or []
+            if isinstance(ref, Mapping) and ref.get("controller")]
+
+
+def controlled_by(existing: Mapping[str, Any], owner_uids: set[Any]) -> bool:
+    """Whether the live object's controller owner reference is one of `owner_uids` (a uid, never a name: a
+    ModelServer deleted and created again under its name is another owner)."""
+    return any(ref.get("uid") in owner_uids for ref in _controllers(existing) if ref.get("uid"))
+
+
 class Kube:
     def __init__(self, api_client: kubernetes.client.ApiClient | None = None, timeout: float = 30.0):
         self.client = api_client or kubernetes.client.ApiClient()
@@ -180,13 +191,28 @@ class Kube:
         if existing is None:
             return None
         wanted = {ref.get("uid") for ref in obj["metadata"].get("ownerReferences") or []}
-        controllers = [ref for ref in (existing.get("metadata") or {}).get("ownerReferences") or []
-                       if isinstance(ref, Mapping) and ref.get("controller")]
-        if any(ref.get("uid") in wanted for ref in controllers):
+        if controlled_by(existing, wanted):
             return None
+        controllers = _controllers(existing)
         owner = (f"controlled by {controllers[0].get('kind')} {controllers[0].get('name')}" if controllers
                  else "not created by the operator")
         return f"{obj['kind']} {obj['metadata']['name']} exists and is {owner}; rename one of them"
+
+    def delete_controlled(self, url_path: str, owner_uid: str) -> str:
+        """'deleted', 'absent', or 'not controlled' (left alone: a user's object, or another owner's, of that name).
+        Background propagation: the garbage collector removes its dependents (a Deployment's ReplicaSets) after."""
+        existing = self.get(url_path)
+        if existing is None:
+            return "absent"
+        if not controlled_by(existing, {owner_uid}):
+            return "not controlled"
+        try:
+            self.request("DELETE", url_path, query=[("propagationPolicy", "Background")])
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            return "absent"
+        return "deleted"
 
     def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the API server serves group/version/plural (cached for a minute)."""

@@ -37,8 +37,8 @@ from . import conditions as cond
 from . import metrics
 from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
-from .routing_objects import host_tier_credit, router_name
-from .routing_status import routing_status
+from .routing_objects import host_tier_credit, router_name, routing_object_keys
+from .routing_status import REASON_NOT_ROUTED, REASON_PRUNE_FORBIDDEN, ROUTED, routing_status
 from .spec import ModelServerSpec, parse_spec
 from .status import error_line, status_plan
 
@@ -233,13 +233,13 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         exc = caught if isinstance(caught, SpillwayError) else InternalError.of(caught)
         if not isinstance(caught, SpillwayError):
             logger.error(f"planning {namespace}/{name} failed unexpectedly", exc_info=caught)
-        result, error = None, exc
+        result, error, refused = None, exc, []
         planned = cond.condition(cond.PLANNED, False, exc.reason, error_line(exc), generation)
         logger.warning(f"{exc.reason}: {error_line(exc)}")
         if old_planned is None or old_planned.get("message") != planned["message"]:
             _event(body, exc.reason, planned["message"], warning=True)
     else:
-        error = None
+        error, refused = None, []
         summary = result.summary()
         planned = cond.condition(cond.PLANNED, True, cond.REASON_PLANNED, summary, generation)
         if old_planned is None or old_planned.get("message") != summary:
@@ -262,6 +262,7 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
             _event(body, error.reason, planned["message"], warning=True)
         else:
             update["plan"] = status_plan(result)
+            refused = _prune(body, spec, result.objects, logger)  # after the Service <name> selects its new pods
     deployment = _deployment(namespace, name)
     if isinstance(error, PoolDoesNotFit) and _no_longer_fits(deployment, generation):
         # The spec it was planned from is unchanged: the nodes shrank. Its pods would not fit (or be
@@ -271,6 +272,7 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         deployment = _deployment(namespace, name)
     metrics.publish_planned(namespace, name, error is None)
     routed = _routing_status(namespace, name, spec, deployment, result, generation, update)
+    routed = _unrouted_condition(status, update, routed, refused, generation)
     update["conditions"] = cond.merge(status.get("conditions"), [
         planned, cond.ready_condition(deployment, generation), cond.degraded_condition(planned, deployment, generation),
     ] + ([routed] if routed is not None else []))
@@ -289,6 +291,58 @@ def _routing_status(namespace: str, name: str, spec: Any, deployment: Mapping[st
     credit = host_tier_credit(spec, result.plan) if result is not None and spec.routing.enabled else None
     update["routing"], routed = routing_status(name, namespace, spec, deployment, router, generation, credit)
     return routed
+
+
+def _prune(body: Mapping[str, Any], spec: ModelServerSpec, objects: list[dict[str, Any]],
+           logger: logging.Logger) -> list[str]:
+    """Deletes what a routed mode added and the desired objects no longer hold (routing.mode switched to none or
+    to the other mode): only objects this ModelServer controls, by uid, never a same-named one of a user or of
+    another owner. What the operator may not delete comes back as lines for the status, never as a failure."""
+    meta = body["metadata"]
+    namespace, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
+    if not uid:
+        return []
+    wanted = {(obj["kind"], obj["metadata"]["name"]) for obj in objects}
+    refused = []
+    for api_version, kind, obj_name in routing_object_keys(name):
+        if (kind, obj_name) in wanted:
+            continue
+        try:
+            outcome = kube().delete_controlled(path(api_version, kind, namespace, obj_name), uid)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise  # the API server's trouble: retried
+            refused.append(f"{kind} {obj_name} is left running: the operator may not delete it ({exc}); "
+                           f"delete it by hand (routing.mode {spec.routing.mode} does not use it)")
+            _event(body, REASON_PRUNE_FORBIDDEN, refused[-1], warning=True)
+            continue
+        if outcome == "deleted":
+            _event(body, "Pruned", f"deleted {kind} {obj_name}: routing.mode {spec.routing.mode} does not use it")
+            logger.info(f"deleted {kind} {namespace}/{obj_name} (routing.mode {spec.routing.mode})")
+    return refused
+
+
+def _unrouted_condition(status: Mapping[str, Any], update: dict[str, Any], routed: dict[str, Any] | None,
+                        refused: list[str], generation: int | None) -> dict[str, Any] | None:
+    """The Routed condition with what could not be pruned: a routed mode's in status.routing.warnings; an
+    unrouted ModelServer's Routed condition says so (False PruneForbidden), and one it had from a routed mode
+    turns False NotRouted rather than claiming a router it no longer has."""
+    if routed is not None:
+        if refused and "routing" in update:
+            update["routing"]["warnings"] = [*update["routing"].get("warnings", []), *refused]
+        return routed
+    if "routing" not in update:  # the spec does not parse: nothing is known of its routing
+        return None
+    # A merge patch keeps the keys it does not name: null what the routed mode had (routerReady, ...).
+    old_routing = status.get("routing") or {}
+    update["routing"] = {**{k: None for k in old_routing if k not in update["routing"]}, **update["routing"]}
+    if refused:
+        update["routing"]["warnings"] = refused
+        return cond.condition(ROUTED, False, REASON_PRUNE_FORBIDDEN, "; ".join(refused), generation)
+    if cond.find(status.get("conditions"), ROUTED) is not None:
+        return cond.condition(ROUTED, False, REASON_NOT_ROUTED,
+                              "routing.mode none: the Service selects the vLLM pods", generation)
+    return None
 
 
 def _router_changed(ms: Mapping[str, Any], namespace: str, name: str) -> None:

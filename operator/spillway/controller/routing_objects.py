@@ -54,6 +54,17 @@ def replicas_service_name(name: str) -> str:
     return f"{name}-replicas"
 
 
+def epp_config_name(name: str) -> str:
+    return f"{name}-epp"
+
+
+def routing_object_keys(name: str) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of every object a routed mode adds (the ones pruned when no mode wants them)."""
+    return [("apps/v1", "Deployment", router_name(name)), ("v1", "Service", replicas_service_name(name)),
+            (f"{names.INFERENCEPOOL_GROUP}/{names.INFERENCEPOOL_VERSION}", names.INFERENCEPOOL_KIND, name),
+            ("v1", "ConfigMap", epp_config_name(name))]
+
+
 def host_tier_credit(spec: ModelServerSpec, result: Plan) -> float | None:
     """The override, else reload (the qualified node) against recompute (the model); None: the router's default."""
     if spec.routing.host_tier_credit is not None:
@@ -207,9 +218,9 @@ def llm_d_objects(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan,
         "apiVersion": f"{names.INFERENCEPOOL_GROUP}/{names.INFERENCEPOOL_VERSION}", "kind": names.INFERENCEPOOL_KIND,
         "metadata": _metadata(body, name, labels(name), owner),
         "spec": {"selector": {"matchLabels": selector(name)}, "targetPorts": [{"number": api.SERVER_PORT}],
-                 "extensionRef": {"name": f"{name}-epp", "portNumber": routing.EPP_PORT, "failureMode": "FailOpen"}},
+                 "extensionRef": {"name": epp_config_name(name), "portNumber": routing.EPP_PORT, "failureMode": "FailOpen"}},
     }
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(body, f"{name}-epp", labels(name), owner),
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(body, epp_config_name(name), labels(name), owner),
               "data": {EPP_CONFIG_KEY: yaml.safe_dump(epp_config(spec, result), sort_keys=False)}}
     return [pool, config]
 

@@ -19,6 +19,7 @@ REASON_ROUTER_NOT_READY = "RouterNotReady"
 REASON_SINGLE_REPLICA = "SingleReplica"
 REASON_POOL_APPLIED = "InferencePoolApplied"
 REASON_NOT_ROUTED = "NotRouted"
+REASON_PRUNE_FORBIDDEN = "PruneForbidden"
 
 
 def _ready(deployment: Mapping[str, Any] | None) -> tuple[int, int]:
