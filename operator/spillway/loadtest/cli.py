@@ -21,6 +21,7 @@ from .plan import (
     Plan,
     ThroughputPlan,
     TtftPlan,
+    labels_from_args,
 )
 from .progress import MODES
 
@@ -192,16 +193,6 @@ def plan_to_args(plan: Plan) -> list[str]:
     if plan.seed is not None:
         args += ["--seed", str(plan.seed)]
     return args
-
-
-def labels_from_args(items: list[str]) -> dict[str, str]:
-    labels = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidSpec(f"--label expects KEY=VALUE, got {item!r}")
-        labels[key] = value
-    return labels
 
 
 def _load_baseline(args: argparse.Namespace) -> dict | None:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from ..core.errors import InvalidSpec
 
 EXPERIMENTS = ("ttft", "throughput")
-# Defaults from the source document: single-request TTFT over prompt lengths; 10 000 unique 512-token
+# Defaults from vLLM's blog post on the KV offloading connector: single-request TTFT over prompt lengths; 10 000 unique 512-token
 # prompts swept over CPU hit rates.
 DEFAULT_TTFT_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 DEFAULT_TTFT_REPETITIONS = 5
@@ -114,3 +114,14 @@ def hittable_tokens(prefix: int, prompt_len: int, block_size: int) -> int:
     Some vLLM versions load a fully cached prompt whole (the last token's logits are recomputed from
     loaded KV); others recompute its last block. The achieved rate lies between this and prefix/len."""
     return min(prefix, (prompt_len - 1) // block_size * block_size)
+
+
+def labels_from_args(items: list[str]) -> dict[str, str]:
+    """--label KEY=VALUE flags: what a run is tagged with in its results file."""
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidSpec(f"--label expects KEY=VALUE, got {item!r}")
+        labels[key] = value
+    return labels

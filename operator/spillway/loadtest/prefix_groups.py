@@ -30,6 +30,7 @@ from ..core.vllm_api import Metric
 from .client import Completion, EndpointError, OpenAIClient
 from .job import ENV_API_KEY
 from .metrics import Snapshot, parse
+from .plan import labels_from_args
 from .progress import Progress, log
 from .prompts import DEFAULT_ID_RANGE, PromptSource
 from .results import percentiles, write_atomic
@@ -474,16 +475,6 @@ def routes_from_args(args: argparse.Namespace) -> list[Route]:
     return [Route(name, url, metrics.get(name)) for name, url in routes]
 
 
-def _labels(items: list[str]) -> dict[str, str]:
-    labels = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidSpec(f"--label expects KEY=VALUE, got {item!r}")
-        labels[key] = value
-    return labels
-
-
 def _draw(result: dict[str, Any], path: Path) -> None:
     try:
         plot(result, path)
@@ -495,7 +486,7 @@ def _draw(result: dict[str, Any], path: Path) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import _stopped_by_signals
 
-    plan, routes, labels = plan_from_args(args), routes_from_args(args), _labels(args.label)
+    plan, routes, labels = plan_from_args(args), routes_from_args(args), labels_from_args(args.label)
     replicas = [url.rstrip("/") for url in args.replica]
     result = asyncio.run(_stopped_by_signals(run_async(routes, plan, replicas, model=args.model, api_key=args.api_key,
                                                        output=args.output, labels=labels, progress=args.progress)))
