@@ -290,7 +290,7 @@ def test_rbac_is_least_privilege(helm, scenario):
     assert grants
     for _, group, resource, verb in grants:
         assert "*" not in (group, resource, verb)
-        assert verb not in {"delete", "deletecollection", "update", "escalate", "bind", "impersonate"}
+        assert verb not in {"deletecollection", "update", "escalate", "bind", "impersonate"}
         assert resource not in {"customresourcedefinitions", "namespaces", "pods/exec", "clusterroles", "roles"}
         if resource == "secrets":
             assert verb == "get" and values.get("operator", {}).get("hubFetch", {}).get("enabled")
@@ -303,6 +303,12 @@ def test_rbac_is_least_privilege(helm, scenario):
                       ("apps", "deployments"), ("", "services"), ("", "events"), ("networking.k8s.io", "networkpolicies"),
                       # spec.routing.mode llm-d: the InferencePool and the endpoint picker's ConfigMap
                       (k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_PLURAL), ("", "configmaps")}
+    # Deletes: only what a routed mode adds and the operator prunes when routing.mode no longer wants it (the router
+    # Deployment, the headless Service, the InferencePool and the endpoint picker's ConfigMap), in a namespace.
+    deletes = {(kind, group, resource) for kind, group, resource, verb in grants if verb == "delete"}
+    role = "Role" if namespaced_mode else "ClusterRole"
+    assert deletes == {(role, "apps", "deployments"), (role, "", "services"), (role, "", "configmaps"),
+                       (role, k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_PLURAL)}
 
 
 def test_operator_settings_use_the_operators_names(helm):

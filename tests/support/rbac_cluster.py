@@ -167,8 +167,19 @@ def condition(custom, namespace: str, name: str, kind: str) -> dict | None:
     return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
 
 
+def _exists(read) -> bool:
+    try:
+        read()
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def exercise(cluster: AuthorizingCluster, namespace: str, ignored_namespace: str | None) -> None:
-    """What an operator does in its first minutes: plan, deploy, follow readiness, read a ConfigMap."""
+    """What an operator does in its first minutes: plan, deploy, follow readiness, read a ConfigMap, prune what a
+    routing mode switched off added."""
     client = cluster.client()
     core, apps = kubernetes.client.CoreV1Api(client), kubernetes.client.AppsV1Api(client)
     custom = kubernetes.client.CustomObjectsApi(client)
@@ -203,6 +214,18 @@ def exercise(cluster: AuthorizingCluster, namespace: str, ignored_namespace: str
                                                                            "availableReplicas": 1}})
     eventually(lambda: (condition(custom, namespace, "llama", "Ready") or {}).get("status") == "True",
                timeout=60, what="llama ready")
+    # routing.mode back to none: the operator prunes the router's and the InferencePool's objects (delete).
+    for name in ("routed", "pooled"):
+        custom.patch_namespaced_custom_object(k8s_names.GROUP, k8s_names.VERSION, namespace, k8s_names.PLURAL, name,
+                                              {"spec": {"routing": {"mode": "none"}}},
+                                              _content_type="application/merge-patch+json")
+    eventually(lambda: not _exists(lambda: apps.read_namespaced_deployment("routed-router", namespace))
+               and not _exists(lambda: core.read_namespaced_service("routed-replicas", namespace)),
+               timeout=60, what="the router pruned")
+    eventually(lambda: not _exists(lambda: custom.get_namespaced_custom_object(
+        k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_VERSION, namespace, k8s_names.INFERENCEPOOL_PLURAL,
+        "pooled")) and not _exists(lambda: core.read_namespaced_config_map("pooled-epp", namespace)),
+        timeout=60, what="the InferencePool and its ConfigMap pruned")
     if ignored_namespace:
         body = custom.get_namespaced_custom_object(k8s_names.GROUP, k8s_names.VERSION, ignored_namespace,
                                                    k8s_names.PLURAL, "elsewhere")
