@@ -177,3 +177,18 @@ def test_llm_d_off_prunes_the_inference_pool_and_its_config(api):
                what="the InferencePool and the endpoint picker's ConfigMap pruned")
     assert api.deployment("llama") is not None and service(api, "llama") is not None
     routed(api, "False", REASON_NOT_ROUTED)
+
+
+def test_kv_aware_to_llm_d_swaps_the_router_for_the_pool(api):
+    api.node("a")
+    api.modelserver(replicas=2, routing={"mode": "kv-aware"})
+    wait_planned(api)
+    eventually(lambda: api.deployment("llama-router") and service(api, "llama-replicas"), what="the router objects")
+    generation = api.patch({"spec": {"routing": {"mode": "llm-d"}}})["metadata"]["generation"]
+    wait_planned(api, generation=generation)
+    eventually(lambda: inference_pool(api) and config_map(api, "llama-epp"), what="the llm-d objects")
+    eventually(lambda: api.deployment("llama-router") is None and service(api, "llama-replicas") is None,
+               what="the router pruned")
+    endpoint, vllm = service(api, "llama"), api.deployment("llama")
+    assert endpoint["spec"]["selector"] == vllm["spec"]["selector"]["matchLabels"]
+    routed(api, "True", REASON_POOL_APPLIED)
