@@ -10,6 +10,8 @@ and follow their readiness. The chart pins the image by its digest (operator.ima
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +102,16 @@ def test_operator_image_runs_as_the_chart_runs_it_and_reconciles(image, tmp_path
                 raise AssertionError(f"{exc}\n--- operator log ---\n{operator.logs()[-5000:]}") from exc
         refused = {(g, r, v, ns) for g, r, v, ns, allowed in cluster.operator_requests() if not allowed}
     assert not refused, f"the operator image asked for what the chart does not grant: {refused}"
+
+
+def test_operator_image_carries_the_source_it_was_built_from(image):
+    # A rebuilt image must hold the package as it stands in the tree (a layer cache keyed on a step's text
+    # once served an old install): every module's bytes, compared by digest.
+    package = TESTS.parent / "operator" / "spillway"
+    expected = {str(p.relative_to(package)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(package.rglob("*.py"))}
+    script = ("import hashlib, json, pathlib, spillway; root = pathlib.Path(spillway.__file__).parent; "
+              "print(json.dumps({str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() "
+              "for p in sorted(root.rglob('*.py'))}))")
+    done = container.run(["run", "--rm", "--entrypoint", "python", image, "-c", script])
+    assert json.loads(done.stdout) == expected
