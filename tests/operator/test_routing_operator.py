@@ -15,24 +15,8 @@ from spillway.controller.routing_status import (
     ROUTED,
 )
 from spillway.core import k8s_names as names
-from support.ms_cluster import EmulatedCluster, Operator, eventually
+from support.ms_cluster import eventually
 from test_ms_operator import Api, wait_planned
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmulatedCluster(tmp_path_factory.mktemp("kmock")) as emulated:
-        yield emulated
-
-
-@pytest.fixture(scope="module")
-def operator(cluster, tmp_path_factory):
-    running = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "kopf.log",
-                       {names.ENV_RETRY_SECONDS: "1"}).start()
-    yield running
-    alive = running.alive()
-    running.kill()
-    assert alive, "the operator died during the tests:\n" + running.output()[-5000:]
 
 
 @pytest.fixture()
