@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import urllib.request
-import uuid
 
 import kubernetes
 import pytest
@@ -21,61 +20,9 @@ from spillway.core.planner import plan
 from spillway.core.qualification import Row
 from spillway.core.qualification import summary as qualification_summary
 from spillway.core.quantity import parse_bytes
-from support.ms_cluster import EmulatedCluster, eventually
-from support.ms_examples import LLAMA_8B, gpu_node, modelserver
-
-
-class Api:
-    """The official client, one test's namespace and node pool."""
-
-    def __init__(self, cluster: EmulatedCluster):
-        client = cluster.client()
-        self.core = kubernetes.client.CoreV1Api(client)
-        self.apps = kubernetes.client.AppsV1Api(client)
-        self.custom = kubernetes.client.CustomObjectsApi(client)
-        self.namespace = f"t-{uuid.uuid4().hex[:8]}"
-        self.pool = self.namespace  # kmock serves any namespace without a Namespace object (it cannot POST one)
-
-    def node(self, name: str, memory: str = "2Ti", gpus: int = 8, **kw) -> dict:
-        body = gpu_node(f"{self.pool}-{name}", memory, gpus, labels={"pool": self.pool}, **kw)
-        self.core.create_node(body)
-        return body
-
-    def modelserver(self, name: str = "llama", **spec) -> dict:
-        body = modelserver(name, self.namespace, **{"nodeSelector": {"pool": self.pool}, **spec})
-        self.custom.create_namespaced_custom_object(names.GROUP, names.VERSION, self.namespace, names.PLURAL, body)
-        return self.get(name)
-
-    def get(self, name: str = "llama") -> dict:
-        return self.custom.get_namespaced_custom_object(names.GROUP, names.VERSION, self.namespace, names.PLURAL, name)
-
-    def patch(self, patch: dict, name: str = "llama") -> dict:
-        return self.custom.patch_namespaced_custom_object(names.GROUP, names.VERSION, self.namespace, names.PLURAL,
-                                                         name, patch, _content_type="application/merge-patch+json")
-
-    def condition(self, type_: str, name: str = "llama") -> dict | None:
-        conditions = (self.get(name).get("status") or {}).get("conditions") or []
-        return next((c for c in conditions if c["type"] == type_), None)
-
-    def deployment(self, name: str = "llama") -> dict | None:
-        try:
-            found = self.apps.read_namespaced_deployment(name, self.namespace, _preload_content=False)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return json.loads(found.data)
-
-    def deployments(self) -> list[dict]:
-        listed = self.apps.list_namespaced_deployment(self.namespace, _preload_content=False)
-        return json.loads(listed.data)["items"]
-
-    def services(self) -> list[dict]:
-        return json.loads(self.core.list_namespaced_service(self.namespace, _preload_content=False).data)["items"]
-
-    def events(self) -> list[tuple[str, str, str]]:
-        listed = json.loads(self.core.list_namespaced_event(self.namespace, _preload_content=False).data)["items"]
-        return [(e.get("type"), e.get("reason"), e.get("message")) for e in listed]
+from support.ms_api import Api
+from support.ms_cluster import eventually
+from support.ms_examples import LLAMA_8B
 
 
 @pytest.fixture()

@@ -13,9 +13,10 @@ import kmock
 import pytest
 from spillway.adapters.model_config import catalog_config
 from spillway.core import k8s_names as names
+from support.ms_api import Api
 from support.ms_cluster import EmulatedCluster, Operator, eventually
 from support.ms_examples import LLAMA_8B
-from test_ms_operator import Api, memory_limit, planned_limit, wait_planned
+from test_ms_operator import memory_limit, planned_limit, wait_planned
 
 HUB_TOKEN = "hub-secret"
 

@@ -15,8 +15,9 @@ from spillway.controller.routing_status import (
     ROUTED,
 )
 from spillway.core import k8s_names as names
+from support.ms_api import Api
 from support.ms_cluster import eventually
-from test_ms_operator import Api, wait_planned
+from test_ms_operator import wait_planned
 
 
 @pytest.fixture()

@@ -86,7 +86,7 @@ def test_an_explicit_pool_that_no_longer_fits_scales_to_zero_and_back(api, opera
     api.modelserver(offload={"size": "200Gi"}, replicasPerNode=1)
     api.planned(status="True")
     eventually(api.deployment)
-    api.resize_node(node, "200Gi")
+    api.resize_node(node["metadata"]["name"], "200Gi")
     planned = api.planned(status="False", reason="PoolDoesNotFit")
     assert "200Gi" in planned["message"]
     eventually(lambda: api.deployment()["spec"]["replicas"] == 0, what="the Deployment scaled to 0")
@@ -94,7 +94,7 @@ def test_an_explicit_pool_that_no_longer_fits_scales_to_zero_and_back(api, opera
                           what="Degraded saying why")
     assert degraded["status"] == "True" and degraded["reason"] == "PoolDoesNotFit"
     assert eventually(lambda: _planned_gauge(operator.metrics_port, api.namespace, "llama") == 0.0, what="the planned gauge at 0")
-    api.resize_node(node, "2Ti")
+    api.resize_node(node["metadata"]["name"], "2Ti")
     api.planned(status="True")
     eventually(lambda: api.deployment()["spec"]["replicas"] == 1, what="the replicas back")
     assert eventually(lambda: _planned_gauge(operator.metrics_port, api.namespace, "llama") == 1.0)
@@ -105,7 +105,7 @@ def test_an_auto_pool_is_replanned_smaller_on_a_shrunken_node(api):
     api.modelserver()
     api.planned(status="True")
     before = memory_limit(eventually(api.deployment))
-    api.resize_node(node, "512Gi")
+    api.resize_node(node["metadata"]["name"], "512Gi")
     eventually(lambda: memory_limit(api.deployment()) != before, what="a smaller plan")
     assert api.condition("Planned")["status"] == "True"
     assert api.deployment()["spec"]["replicas"] == 1
@@ -116,7 +116,7 @@ def test_a_node_that_disappears_keeps_the_deployment_until_one_returns(api):
     api.modelserver()
     api.planned(status="True")
     applied = eventually(api.deployment)
-    api.core.delete_node(node)
+    api.core.delete_node(node["metadata"]["name"])
     api.planned(status="False", reason="NoEligibleNodes")
     kept = api.deployment()
     assert kept["spec"]["replicas"] == 1 and memory_limit(kept) == memory_limit(applied)
