@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import InvalidSpec, ModelGeometryUnknown
-from .groups import layer_caches, text_config
+from .groups import kv_heads_and_head_dim, layer_caches, positive_int, text_config
 from .options import Attention
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default tokens per GPU KV block
@@ -83,13 +83,6 @@ class KVLayout:
         return 1 if self.geometry.attention == Attention.MLA else 2
 
 
-def _positive_int(config: Mapping[str, Any], key: str, name: str) -> int:
-    value = config.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ModelGeometryUnknown(f"{name}: config.json field {key!r} must be a positive integer, got {value!r}")
-    return value
-
-
 def _refuse_unmodelled(config: Mapping[str, Any], name: str) -> None:
     model_type = str(config.get("model_type", ""))
     if model_type in UNMODELLED_MODEL_TYPES:
@@ -112,15 +105,15 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> Mode
         raise ModelGeometryUnknown(f"{name}: config.json 'architectures' must list class names (strings), "
                                    f"got {architectures!r}"[:300])
     _refuse_unmodelled(config, name)
-    num_layers = _positive_int(config, "num_hidden_layers", name)
-    heads = _positive_int(config, "num_attention_heads", name)
+    num_layers = positive_int(config, "num_hidden_layers", name)
+    heads = positive_int(config, "num_attention_heads", name)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     if dtype not in TORCH_DTYPE_BYTES:
         raise ModelGeometryUnknown(f"{name}: unsupported dtype {dtype!r} (known: {sorted(TORCH_DTYPE_BYTES)})")
     if dtype == "float32":
         dtype = "bfloat16"  # vLLM serves float32 checkpoints in 16-bit by default
     if architecture in MLA_ARCHITECTURES:
-        latent = _positive_int(config, "kv_lora_rank", name) + _positive_int(config, "qk_rope_head_dim", name)
+        latent = positive_int(config, "kv_lora_rank", name) + positive_int(config, "qk_rope_head_dim", name)
         return ModelGeometry(name, architecture, num_layers, Attention.MLA, 1, heads, latent, dtype,
                              dict(config), _max_model_len(config))
     if architecture not in STANDARD_ARCHITECTURES:
@@ -128,17 +121,7 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> Mode
             f"{name}: architecture {architecture!r} is not one Spillway can size "
             f"(standard: {len(STANDARD_ARCHITECTURES)} known, MLA: {sorted(MLA_ARCHITECTURES)})"
         )
-    kv_heads = config.get("num_key_value_heads") or heads
-    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads <= 0:
-        raise ModelGeometryUnknown(f"{name}: num_key_value_heads must be a positive integer, got {kv_heads!r}")
-    head_dim = config.get("head_dim")
-    if head_dim is None:
-        hidden = _positive_int(config, "hidden_size", name)
-        if hidden % heads:
-            raise ModelGeometryUnknown(f"{name}: hidden_size {hidden} is not a multiple of {heads} heads")
-        head_dim = hidden // heads
-    elif isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
-        raise ModelGeometryUnknown(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
+    kv_heads, head_dim = kv_heads_and_head_dim(config, heads, name)
     layer_caches(config, 1, "auto", name)  # a layer kind or recurrent state it cannot size fails here, by name
     return ModelGeometry(name, architecture, num_layers, Attention.STANDARD, kv_heads, heads, head_dim, dtype,
                          dict(config), _max_model_len(config))

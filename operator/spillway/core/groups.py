@@ -142,11 +142,28 @@ def _get(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _int(config: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
+def positive_int(config: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ModelGeometryUnknown(f"{name}: config.json field {key!r} must be a positive integer, got {value!r}")
     return value
+
+
+def kv_heads_and_head_dim(config: Mapping[str, Any], heads: int, name: str) -> tuple[int, int]:
+    """Standard attention's KV heads and head size as vLLM reads a config: without num_key_value_heads every
+    attention head has its own KV, without head_dim a head is hidden_size / heads wide."""
+    kv_heads = config.get("num_key_value_heads") or heads
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads <= 0:
+        raise ModelGeometryUnknown(f"{name}: num_key_value_heads must be a positive integer, got {kv_heads!r}")
+    head_dim = config.get("head_dim")
+    if head_dim is None:
+        hidden = positive_int(config, "hidden_size", name)
+        if hidden % heads:
+            raise ModelGeometryUnknown(f"{name}: hidden_size {hidden} is not a multiple of {heads} heads")
+        return kv_heads, hidden // heads
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+        raise ModelGeometryUnknown(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
+    return kv_heads, head_dim
 
 
 def _split(total: int, tp: int, what: str, name: str) -> int:
@@ -174,7 +191,7 @@ def layer_types(config: Mapping[str, Any], num_layers: int, name: str) -> list[s
             raise ModelGeometryUnknown(f"{name}: hybrid_override_pattern has {len(pattern)} layers, not {num_layers}")
         return [{"M": MAMBA, "*": FULL}.get(ch, "") for ch in pattern]
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"):
-        interval = _int(config, "full_attention_interval", name, 4)
+        interval = positive_int(config, "full_attention_interval", name, 4)
         return [FULL if (i + 1) % interval == 0 else MAMBA for i in range(num_layers)]
     if model_type in ("llama4", "llama4_text") and config.get("attention_chunk_size"):
         # vLLM's Llama4 attention: layers with RoPE are chunked-local, every 4th (no_rope_layers 0) is global NoPE.
@@ -183,7 +200,7 @@ def layer_types(config: Mapping[str, Any], num_layers: int, name: str) -> list[s
         return [CHUNKED if no_rope[i] else FULL for i in range(num_layers)]
     window = config.get("sliding_window")
     if model_type in ("gemma3", "gemma3_text") and window:
-        period = _int(config, "sliding_window_pattern", name, 6)
+        period = positive_int(config, "sliding_window_pattern", name, 6)
         return [FULL if (i + 1) % period == 0 else SLIDING for i in range(num_layers)]
     if model_type in ("gemma2", "gpt_oss") and window:
         return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
@@ -199,9 +216,9 @@ def mamba_state_bytes(config: Mapping[str, Any], tp: int, model_dtype_bytes: int
     model_type = str(config.get("model_type", ""))
     if model_type.startswith(("qwen3_next", "qwen3_5")):
         # gated_delta_net_state_shape
-        k_heads, v_heads = _int(config, "linear_num_key_heads", name), _int(config, "linear_num_value_heads", name)
-        k_dim, v_dim = _int(config, "linear_key_head_dim", name), _int(config, "linear_value_head_dim", name)
-        kernel = _int(config, "linear_conv_kernel_dim", name, 4)
+        k_heads, v_heads = positive_int(config, "linear_num_key_heads", name), positive_int(config, "linear_num_value_heads", name)
+        k_dim, v_dim = positive_int(config, "linear_key_head_dim", name), positive_int(config, "linear_value_head_dim", name)
+        kernel = positive_int(config, "linear_conv_kernel_dim", name, 4)
         conv = _split(k_dim * k_heads * 2 + v_dim * v_heads, tp, "linear-attention channels", name) * (kernel - 1)
         ssm = _split(v_heads, tp, "linear-attention value heads", name) * v_dim * k_dim
         return conv * model_dtype_bytes + ssm * ssm_dtype_bytes
@@ -214,7 +231,7 @@ def mamba_state_bytes(config: Mapping[str, Any], tp: int, model_dtype_bytes: int
         # NemotronH configs also spell n_groups/conv_kernel the Mamba way (mamba_n_groups, mamba_d_conv)
         aliases = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv"}
         heads, head_dim, state, groups, kernel = (
-            _int(config, k if config.get(k) is not None or k not in aliases else aliases[k], name) for k in keys)
+            positive_int(config, k if config.get(k) is not None or k not in aliases else aliases[k], name) for k in keys)
         groups += 0 if groups % tp == 0 else tp - groups
         intermediate = heads * head_dim
         conv = _split(intermediate + 2 * groups * state, tp, "Mamba channels", name) * (kernel - 1)
@@ -245,8 +262,8 @@ def layer_caches(config: Mapping[str, Any], tensor_parallel_size: int = 1, kv_ca
                  name: str = "model") -> list[LayerCache]:
     """Each decoder layer's cache on one rank, from a config.json mapping (text_config already merged)."""
     tp = tensor_parallel_size
-    num_layers = _int(config, "num_hidden_layers", name)
-    heads = _int(config, "num_attention_heads", name)
+    num_layers = positive_int(config, "num_hidden_layers", name)
+    heads = positive_int(config, "num_attention_heads", name)
     model_dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     model_dtype = "bfloat16" if model_dtype == "float32" else model_dtype  # vLLM serves fp32 checkpoints in 16 bit
     if model_dtype not in DTYPE_BYTES:
@@ -258,23 +275,13 @@ def layer_caches(config: Mapping[str, Any], tensor_parallel_size: int = 1, kv_ca
     model_type = str(config.get("model_type", ""))
     kinds = layer_types(config, num_layers, name)
     if model_type in MLA_MODEL_TYPES or config.get("kv_lora_rank"):
-        latent = _int(config, "kv_lora_rank", name) + _int(config, "qk_rope_head_dim", name)
+        latent = positive_int(config, "kv_lora_rank", name) + positive_int(config, "qk_rope_head_dim", name)
         token = attention_token_bytes(MLA, 1, latent, tp, dtype_bytes)
         return [LayerCache(MLA, token) for _ in range(num_layers)]
-    kv_heads = config.get("num_key_value_heads") or heads
-    if not isinstance(kv_heads, int) or kv_heads <= 0:
-        raise ModelGeometryUnknown(f"{name}: num_key_value_heads must be a positive integer, got {kv_heads!r}")
+    kv_heads, head_dim = kv_heads_and_head_dim(config, heads, name)
     if kv_heads % tp and tp % kv_heads:
         raise InvalidSpec(f"{name}: {kv_heads} KV heads neither split over nor replicate across "
                           f"tensor parallel size {tp}")
-    head_dim = config.get("head_dim")
-    if head_dim is None:
-        hidden = _int(config, "hidden_size", name)
-        if hidden % heads:
-            raise ModelGeometryUnknown(f"{name}: hidden_size {hidden} is not a multiple of {heads} heads")
-        head_dim = hidden // heads
-    elif not isinstance(head_dim, int) or head_dim <= 0:
-        raise ModelGeometryUnknown(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
     token = attention_token_bytes(FULL, kv_heads, head_dim, tp, dtype_bytes)
     chunk = config.get("attention_chunk_size")
     state = 0
@@ -286,7 +293,7 @@ def layer_caches(config: Mapping[str, Any], tensor_parallel_size: int = 1, kv_ca
     out = []
     for kind in kinds:
         if kind == SLIDING:
-            out.append(LayerCache(SLIDING, token, _int(config, "sliding_window", name)))
+            out.append(LayerCache(SLIDING, token, positive_int(config, "sliding_window", name)))
         elif kind == CHUNKED:
             out.append(LayerCache(CHUNKED, token, int(chunk)))
         elif kind == MAMBA:
