@@ -367,6 +367,100 @@ async def run_loadtest(url: str, spec: dict, out_dir: Path, deadline: float) -> 
             "result_file": path.name if path.exists() else None}
 
 
+# -- vLLM patches and profiles -------------------------------------------------------------------------
+PATCHES = HERE.parent.parent / "images" / "vllm" / "patches"
+
+
+def load_patch(name: str):
+    """images/vllm/patches/<name>.py, the same module the image applies at build time."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"vllm_patch_{name}", PATCHES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def engine_pids(server_pid: int) -> dict[str, int]:
+    """The engine core's and an API server's pids (vLLM names its processes with setproctitle; with one API
+    server the server process itself serves)."""
+    import psutil
+
+    found = {"api_server": server_pid}
+    for child in psutil.Process(server_pid).children(recursive=True):
+        try:
+            title = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if "EngineCore" in title and "engine_core" not in found:
+            found["engine_core"] = child.pid
+        if "APIServer" in title and found["api_server"] == server_pid:  # --api-server-count > 1: the first
+            found["api_server"] = child.pid
+    return found
+
+
+def collapsed_summary(path: Path, top: int = 25) -> dict[str, Any]:
+    """py-spy's collapsed stacks ("f1;f2;f3 count") as self and inclusive sample shares per function."""
+    self_n: dict[str, int] = {}
+    incl_n: dict[str, int] = {}
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = [f.split(" (")[0] + (" " + f.split(" (")[1].split(":")[0].rsplit("/", 1)[-1]
+                                      if " (" in f else "") for f in stack.split(";")]
+        total += n
+        self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
+        for f in set(frames):
+            incl_n[f] = incl_n.get(f, 0) + n
+
+    def share(counts: dict[str, int]) -> list[tuple[str, float]]:
+        return [(k, round(v / total, 4)) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
+
+    return {"samples": total, "self": share(self_n), "inclusive": share(incl_n)}
+
+
+def start_spies(pids: dict[str, int], prof: dict, out_dir: Path, name: str) -> dict:
+    spies = {}
+    for role, pid in pids.items():
+        path = out_dir / f"pyspy-{name}-{role}.txt"
+        cmd = [prof.get("py_spy", "py-spy"), "record", "--pid", str(pid), "--format", "raw", "--rate",
+               str(prof.get("rate", 100)), "--output", str(path)]
+        spies[role] = (path, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    return spies
+
+
+def stop_spies(spies: dict) -> dict:
+    """SIGINT makes py-spy write what it sampled."""
+    profiles = {}
+    for role, (path, proc) in spies.items():
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        profiles[role] = (collapsed_summary(path) if path.exists()
+                          else {"error": (err or b"").decode(errors="replace")[-400:]})
+    return profiles
+
+
+async def run_profiled(url: str, spec: dict, out_dir: Path, deadline: float, server: Server) -> dict:
+    """A `spillway loadtest` run (spec["profile"]["loadtest"]) with py-spy sampling the engine core and the API
+    server meanwhile: where their time goes at that load."""
+    prof = spec["profile"]
+    pids = engine_pids(server.proc.pid)
+    spies = start_spies(pids, prof, out_dir, spec["name"])
+    await asyncio.sleep(1.0)
+    run = await run_loadtest(url, {**spec, "name": spec["name"] + "-profiled", "loadtest": prof["loadtest"]},
+                             out_dir, deadline)
+    out: dict[str, Any] = {"pids": pids, "loadtest": run}
+    out["profiles"] = stop_spies(spies)
+    return out
+
+
 async def run_subprocess(cmd: list[str], log_path: Path, deadline: float) -> tuple[object, str]:
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
@@ -469,6 +563,16 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
     log(f"engine {spec['name']}: vllm serve {' '.join(args)}")
     log(f"  env {env} (dropped: {list(dropped)})")
     offload = plan.get("pool") is not None
+    patches = [load_patch(name) for name in spec.get("vllm_patches", [])]
+    if patches:
+        try:
+            site = patches[0].vllm_site()
+            result["vllm_patches"] = {p.NAME: p.apply(site) for p in patches}
+        except Exception as exc:  # noqa: BLE001 - an engine whose patch does not apply is skipped, not the run
+            result["error"] = f"vLLM patch: {type(exc).__name__}: {exc}"
+            log(f"  FAILED: {result['error']}")
+            return result
+        log(f"  vLLM patches: {result['vllm_patches']}")
     timeout = aiohttp.ClientTimeout(total=900)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)  # no keep-alive: no reuse of closed connections
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
@@ -489,6 +593,8 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
                 m0 = await scrape(session, server.url)
                 result["loadtest"] = await run_loadtest(server.url, spec, out_dir, deadline)
                 result["loadtest"]["metrics"] = delta(await scrape(session, server.url), m0)
+            if "profile" in spec and time.time() < deadline:
+                result["profile"] = await run_profiled(server.url, spec, out_dir, deadline, server)
             for run in spec.get("vllm_bench", []):
                 if time.time() < deadline:
                     m0 = await scrape(session, server.url)
@@ -507,6 +613,8 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
         finally:
             server.stop()
             result["engine_log"] = engine_log_facts(server.log_path)
+            for p in patches:
+                p.revert(site)
     return result
 
 

@@ -1,0 +1,141 @@
+"""A small patch to vLLM's scheduler: remember the reservation of a request whose KV is being loaded.
+
+What it fixes. Before admitting a request whose KV arrives asynchronously (a CPU-pool hit), vLLM's scheduler
+sums the blocks every other in-flight prefill still needs (`Scheduler._inflight_prefill_reserved_blocks`, added
+for vLLM issue #39734's deadlock). It recomputes each term through the KV-cache coordinator for every admitted
+load, so admitting N loads costs N^2/2 coordinator calls: 320,000 for the 800 requests of one 100%-hit pass of
+bench/gpu's throughput experiment, 18-30% of the engine loop in the H200 profile of 2026-12-01 (issue 15).
+
+Why remembering is exact. A request waiting for its load (status WAITING_FOR_REMOTE_KVS) keeps its allocated
+blocks, its computed-token count and its token count until the load ends or fails; the term depends on nothing
+else. A failed load resets the computed-token count (which the memo keys on) and ends the wait; a chunked prefill
+that is running (the set's other members) is still recomputed every time. The sum is unchanged, only cheaper:
+tests/images/test_vllm_patches.py checks it against the original on a real engine.
+
+When it can go. When upstream keeps the reservation incrementally: `apply` refuses to touch a scheduler whose
+function no longer reads as below, so a vLLM that changed it builds without this patch and says so.
+
+Applied at image build time (images/vllm/Dockerfile) and by bench/gpu/serve_bench.py for an engine that asks
+for it; never at run time. `python3 inflight_reservation.py apply|revert|check [SITE_PACKAGES]`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+NAME = "inflight_reservation"
+TARGET = Path("vllm/v1/core/sched/scheduler.py")
+MARKER = "# Spillway patch: inflight_reservation"
+
+# vLLM 0.26.0, 0.32.0 and 0.33.0 (their blank line after the docstring differs).
+ORIGINAL = re.compile(
+    r'(?P<indent>[ ]{4})def _inflight_prefill_reserved_blocks\(self\) -> int:\n'
+    r'[ ]{8}"""Num blocks in-flight prefills still need to finish \(their reservation\)\."""\n'
+    r'(?:\n)?'
+    r'[ ]{8}return sum\(\n'
+    r'[ ]{12}self\._request_remaining_blocks\(req\) for req in self\._inflight_prefills\n'
+    r'[ ]{8}\)\n'
+)
+
+PATCHED = f'''    def _inflight_prefill_reserved_blocks(self) -> int:
+        """Num blocks in-flight prefills still need to finish (their reservation)."""
+        {MARKER} (images/vllm/patches/inflight_reservation.py).
+        # A request waiting for its KV load keeps its blocks and token counts until the load ends, so its
+        # term is remembered instead of recomputed for every request admitted after it (quadratic).
+        memo = self.__dict__.setdefault("_spillway_reservation_memo", {{}})
+        total = 0
+        for req in self._inflight_prefills:
+            if req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+                total += self._request_remaining_blocks(req)
+                continue
+            key = (req.num_computed_tokens, req.num_tokens)
+            seen = memo.get(req)
+            if seen is None or seen[0] != key:
+                seen = memo[req] = (key, self._request_remaining_blocks(req))
+            total += seen[1]
+        if len(memo) > 2 * len(self._inflight_prefills) + 64:
+            for req in [r for r in memo if r not in self._inflight_prefills]:
+                del memo[req]
+        return total
+'''
+
+
+class PatchError(Exception):
+    """The scheduler does not read as the patch expects."""
+
+
+def target(site: Path) -> Path:
+    return Path(site) / TARGET
+
+
+def is_applied(source: str) -> bool:
+    return MARKER in source
+
+
+def patch_source(source: str) -> str:
+    """The scheduler's source with the patch applied; PatchError when the original function is not there."""
+    if is_applied(source):
+        return source
+    found = ORIGINAL.findall(source)
+    if len(found) != 1:
+        raise PatchError(f"{TARGET}: _inflight_prefill_reserved_blocks does not read as vLLM 0.26-0.33's "
+                         f"({len(found)} matches); this vLLM needs its own look before the patch is carried")
+    return ORIGINAL.sub(lambda _m: PATCHED, source, count=1)
+
+
+def apply(site: Path) -> str:
+    """Patch the scheduler under `site` (a site-packages folder). Keeps the original beside it for revert."""
+    path = target(site)
+    source = path.read_text()
+    if is_applied(source):
+        return "already applied"
+    patched = patch_source(source)
+    path.with_name(path.name + ".orig").write_text(source)
+    path.write_text(patched)
+    for cached in path.parent.glob("__pycache__/scheduler.*.pyc"):
+        cached.unlink()
+    return "applied"
+
+
+def revert(site: Path) -> str:
+    path = target(site)
+    original = path.with_name(path.name + ".orig")
+    if not original.exists():
+        return "not applied"
+    path.write_text(original.read_text())
+    original.unlink()
+    for cached in path.parent.glob("__pycache__/scheduler.*.pyc"):
+        cached.unlink()
+    return "reverted"
+
+
+def vllm_site() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise PatchError("vllm is not importable here")
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("apply", "revert", "check"):
+        print(f"usage: {Path(__file__).name} apply|revert|check [SITE_PACKAGES]", file=sys.stderr)
+        return 2
+    try:
+        site = Path(argv[1]) if len(argv) > 1 else vllm_site()
+        if argv[0] == "check":
+            patch_source(target(site).read_text())
+            print(f"{NAME}: applies to {target(site)}")
+        else:
+            print(f"{NAME}: {(apply if argv[0] == 'apply' else revert)(site)} ({target(site)})")
+    except (PatchError, OSError) as exc:
+        print(f"{NAME}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
