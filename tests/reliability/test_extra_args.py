@@ -1,5 +1,5 @@
 """spec.extraArgs against vLLM's own parser: every flag that changes what the plan decides (parallelism,
-block size, cache dtype, the offload pool, weight offload to CPU, the model config, host/port) is refused
+block size, cache dtype, the offload pool, weight offload to CPU, the model config, host/port, API servers) is refused
 however vLLM would accept it (underscores, `=`, dotted sub-keys, short aliases, abbreviations, a config
 file); what is left, parsed by vLLM, gives exactly the planned values. Reserved environment stays reserved."""
 from __future__ import annotations
@@ -38,6 +38,9 @@ HOSTILE = {
     "hf-config-path": ["--hf-config-path", "/tmp/other"],
     "port-underscore": ["--port=9999"],
     "host-underscore": ["--host", "127.0.0.1"],
+    "api-server-count-underscore": ["--api_server_count=8"],
+    "api-server-count-abbreviated": ["--api-server", "8"],
+    "api-server-count-short": ["-asc", "8"],
 }
 
 

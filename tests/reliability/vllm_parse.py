@@ -12,7 +12,7 @@ PLANNED = ("model_tag", "tensor_parallel_size", "pipeline_parallel_size", "data_
            "data_parallel_size_local", "decode_context_parallel_size", "prefill_context_parallel_size",
            "nnodes", "block_size", "kv_cache_dtype", "kv_offloading_size", "kv_offloading_backend",
            "cpu_offload_gb", "offload_backend", "hf_config_path", "host", "port", "revision",
-           "served_model_name", "model")
+           "served_model_name", "model", "api_server_count")
 
 
 def _plain(value):

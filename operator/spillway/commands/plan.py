@@ -13,7 +13,7 @@ from ..core.geometry import DEFAULT_BLOCK_SIZE
 from ..core.model_source import ModelSource
 from ..core.options import Attention, Connector, EvictionPolicy, Layout, choices
 from ..core.planner import NodeFacts, OffloadRequest, Plan, ServingRequest, plan
-from ..core.quantity import format_bytes, parse_bytes
+from ..core.quantity import format_bytes, parse_bytes, parse_cpu_millis
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", help="auto|bfloat16|float16|fp8")
     p.add_argument("--node-memory", help="node allocatable memory, e.g. 512Gi")
     p.add_argument("--gpus-per-node", type=int)
+    p.add_argument("--node-cpus", help="node allocatable CPU, e.g. 16 or 15500m (sets the API servers)")
     p.add_argument("--offload-size", default="auto", help="auto | fraction of the replica's share | quantity")
     p.add_argument("--offload-block-size", type=int, help="tokens per offloaded chunk (multiple of --block-size)")
     p.add_argument("--eviction-policy", default=EvictionPolicy.LRU.value, choices=choices(EvictionPolicy))
@@ -44,14 +45,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None = None) -> NodeFacts | None:
+def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None = None,
+                   cpus: str | None = None) -> NodeFacts | None:
     if memory is None and gpus is None:
+        if cpus is not None:
+            raise InvalidSpec("--node-cpus describes a node: give --node-memory and --gpus-per-node too")
         return None
     if memory is None or gpus is None:
         raise InvalidSpec("--node-memory and --gpus-per-node go together")
     if dma_gbps is not None and not (math.isfinite(dma_gbps) and dma_gbps > 0):
         raise InvalidSpec(f"--qualified-gbps must be a measured rate > 0 GB/s, got {dma_gbps:g}")
-    return NodeFacts(parse_bytes(memory, "--node-memory"), gpus, dma_gbps=dma_gbps)
+    cpu_millis = parse_cpu_millis(cpus, "--node-cpus") if cpus is not None else None
+    return NodeFacts(parse_bytes(memory, "--node-memory"), gpus, dma_gbps=dma_gbps, cpu_millis=cpu_millis)
 
 
 def request_from_args(args: argparse.Namespace) -> ServingRequest:
@@ -78,7 +83,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     fetch_hub = (lambda model, revision: fetch_config(model, revision or "main")) if args.allow_hub else None
     geometry = resolve_geometry(source, fetch_hub=fetch_hub)
     return plan(geometry, request_from_args(args), node_from_args(args.node_memory, args.gpus_per_node,
-                                                                  args.qualified_gbps))
+                                                                  args.qualified_gbps, args.node_cpus))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,7 +157,8 @@ def format_plan(p: Plan) -> str:
             ("block reload", f"{t.block_reload_us:.0f} us"),
             ("reload rate", f"{t.reload_tokens_per_s:,.0f} tokens/s"),
         ])
-    lines += ["vLLM", "  args  " + " ".join(_quote(a) for a in p.args)]
+    lines += ["vLLM", f"  API servers  {p.engine.api_servers}: {p.engine.why}",
+              "  args  " + " ".join(_quote(a) for a in p.args)]
     lines += [f"  env   {k}={v}" for k, v in p.env.items()] + [""]
     lines += [f"warning: {w}" for w in p.warnings]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -16,7 +16,7 @@ from ..core import k8s_names as names
 from ..core.errors import InvalidSpec, NoEligibleNodes, SpillwayError
 from ..core.planner import NodeFacts
 from ..core.qualification import qualification_table
-from ..core.quantity import format_bytes, parse_bytes
+from ..core.quantity import format_bytes, parse_bytes, parse_cpu_millis
 from .spec import ModelServerSpec
 
 # Taints the node lifecycle controller sets and lifts by itself: a node that is briefly NotReady
@@ -36,9 +36,11 @@ class NodeSummary:
     gpus: int
     dma_gbps: float | None
     dma_table: tuple[tuple[int, float], ...] = ()
+    cpu_millis: int | None = None
 
     def facts(self) -> NodeFacts:
-        return NodeFacts(self.allocatable_memory, self.gpus, self.name, self.dma_gbps, self.dma_table)
+        return NodeFacts(self.allocatable_memory, self.gpus, self.name, self.dma_gbps, self.dma_table,
+                         self.cpu_millis)
 
 
 def _gpu_count(status: Mapping[str, Any]) -> int:
@@ -50,6 +52,17 @@ def _gpu_count(status: Mapping[str, Any]) -> int:
             except InvalidSpec:
                 return 0
     return 0
+
+
+def _cpu_millis(status: Mapping[str, Any]) -> int | None:
+    """Allocatable CPU in millicores; None when absent or unreadable (the plan then keeps vLLM's defaults)."""
+    value = (status.get("allocatable") or {}).get("cpu")
+    if value is None:
+        return None
+    try:
+        return parse_cpu_millis(value, "node cpu")
+    except InvalidSpec:
+        return None
 
 
 def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
@@ -74,12 +87,13 @@ def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
     taints = tuple(t for t in ((node.get("spec") or {}).get("taints") or []) if isinstance(t, Mapping))
     table = qualification_table((meta.get("annotations") or {}).get(names.ANNOTATION_QUALIFICATION))
     return NodeSummary(str(meta.get("name", "node")), dict(meta.get("labels") or {}), taints,
-                       memory_bytes, gpus, dma_gbps, table)
+                       memory_bytes, gpus, dma_gbps, table, _cpu_millis(status))
 
 
-def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None) -> dict:
-    """A Node object with the given allocatable memory and GPUs (for `spillway render`)."""
-    allocatable = {"memory": memory, names.GPU_RESOURCE: str(gpus)}
+def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None,
+                   cpu: str | None = None) -> dict:
+    """A Node object with the given allocatable memory, GPUs and CPU, if given (for `spillway render`)."""
+    allocatable = {"memory": memory, names.GPU_RESOURCE: str(gpus), **({"cpu": cpu} if cpu is not None else {})}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(labels or {})},
             "status": {"capacity": dict(allocatable), "allocatable": allocatable}}
 
@@ -171,7 +185,7 @@ def eligible_nodes(nodes: Iterable[NodeSummary], spec: ModelServerSpec) -> list[
 
 def nodes_fingerprint(nodes: Iterable[NodeSummary]) -> str:
     """A short hash of the facts planning reads: it changes exactly when a re-plan could change."""
-    facts = sorted((n.name, n.allocatable_memory, n.gpus, n.dma_gbps, n.dma_table) for n in nodes)
+    facts = sorted((n.name, n.allocatable_memory, n.gpus, n.dma_gbps, n.dma_table, n.cpu_millis) for n in nodes)
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
 
 

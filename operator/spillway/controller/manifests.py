@@ -17,7 +17,7 @@ from ..adapters.model_config import ConfigMapReader, HubFetcher, resolve_geometr
 from ..core import k8s_names as names
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
-from ..core.planner import Plan, plan
+from ..core.planner import Plan, plan, with_engine
 from ..core.quantity import format_bytes, to_quantity
 from . import hardening
 from .facts import Eligibility, NodeSummary, describe, eligibility
@@ -54,6 +54,7 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
 
     A node the request does not fit on fails the whole plan (its error names that node's numbers); nodes
     are tried from the smallest memory per replica up, so the error names the node that limits the pool.
+    The API servers are the fewest any of the nodes' CPU allows, for the same reason.
     """
     request = spec.request
 
@@ -62,7 +63,11 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
 
     plans = [(plan(geometry, request, node.facts()), node) for node in sorted(eligible, key=lambda n: (per_replica(n),
                                                                                                           n.name))]
-    return min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
+    chosen, node = min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
+    fewest = min((p.engine for p, _ in plans), key=lambda e: e.api_servers)
+    if fewest.api_servers < chosen.engine.api_servers:
+        chosen = with_engine(chosen, fewest)
+    return chosen, node
 
 
 def check_name(body: Mapping[str, Any]) -> None:

@@ -199,7 +199,7 @@ def _extra_args(spec: Mapping[str, Any]) -> tuple[str, ...]:
             raise InvalidSpec(
                 f"spec.extraArgs sets {flag}, which changes what the operator plans or writes itself "
                 "(tensorParallelSize, blockSize, kvCacheDtype, offload, revision, servedModelName, apiKeySecretRef; "
-                f"no parallelism, weight offload or {api.FLAG_CONFIG} file either)"
+                f"API servers follow the node's CPU; no parallelism, weight offload or {api.FLAG_CONFIG} file either)"
             )
     return tuple(args)
 

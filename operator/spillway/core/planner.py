@@ -45,6 +45,14 @@ DEFAULT_MAX_MODEL_LEN = 131072  # the request length tokens_held assumes when th
 SMALL_BLOCK_WARNING = 1 * MiB  # below this DMA runs well under the link's speed
 SLOW_LINK_GBPS = 10.0  # a qualified rate under this rarely beats recomputing the prefill
 ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the share
+# API servers (vLLM --api-server-count) tokenize prompts and serve HTTP beside the one engine core. At a 100%
+# CPU hit rate the engine waits on them: bench/results/h200-2026-12-01-r3/README.md (H200, 16 cores, vLLM 0.26,
+# Llama-3.1-8B, 64 GiB pool, 800 x 512-token prompts) measured 183.6K prompt tok/s with 2 API servers
+# (182.5-189.2K) and 215.4K with 4 (208.9-222.2K), against 153.1K with one (bench/results/h200-2026-12-01);
+# each API server kept ~0.45 of a core busy, and 0% hits were unchanged (43.9K with 4 vs 42.3-43.8K with 1).
+# So one API server per 4 cores of a replica's share, up to the 4 measured best on 16 cores.
+CORES_PER_API_SERVER = 4
+MAX_API_SERVERS = 4
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class NodeFacts:
     name: str = "described-node"
     dma_gbps: float | None = None  # qualified CPU->GPU copy rate at 2 MiB blocks (the node annotation), if known
     dma_table: tuple[tuple[int, float], ...] = ()  # (block bytes, CPU->GPU GB/s) from the full qualification
+    cpu_millis: int | None = None  # allocatable CPU in millicores, if known
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,15 @@ class TransferPlan:
 
 
 @dataclass(frozen=True)
+class EnginePlan:
+    api_servers: int  # vLLM --api-server-count; 1 is vLLM's default and writes no flag
+    why: str
+
+
+NO_NODE_ENGINE = EnginePlan(1, "no node described: vLLM's one API server")
+
+
+@dataclass(frozen=True)
 class Plan:
     layout: KVLayout
     node: NodePlan | None
@@ -133,6 +151,7 @@ class Plan:
     warnings: list[str]
     transfer: TransferPlan | None = None
     groups: KVGroups | None = None
+    engine: EnginePlan = NO_NODE_ENGINE
 
     def to_dict(self) -> dict[str, Any]:
         layout = self.layout
@@ -160,7 +179,7 @@ class Plan:
                 "host_copies": self.groups.copies,
                 "groups": [{**asdict(g), "window_chunks": self.groups.window_chunks(g)} for g in self.groups.groups],
             }
-        for name in ("node", "pool", "pod", "transfer"):
+        for name in ("node", "pool", "pod", "transfer", "engine"):
             part = getattr(self, name)
             if part is not None:
                 out[name] = asdict(part)
@@ -374,8 +393,11 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     layout = kv_layout(geometry, request.tensor_parallel_size, request.block_size, request.kv_cache_dtype)
     groups = model_groups(geometry, request)
     node_plan = pool = pod = None
+    engine = NO_NODE_ENGINE
     if node is not None:
         node_plan = _node_plan(node, request)
+        # With or without offload: the no-offload baseline runs the same engine.
+        engine = api_servers(node.cpu_millis, node_plan.replicas_per_node, node.name)
         shape = _pool_shape(geometry, groups, request)
         node_plan = replace(node_plan, max_pool_bytes=shape.largest(node_plan.share_bytes - node_plan.fixed_bytes)
                             * shape.chunk_bytes)
@@ -389,9 +411,35 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     args = engine_args(layout, request.offload, pool)
     if pool is not None and any(g.kind == MAMBA for g in groups.groups):
         args.append(api.FLAG_ENABLE_PREFIX_CACHING)  # vLLM: "Hybrid models (e.g. Mamba+Attention) need it"
+    args += api_server_args(engine)
     transfer = _transfer_plan(layout, request, node) if pool is not None else None
     warnings = _warnings(layout, node_plan, node, pool, request, transfer)
-    return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups)
+    return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine)
+
+
+def api_servers(cpu_millis: int | None, replicas_per_node: int, node_name: str = "the node") -> EnginePlan:
+    """How many API servers one replica runs on its share of the node's CPU (CORES_PER_API_SERVER)."""
+    if cpu_millis is None:
+        return EnginePlan(1, f"allocatable CPU of {node_name} unknown: vLLM's one API server")
+    # Nearest whole core: the kubelet holds back a fraction of a core, so a 16-core node reports 15.5-15.9.
+    cores = (cpu_millis // replicas_per_node + 500) // 1000
+    count = min(max(cores // CORES_PER_API_SERVER, 1), MAX_API_SERVERS)
+    return EnginePlan(count, f"{cores} CPU cores per replica ({cpu_millis / 1000:g} allocatable on {node_name} / "
+                             f"{replicas_per_node} per node): one API server per {CORES_PER_API_SERVER} cores, "
+                             f"at most {MAX_API_SERVERS}")
+
+
+def api_server_args(engine: EnginePlan) -> list[str]:
+    return [api.FLAG_API_SERVER_COUNT, str(engine.api_servers)] if engine.api_servers > 1 else []
+
+
+def with_engine(p: Plan, engine: EnginePlan) -> Plan:
+    """`p` running `engine`'s API servers (the operator takes the fewest any eligible node allows)."""
+    args = list(p.args)
+    if api.FLAG_API_SERVER_COUNT in args:
+        at = args.index(api.FLAG_API_SERVER_COUNT)
+        del args[at:at + 2]
+    return replace(p, args=args + api_server_args(engine), engine=engine)
 
 
 def engine_env(request: ServingRequest) -> dict[str, str]:

@@ -41,6 +41,26 @@ def parse_bytes(text: str | int, what: str = "quantity") -> int:
     return int(value)
 
 
+_CPU = re.compile(r"^([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(m)?$")
+MAX_CPU_MILLIS = 2**63 - 1
+
+
+def parse_cpu_millis(text: str | int, what: str = "cpu") -> int:
+    """Parse a CPU quantity (`16`, `15500m`, `0.5`) into millicores; raise InvalidSpec naming `what`."""
+    match = None if isinstance(text, bool) else _CPU.match(str(text).strip())
+    if not match:
+        raise InvalidSpec(f"{what}: expected a CPU quantity like 16 or 15500m, got {text!r}")
+    try:
+        millis = Decimal(match.group(1)) * (1 if match.group(2) else 1000)
+        # Kubernetes keeps CPU to the millicore and rounds a finer figure up.
+        value = math.ceil(millis)
+    except ArithmeticError as exc:
+        raise InvalidSpec(f"{what}: {str(text)[:40]!r} is not a CPU count") from exc
+    if not 0 < value <= MAX_CPU_MILLIS:
+        raise InvalidSpec(f"{what}: must be more than 0 and at most int64 millicores, got {str(text)[:40]!r}")
+    return value
+
+
 def format_bytes(n: int) -> str:
     """Human figure with binary units: 2.00 MiB, 61.3 GiB."""
     for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):

@@ -44,10 +44,12 @@ FLAG_NUM_GPU_BLOCKS_OVERRIDE = "--num-gpu-blocks-override"
 FLAG_MAX_MODEL_LEN = "--max-model-len"
 FLAG_API_KEY = "--api-key"
 FLAG_CONFIG = "--config"  # a YAML file of flags, read inside the pod: refused in extraArgs
+FLAG_API_SERVER_COUNT = "--api-server-count"  # processes that tokenize, detokenize and serve HTTP
+FLAG_API_SERVER_COUNT_SHORT = "-asc"  # vllm/entrypoints/common/cli_args.py (0.33)
 
 # Flags that change what the plan decides (GPUs per replica, KV bytes per block, the CPU pool, weights
-# kept in CPU memory, the model config, where the server listens) or that would put a secret into the pod's
-# args. extraArgs may not set them in any spelling vLLM's FlexibleArgumentParser accepts: `_` for `-`,
+# kept in CPU memory, API servers per replica, the model config, where the server listens) or that would put
+# a secret into the pod's args. extraArgs may not set them in any spelling vLLM's FlexibleArgumentParser accepts: `_` for `-`,
 # `--flag=value`, dotted sub-keys `--flag.key value`, unique prefixes (argparse allow_abbrev), short
 # aliases. Names from vllm/engine/arg_utils.py and vllm/entrypoints/openai/cli_args.py (vLLM 0.33).
 PLAN_FLAGS = (
@@ -57,10 +59,11 @@ PLAN_FLAGS = (
     FLAG_KV_OFFLOADING_SIZE, FLAG_KV_TRANSFER_CONFIG, "--cpu-offload-gb", "--cpu-offload-params",
     "--offload-backend", "--offload-group-size", "--offload-num-in-group", "--offload-prefetch-step",
     "--offload-params", "--hf-config-path", "--model", FLAG_PORT, FLAG_HOST, FLAG_REVISION,
-    FLAG_SERVED_MODEL_NAME, FLAG_API_KEY, FLAG_CONFIG, "--uds",
+    FLAG_SERVED_MODEL_NAME, FLAG_API_KEY, FLAG_CONFIG, "--uds", FLAG_API_SERVER_COUNT,
 )
 # Their single-dash aliases (-tp, -pp, -dp, ...) and the ones of flags that share a prefix with them.
-PLAN_SHORT_FLAGS = (FLAG_TENSOR_PARALLEL_SIZE_SHORT, "-pp", "-dp", "-dpl", "-dcp", "-pcp", "-n", "-r")
+PLAN_SHORT_FLAGS = (FLAG_TENSOR_PARALLEL_SIZE_SHORT, "-pp", "-dp", "-dpl", "-dcp", "-pcp", "-n", "-r",
+                    FLAG_API_SERVER_COUNT_SHORT)
 FLAG_MAX_NUM_SEQS = "--max-num-seqs"
 FLAG_MAX_NUM_BATCHED_TOKENS = "--max-num-batched-tokens"
 FLAG_ENFORCE_EAGER = "--enforce-eager"
