@@ -158,6 +158,16 @@ def test_served_by_the_entrypoint_as_the_images_user_on_a_read_only_root(server)
     assert serving and all(line.split()[0] in ("65532", "spillway") for line in serving), top
 
 
+def test_the_images_vllm_carries_the_scheduler_patch(server):
+    """The reload below goes through the patched reservation: the image applied it at build time."""
+    source = server.container.exec(
+        "python3", "-c", "import inspect, vllm.v1.core.sched.scheduler as s; "
+        "print(inspect.getsource(s.Scheduler._inflight_prefill_reserved_blocks))")
+    assert source.returncode == 0, source.stderr[-2000:]
+    assert "Spillway patch: inflight_reservation" in source.stdout
+    assert "_spillway_reservation_memo" in source.stdout
+
+
 def transfers(text: str, direction: str) -> float:
     return total(text, names.TRANSFER_THROUGHPUT + "_count", direction=direction)
 

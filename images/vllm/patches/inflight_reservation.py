@@ -13,7 +13,8 @@ that is running (the set's other members) is still recomputed every time. The su
 tests/images/test_vllm_patches.py checks it against the original on a real engine.
 
 When it can go. When upstream keeps the reservation incrementally: `apply` refuses to touch a scheduler whose
-function no longer reads as below, so a vLLM that changed it builds without this patch and says so.
+function no longer reads as below (exit 1, one line), so the image build of a vLLM that changed it fails and
+someone decides whether the patch is still needed.
 
 Applied at image build time (images/vllm/Dockerfile) and by bench/gpu/serve_bench.py for an engine that asks
 for it; never at run time. `python3 inflight_reservation.py apply|revert|check [SITE_PACKAGES]`.
