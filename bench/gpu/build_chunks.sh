@@ -2,7 +2,7 @@
 # Builds what the GPU machine lacks, in pieces that fit one device transfer (64 MiB each, with the tree):
 #   OUTDIR/a.tar.xz     vLLM 0.26.0's main extension (53 MiB)
 #   OUTDIR/b.tar.xz     the rest of a Hopper-only slim vLLM 0.26.0 + the 27 cp312 wheels it needs (25 MiB)
-#   WHL/*.whl           the OpenAI server's wheels (uvicorn, ...; 0.7 MiB)
+#   WHL/*.whl           the OpenAI server's wheels (uvicorn, ...) and py-spy (3.4 MiB)
 #   OUTDIR/a33.part0/1  vLLM 0.33.0's main extension, stripped, split in two (for bench/gpu/vllm033_load.py)
 # Usage (repository root; keep both folders git-ignored):
 #   echo /.gpu/ >> .git/info/exclude; echo /.whl/ >> .git/info/exclude; bash bench/gpu/build_chunks.sh .gpu/chunks .whl
@@ -21,7 +21,7 @@ PKGS="pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspe
  apache-tvm-ffi==0.1.15.post2 fastapi==0.136.3 starlette==1.10.0 partial-json-parser==0.2.1.1.post7 depyf==0.20.0
  astor==0.8.1 dill==0.4.1 setproctitle==1.3.8"
 SERVER="uvicorn==0.54.0 watchfiles==1.3.0 jmespath==1.1.0 model-hosting-container-standards==0.1.16
- prometheus-fastapi-instrumentator==8.1.0 python-multipart==0.0.34"
+ prometheus-fastapi-instrumentator==8.1.0 python-multipart==0.0.34 py-spy==0.4.1"  # py-spy: engine profiles
 mkdir -p whl312
 python3 -m pip download -q --no-deps $PIP_PLATFORM -d whl312 $PKGS
 python3 -m pip download -q --no-deps $PIP_PLATFORM -d "$WHL" $SERVER
