@@ -30,6 +30,13 @@ def test_summary_reads_allocatable_memory_gpus_and_qualified_dma():
     assert summarize_node(gpu_node("bad", dma="fast")).dma_gbps is None
 
 
+@pytest.mark.parametrize("cpu, millis", [("16", 16_000), ("15500m", 15_500), ("0.5", 500), (None, None),
+                                         ("lots", None), ("-4", None), ("0", None), ("16Gi", None)])
+def test_summary_reads_allocatable_cpu_and_a_bad_one_is_unknown(cpu, millis):
+    node = summarize_node(gpu_node("a", cpu=cpu))
+    assert node is not None and node.cpu_millis == millis == node.facts().cpu_millis
+
+
 def test_node_selector_taints_and_affinity_decide_eligibility():
     nodes = summaries(
         gpu_node("a100", labels={"pool": "a100"}),
@@ -85,8 +92,10 @@ def test_fingerprint_follows_planning_facts_only():
     a = summaries(gpu_node("a", labels={"x": "1"}), gpu_node("b"))
     relabeled = summaries(gpu_node("b"), gpu_node("a", labels={"x": "2"}))
     resized = summaries(gpu_node("a", memory="1Ti"), gpu_node("b"))
+    more_cpu = summaries(gpu_node("a", labels={"x": "1"}, cpu="64"), gpu_node("b"))
     assert nodes_fingerprint(a) == nodes_fingerprint(relabeled)
     assert nodes_fingerprint(a) != nodes_fingerprint(resized)
+    assert nodes_fingerprint(a) != nodes_fingerprint(more_cpu)
     assert nodes_fingerprint(a) != nodes_fingerprint(a[:1])
 
 

@@ -81,6 +81,26 @@ def test_plans_for_the_smallest_eligible_node():
     assert "smallest of 3 eligible nodes" in result.summary()
 
 
+def _args(result):
+    return by_kind(result)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_api_servers_follow_the_nodes_cpu_and_the_fewest_eligible_node():
+    # 8 GPUs, 8 replicas per node: 16 cores each is the measured best of 4 API servers.
+    result = desired(modelserver(), nodes(gpu_node("g", "2Ti", 8, cpu="127500m")))
+    args = _args(result)
+    assert args[args.index(api.FLAG_API_SERVER_COUNT) + 1] == "4" and result.plan.engine.api_servers == 4
+    assert api.FLAG_API_SERVER_COUNT not in _args(desired(modelserver(), nodes(gpu_node("g", cpu="lots"))))
+    # The pod may land on any eligible node: the one with 8 cores per replica sets 2, though its memory is larger.
+    mixed = desired(modelserver(), nodes(gpu_node("small", "1Ti", 8, cpu="128"), gpu_node("big", "2Ti", 8, cpu="64")))
+    args = _args(mixed)
+    assert mixed.node.name == "small"
+    assert args[args.index(api.FLAG_API_SERVER_COUNT) + 1] == "2" and args.count(api.FLAG_API_SERVER_COUNT) == 1
+    assert "big" in mixed.plan.engine.why
+    assert api.FLAG_API_SERVER_COUNT not in _args(desired(modelserver(), nodes(gpu_node("a", cpu="128"),
+                                                                               gpu_node("b"))))
+
+
 def test_explicit_size_must_fit_every_eligible_node():
     pool = nodes(gpu_node("big", "2Ti", 8), gpu_node("small", "512Gi", 8))
     assert desired(modelserver(offload={"size": "20Gi"}), pool).plan.pool.bytes <= 20 * 2**30

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from spillway.adapters.model_config import catalog_config
+from spillway.core import vllm_api as api
 from spillway.core.options import Connector, EvictionPolicy, Layout, choices
 
 
@@ -54,6 +55,11 @@ def test_text_output_is_a_table():
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "512Gi", "--gpus-per-node", "0"], "0 GPUs"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "lots", "--gpus-per-node", "8"],
      "--node-memory"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "1Ti", "--gpus-per-node", "8",
+      "--node-cpus", "many"], "--node-cpus: expected a CPU quantity"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "1Ti", "--gpus-per-node", "8",
+      "--node-cpus", "0"], "--node-cpus: must be more than 0"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-cpus", "16"], "give --node-memory"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message):
     out = spillway("plan", *args)
@@ -61,6 +67,18 @@ def test_bad_input_exits_2_with_one_line(args, message):
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
+
+
+def test_node_cpus_set_the_api_servers():
+    base = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "1Ti", "--gpus-per-node", "1"]
+    planned = json.loads(spillway(*base, "--node-cpus", "15900m", "-o", "json").stdout)
+    assert planned["engine"]["api_servers"] == 4
+    assert planned["vllm"]["args"][-2:] == [api.FLAG_API_SERVER_COUNT, "4"]
+    text = spillway(*base, "--node-cpus", "8", "--no-offload")
+    assert text.returncode == 0, text.stderr
+    assert "API servers  2: 8 CPU cores per replica" in text.stdout and f"{api.FLAG_API_SERVER_COUNT} 2" in text.stdout
+    unknown = json.loads(spillway(*base, "-o", "json").stdout)
+    assert unknown["engine"]["api_servers"] == 1 and api.FLAG_API_SERVER_COUNT not in unknown["vllm"]["args"]
 
 
 def test_malformed_json_exits_2(tmp_path):

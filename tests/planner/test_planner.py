@@ -234,3 +234,41 @@ def test_engine_env_follows_the_vllm_version():
     assert old.env == {api.ENV_USE_V2_MODEL_RUNNER: "0"}
     with pytest.raises(InvalidSpec, match="supports vLLM 0.26, 0.32, 0.33"):
         plan(LLAMA_8B, ServingRequest(vllm_version="0.29.1"), H100_NODE)
+
+
+def api_servers_on(cpu, replicas_per_node=1, offload=True):
+    node = NodeFacts(2 * 2**40, 8, "h200", cpu_millis=cpu)
+    return plan(LLAMA_8B, ServingRequest(replicas_per_node=replicas_per_node,
+                                         offload=OffloadRequest(enabled=offload)), node)
+
+
+def _flag(result):
+    args = result.args
+    return args[args.index(api.FLAG_API_SERVER_COUNT) + 1] if api.FLAG_API_SERVER_COUNT in args else None
+
+
+@pytest.mark.parametrize("cpu, replicas, servers", [
+    (16_000, 1, 4),  # the measured best (bench/results/h200-2026-12-01-r3)
+    (15_500, 1, 4),  # a 16-core node less the kubelet's reserve
+    (64_000, 1, 4),  # never more than measured
+    (8_000, 1, 2),
+    (4_000, 1, 1),
+    (3_000, 1, 1),
+    (128_000, 8, 4),  # 16 cores each
+    (64_000, 8, 2),  # 8 cores each
+    (16_000, 4, 1),  # 4 cores each
+    (None, 1, 1),  # unknown CPU: vLLM's default
+])
+def test_api_servers_follow_the_cores_of_a_replicas_share(cpu, replicas, servers):
+    result = api_servers_on(cpu, replicas)
+    assert result.engine.api_servers == servers
+    assert _flag(result) == (str(servers) if servers > 1 else None)
+    assert result.to_dict()["engine"] == {"api_servers": servers, "why": result.engine.why}
+
+
+def test_api_servers_are_planned_without_offload_too_and_say_why():
+    result = api_servers_on(16_000, offload=False)
+    assert result.pool is None and _flag(result) == "4"
+    assert "16 CPU cores per replica" in result.engine.why and "h200" in result.engine.why
+    assert "unknown" in api_servers_on(None).engine.why
+    assert plan(LLAMA_8B).to_dict()["engine"]["api_servers"] == 1

@@ -18,8 +18,8 @@ def modelserver(name: str = "llama", namespace: str = "default", **spec: Any) ->
 
 
 def gpu_node(name: str, memory: str = "2Ti", gpus: int = 8, labels: dict | None = None,
-             taints: list | None = None, dma: str | None = None) -> dict[str, Any]:
-    node = synthetic_node(memory, gpus, name=name, labels=labels)
+             taints: list | None = None, dma: str | None = None, cpu: str | None = None) -> dict[str, Any]:
+    node = synthetic_node(memory, gpus, name=name, labels=labels, cpu=cpu)
     if taints:
         node["spec"] = {"taints": taints}
     if dma is not None:
