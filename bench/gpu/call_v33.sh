@@ -145,6 +145,7 @@ if mode == "connector":
     out["plan_command"] = planned["command"]
     args = [*planned["plan"]["vllm"]["args"], *args]
     env = dict(planned["plan"]["vllm"]["env"])
+    env.setdefault(api.ENV_KV_CACHE_LAYOUT, api.CONTIGUOUS_LAYOUT)  # the plan sets it from 0.32 on; the try needs it
 out.update(args=args, env=env)
 server = sb.Server(model_dir, args, {**os.environ, **env}, port, Path(os.environ["WORK"]) / f"server-{mode}.log")
 out["command"] = server.cmd[1:]
