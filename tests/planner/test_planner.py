@@ -10,7 +10,15 @@ from spillway.adapters.model_config import catalog_ids, resolve_geometry
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes, PoolDoesNotFit, SpillwayError
 from spillway.core.geometry import ModelGeometry, geometry_from_config
-from spillway.core.planner import SHM_EXTRA_BYTES, NodeFacts, OffloadRequest, ServingRequest, plan, process_reserve
+from spillway.core.planner import (
+    SHM_EXTRA_BYTES,
+    NodeFacts,
+    OffloadRequest,
+    ServingRequest,
+    is_multimodal,
+    plan,
+    process_reserve,
+)
 
 GiB = 2**30
 LLAMA_8B = resolve_geometry("meta-llama/Llama-3.1-8B-Instruct")
@@ -272,3 +280,22 @@ def test_api_servers_are_planned_without_offload_too_and_say_why():
     assert "16 CPU cores per replica" in result.engine.why and "h200" in result.engine.why
     assert "unknown" in api_servers_on(None).engine.why
     assert plan(LLAMA_8B).to_dict()["engine"]["api_servers"] == 1
+
+
+def test_each_extra_api_server_is_reserved_in_the_pods_memory():
+    one, four = api_servers_on(None), api_servers_on(16_000)
+    extra = four.pod.process_reserve_bytes - one.pod.process_reserve_bytes
+    assert extra == 3 * 2**30  # three processes beyond vLLM's first, 1 GiB each
+    assert four.pod.memory_limit_bytes >= four.pool.footprint_bytes + SHM_EXTRA_BYTES + process_reserve(1, 4)
+    assert four.pod.memory_limit_bytes <= four.node.share_bytes  # the pool made room for them
+    assert four.pool.bytes < one.pool.bytes
+
+
+def test_a_multimodal_model_reserves_its_processor_cache_in_every_extra_api_server():
+    gemma = resolve_geometry("google/gemma-3-27b-it")
+    assert gemma.architecture == "Gemma3ForConditionalGeneration"
+    assert not is_multimodal(LLAMA_8B)
+    node = lambda cpu: NodeFacts(2 * 2**40, 8, "h200", cpu_millis=cpu)
+    one, four = (plan(gemma, ServingRequest(replicas_per_node=1), node(cpu)) for cpu in (None, 16_000))
+    assert four.engine.api_servers == 4
+    assert four.pod.process_reserve_bytes - one.pod.process_reserve_bytes == 3 * (1 + 4) * 2**30

@@ -39,6 +39,15 @@ from .rates import interpolate_log2
 SHM_EXTRA_BYTES = 1 * GiB
 PROCESS_RESERVE_BASE = 8 * GiB
 PROCESS_RESERVE_PER_RANK = 6 * GiB
+# Each API server beyond vLLM's first is another process: 0.6 GiB RSS measured for one
+# (bench/results/cpu-api-server-2026-12-01), reserved at 1 GiB; a model with a vision or audio tower also gets
+# its own multimodal processor cache in each (mm_processor_cache_gb, 4 GiB by default: vllm/config/multimodal.py).
+PROCESS_RESERVE_PER_EXTRA_API_SERVER = 1 * GiB
+MM_PROCESSOR_CACHE_BYTES = 4 * GiB
+MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config")
+# Hugging Face's class name for a language model with a vision or audio tower (Gemma 3, Llama 4, Qwen-VL, ...),
+# whose config the geometry keeps only the language model's part of (groups.text_config).
+MULTIMODAL_ARCHITECTURE_SUFFIX = "ForConditionalGeneration"
 NODE_RESERVE_MIN = 4 * GiB
 NODE_RESERVE_FRACTION = 0.05
 DEFAULT_MAX_MODEL_LEN = 131072  # the request length tokens_held assumes when the config names none
@@ -48,9 +57,10 @@ ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the s
 # API servers (vLLM --api-server-count) tokenize prompts and serve HTTP beside the one engine core. At a 100%
 # CPU hit rate the engine waits on them: bench/results/h200-2026-12-01-r3/README.md (H200, 16 cores, vLLM 0.26,
 # Llama-3.1-8B, 64 GiB pool, 800 x 512-token prompts) measured 183.6K prompt tok/s with 2 API servers
-# (182.5-189.2K) and 215.4K with 4 (208.9-222.2K), against 153.1K with one (bench/results/h200-2026-12-01);
-# each API server kept ~0.45 of a core busy, and 0% hits were unchanged (43.9K with 4 vs 42.3-43.8K with 1).
-# So one API server per 4 cores of a replica's share, up to the 4 measured best on 16 cores.
+# (182.5-189.2K) and 215.4K with 4 (208.9-222.2K), both with the image's scheduler patch; unpatched, 162.6K with 4
+# against 153.1K with one (bench/results/h200-2026-12-01). 0% hits were unchanged (43.9K with 4 vs 42.3-43.8K with
+# 1). So one API server per 4 cores of a replica's share (each also needs the engine core and workers beside it),
+# up to the 4 measured best on 16 cores.
 CORES_PER_API_SERVER = 4
 MAX_API_SERVERS = 4
 
@@ -189,8 +199,15 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-def process_reserve(tensor_parallel_size: int) -> int:
-    return PROCESS_RESERVE_BASE + PROCESS_RESERVE_PER_RANK * tensor_parallel_size
+def process_reserve(tensor_parallel_size: int, api_servers: int = 1, multimodal: bool = False) -> int:
+    per_api_server = PROCESS_RESERVE_PER_EXTRA_API_SERVER + (MM_PROCESSOR_CACHE_BYTES if multimodal else 0)
+    return (PROCESS_RESERVE_BASE + PROCESS_RESERVE_PER_RANK * tensor_parallel_size
+            + per_api_server * (api_servers - 1))
+
+
+def is_multimodal(geometry: ModelGeometry) -> bool:
+    return (geometry.architecture.endswith(MULTIMODAL_ARCHITECTURE_SUFFIX)
+            or any(key in (geometry.config or {}) for key in MULTIMODAL_CONFIG_KEYS))
 
 
 def node_reserve(allocatable: int) -> int:
@@ -217,7 +234,7 @@ def _parse_size(size: str) -> tuple[str, float | int | None]:
     return "bytes", parse_bytes(text, "offload size")
 
 
-def _node_plan(node: NodeFacts, request: ServingRequest) -> NodePlan:
+def _node_plan(node: NodeFacts, request: ServingRequest, multimodal: bool) -> tuple[NodePlan, EnginePlan]:
     tp = request.tensor_parallel_size
     if node.gpus < 1:
         raise NoEligibleNodes(f"node {node.name} has {node.gpus} GPUs; a replica needs {tp}")
@@ -233,14 +250,16 @@ def _node_plan(node: NodeFacts, request: ServingRequest) -> NodePlan:
         )
     reserve = node_reserve(node.allocatable_memory)
     share = (node.allocatable_memory - reserve) // replicas
-    fixed = process_reserve(tp) + SHM_EXTRA_BYTES + ROUNDING_SLACK
+    # With or without offload: the no-offload baseline runs the same engine.
+    engine = api_servers(node.cpu_millis, replicas, node.name)
+    fixed = process_reserve(tp, engine.api_servers, multimodal) + SHM_EXTRA_BYTES + ROUNDING_SLACK
     if share < fixed:
         raise PoolDoesNotFit(
             f"node {node.name}: one replica's share is {format_bytes(share)} "
             f"({format_bytes(node.allocatable_memory)} allocatable - {format_bytes(reserve)} node reserve, "
             f"/ {replicas} replicas) but the vLLM process alone needs {format_bytes(fixed)}"
         )
-    return NodePlan(node.name, node.allocatable_memory, reserve, replicas, share, fixed, 0)
+    return NodePlan(node.name, node.allocatable_memory, reserve, replicas, share, fixed, 0), engine
 
 
 def model_groups(geometry: ModelGeometry, request: ServingRequest) -> KVGroups:
@@ -395,16 +414,14 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     node_plan = pool = pod = None
     engine = NO_NODE_ENGINE
     if node is not None:
-        node_plan = _node_plan(node, request)
-        # With or without offload: the no-offload baseline runs the same engine.
-        engine = api_servers(node.cpu_millis, node_plan.replicas_per_node, node.name)
+        node_plan, engine = _node_plan(node, request, is_multimodal(geometry))
         shape = _pool_shape(geometry, groups, request)
         node_plan = replace(node_plan, max_pool_bytes=shape.largest(node_plan.share_bytes - node_plan.fixed_bytes)
                             * shape.chunk_bytes)
         if request.offload.enabled:
             pool = _pool_plan(shape, node_plan, request.offload)
         shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
-        reserve = process_reserve(request.tensor_parallel_size)
+        reserve = process_reserve(request.tensor_parallel_size, engine.api_servers, is_multimodal(geometry))
         limit = _round_up((pool.footprint_bytes if pool else 0) + SHM_EXTRA_BYTES + reserve, MiB)
         pod = PodPlan(limit, limit, shm, reserve, request.tensor_parallel_size)
     env = engine_env(request)
