@@ -532,7 +532,8 @@ def engine_log_facts(path: Path) -> dict:
 async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -> dict:
     result: dict[str, Any] = {"name": spec["name"]}
     RETRIES[0] = 0
-    planned = spillway_plan(common["model"], common["node_memory"], spec.get("plan_flags", []))
+    cpus = ["--node-cpus", str(os.cpu_count())] if common.get("plan_node_cpus") else []  # the plan's API servers
+    planned = spillway_plan(common["model"], common["node_memory"], [*cpus, *spec.get("plan_flags", [])])
     plan = planned["plan"]
     result["plan_command"] = planned["command"]
     args = [*plan["vllm"]["args"], *BENCH_FLAGS, *knob_flags({**common, **spec}), *spec.get("extra_args", [])]
