@@ -151,7 +151,12 @@ server = sb.Server(model_dir, args, {**os.environ, **env}, port, Path(os.environ
 out["command"] = server.cmd[1:]
 
 
-def on_term(*_):  # timeout(1) sends TERM first: stop the server in `finally`
+def on_term(*_):  # timeout(1) sends TERM, then KILL 10 s later: no time for the server's graceful stop
+    if server.proc is not None:
+        try:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     raise KeyboardInterrupt
 
 
@@ -164,7 +169,7 @@ async def main() -> None:
         server.start()
         Path(os.environ["WORK"], f"{mode}.pgid").write_text(str(server.proc.pid))
         try:
-            out["startup_s"] = round(await server.wait_ready(session, min(180.0, t_end - time.time() - 30)), 1)
+            out["startup_s"] = round(await server.wait_ready(session, max(10.0, min(180.0, t_end - time.time() - 30))), 1)
             print(f"ready after {out['startup_s']} s", flush=True)
             prompt = list(range(1000, 1000 + 2048))
             m0 = await sb.scrape(session, server.url)
@@ -191,7 +196,10 @@ async def main() -> None:
             out["engine_log"] = sb.engine_log_facts(server.log_path)
 
 
-asyncio.run(main())
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:  # the step's timeout: say how far it got
+    out.setdefault("error", f"step timeout after {budget + 15:.0f} s")
 print("V33JSON " + json.dumps(out))
 if "error" in out:
     print(out["error"])
