@@ -78,6 +78,7 @@ EOF
 
 # -- stage: keep what this call carried in /tmp, unpack once all three pieces are there ---------------------
 for f in a33.part0 a33.part1 b33.tar.xz; do [ -f .gpu/chunks/$f ] && cp .gpu/chunks/$f $IN/; done
+[ -f /tmp/a33.part0 ] && [ ! -f $IN/a33.part0 ] && cp /tmp/a33.part0 $IN/  # where call_b.sh keeps it
 if [ ! -f $SITE/.complete ]; then
   missing=$(for f in a33.part0 a33.part1 b33.tar.xz; do [ -f $IN/$f ] || echo -n "$f "; done)
   if [ -n "$missing" ]; then
