@@ -34,8 +34,8 @@ DEMO_VENV := $(VENV)/demo
 DEMO_STAMP := $(DEMO_VENV)/.setup-stamp
 RUNTIME_LOCK := images/operator/requirements.txt
 DEMO_SPILLWAY := PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/connector $(DEMO_VENV)/bin/python -m spillway.cli
-DEMO_PLAN := plan --model meta-llama/Llama-3.1-8B-Instruct --node-memory 2Ti --gpus-per-node 8 --offload-size auto
-DEMO_RENDER := render -f docs/examples/modelserver.yaml --node-memory 2Ti --gpus-per-node 8
+DEMO_PLAN := plan --model meta-llama/Llama-3.1-8B-Instruct --node-memory 2Ti --gpus-per-node 8 --node-cpus 128 --offload-size auto
+DEMO_RENDER := render -f docs/examples/modelserver.yaml --node-memory 2Ti --gpus-per-node 8 --node-cpus 128
 
 $(DEMO_STAMP): $(RUNTIME_LOCK)
 	test -x $(DEMO_VENV)/bin/python || $(PYTHON) -m venv $(DEMO_VENV)

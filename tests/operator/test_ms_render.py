@@ -31,6 +31,19 @@ def test_renders_the_example_like_the_operator():
     assert done.stdout.startswith(f"# {names.KIND} default/llama-8b: offload pool")
 
 
+def test_described_node_cpus_set_the_api_servers_like_a_node_with_that_cpu():
+    done = spillway("-f", str(EXAMPLE), "--node-memory", "2Ti", "--gpus-per-node", "8", "--node-cpus", "128")
+    assert done.returncode == 0, done.stderr
+    deployment = next(yaml.safe_load_all(done.stdout))
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--api-server-count") + 1] == "4"  # 16 cores per replica of 8
+    body = yaml.safe_load(EXAMPLE.read_text())
+    node = summarize_node(synthetic_node("2Ti", 8, labels=body["spec"]["nodeSelector"], cpu="128"))
+    assert deployment == json.loads(json.dumps(desired(body, [node]).objects[0]))
+    bad = spillway("-f", str(EXAMPLE), "--node-memory", "2Ti", "--gpus-per-node", "8", "--node-cpus", "lots")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--node-cpus" in bad.stderr
+
+
 def test_nodes_file_json_output_and_pod_monitor(tmp_path):
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [

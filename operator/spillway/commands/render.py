@@ -18,6 +18,7 @@ from ..controller.manifests import Desired, check_name, desired_for
 from ..controller.spec import ModelServerSpec, parse_spec
 from ..core import k8s_names as names
 from ..core.errors import InvalidSpec
+from ..core.quantity import parse_cpu_millis
 
 MAX_INPUT_BYTES = 16 * 2**20  # ModelServer, Node and config.json files: far more than any real one
 
@@ -28,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-f", "--filename", required=True, help="ModelServer YAML/JSON ('-' reads stdin)")
     p.add_argument("--node-memory", help="allocatable memory of the GPU nodes, e.g. 2Ti")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node")
+    p.add_argument("--node-cpus", help="allocatable CPU of the GPU nodes, e.g. 128 (sets the API servers)")
     p.add_argument("--nodes", metavar="PATH", help="Node objects (kubectl get nodes -o yaml) instead of the two above")
     p.add_argument("--model-config", metavar="PATH", help="config.json for a modelConfig.configMapRef")
     p.add_argument("--pod-monitor", action="store_true", help="also render the PodMonitor (clusters with the "
@@ -79,8 +81,11 @@ def _nodes(args: argparse.Namespace, spec: ModelServerSpec) -> list[NodeSummary]
         return [n for n in nodes if n is not None]
     if args.node_memory is None or args.gpus_per_node is None:
         raise InvalidSpec("describe the GPU nodes: --node-memory and --gpus-per-node, or --nodes FILE")
+    if args.node_cpus is not None:
+        parse_cpu_millis(args.node_cpus, "--node-cpus")  # a bad value is an error here, not an unknown CPU
     # The described node carries the spec's nodeSelector labels: it stands for the pool the spec selects.
-    summary = summarize_node(synthetic_node(args.node_memory, args.gpus_per_node, labels=spec.node_selector))
+    summary = summarize_node(synthetic_node(args.node_memory, args.gpus_per_node, labels=spec.node_selector,
+                                            cpu=args.node_cpus))
     if summary is None:
         raise InvalidSpec(f"--node-memory {args.node_memory} / --gpus-per-node {args.gpus_per_node} "
                           "describe no GPU node")
