@@ -414,14 +414,15 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     node_plan = pool = pod = None
     engine = NO_NODE_ENGINE
     if node is not None:
-        node_plan, engine = _node_plan(node, request, is_multimodal(geometry))
+        multimodal = is_multimodal(geometry)
+        node_plan, engine = _node_plan(node, request, multimodal)
         shape = _pool_shape(geometry, groups, request)
         node_plan = replace(node_plan, max_pool_bytes=shape.largest(node_plan.share_bytes - node_plan.fixed_bytes)
                             * shape.chunk_bytes)
         if request.offload.enabled:
             pool = _pool_plan(shape, node_plan, request.offload)
         shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
-        reserve = process_reserve(request.tensor_parallel_size, engine.api_servers, is_multimodal(geometry))
+        reserve = process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal)
         limit = _round_up((pool.footprint_bytes if pool else 0) + SHM_EXTRA_BYTES + reserve, MiB)
         pod = PodPlan(limit, limit, shm, reserve, request.tensor_parallel_size)
     env = engine_env(request)

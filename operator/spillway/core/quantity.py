@@ -1,4 +1,4 @@
-"""Kubernetes resource quantities (`512Gi`, `2T`, `1.5e9`) as integer bytes, and back."""
+"""Kubernetes resource quantities: memory (`512Gi`, `2T`, `1.5e9`) as integer bytes and back, CPU (`16`, `15500m`) as millicores."""
 from __future__ import annotations
 
 import math
@@ -11,12 +11,16 @@ _SUFFIX = {
     "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
 }
-_QUANTITY = re.compile(r"^([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_NUMBER = r"[+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?"
+_QUANTITY = re.compile(rf"^({_NUMBER})(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_CPU = re.compile(rf"^({_NUMBER})(m)?$")
+INT64_MAX = 2**63 - 1
 
 GiB = 2**30
 MiB = 2**20
 # The largest byte count planned: status fields are int64 and floats stay exact enough below it.
-MAX_BYTES = 2**63 - 1  # 8 EiB
+MAX_BYTES = INT64_MAX  # 8 EiB
+MAX_CPU_MILLIS = INT64_MAX
 
 
 def parse_bytes(text: str | int, what: str = "quantity") -> int:
@@ -39,10 +43,6 @@ def parse_bytes(text: str | int, what: str = "quantity") -> int:
         raise InvalidSpec(f"{what}: {str(text)[:40]!r} is larger than 8 EiB, more memory "
                           "than any node has")
     return int(value)
-
-
-_CPU = re.compile(r"^([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(m)?$")
-MAX_CPU_MILLIS = 2**63 - 1
 
 
 def parse_cpu_millis(text: str | int, what: str = "cpu") -> int:
