@@ -31,9 +31,10 @@ python3 -m pip download -q --no-deps $PIP_PLATFORM -d whl33-$PYV $PKGS
 rm -rf stage33-$PYV && mkdir stage33-$PYV && cd stage33-$PYV
 unzip -q ../$WHEEL -x 'vllm/_C_stable_libtorch.abi3.so'   # the main extension travels as a33.part*
 # Drop what Hopper + a dense bf16 model does not need (each import is guarded or lazy; see the paths named):
-rm -f vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so  # FA2 300 MB, FA3 172 MB:
-#   vllm/vllm_flash_attn/flash_attn_interface.py catches their ImportError; the engine runs TRITON_ATTN
-#   (vllm/v1/attention/backends/registry.py: TRITON_ATTN = ...triton_attn.TritonAttentionBackend)
+rm -f vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so  # FA2 (300 MB): Hopper runs FA3. FA3 (172 MB, 8 MB in xz) stays:
+#   0.33's vllm/vllm_flash_attn/__init__.py raises ImportError when neither is there, and the GPU worker imports
+#   it unguarded (gpu_worker -> model_loader -> layers/attention/mm_encoder_attention -> backends/fa_utils), so
+#   the H200 try of 2026-12-01 without both stopped there (bench/results/h200-2026-12-01-r4/v33.json)
 rm -f vllm/_moe_C_stable_libtorch.abi3.so   # MoE kernels; vllm/platforms/cuda.py: suppress(ImportError)
 rm -f vllm/_qutlass_C.abi3.so               # FP4 kernels; vllm/platforms/cuda.py: suppress(ImportError)
 rm -f vllm/_flashmla_C.abi3.so vllm/_flashmla_extension_C.abi3.so   # MLA models; vllm/v1/attention/ops/flashmla.py

@@ -58,7 +58,8 @@ ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the s
 # CPU hit rate the engine waits on them: bench/results/h200-2026-12-01-r3/README.md (H200, 16 cores, vLLM 0.26,
 # Llama-3.1-8B, 64 GiB pool, 800 x 512-token prompts) measured 183.6K prompt tok/s with 2 API servers
 # (182.5-189.2K) and 215.4K with 4 (208.9-222.2K), both with the image's scheduler patch; unpatched, 162.6K with 4
-# against 153.1K with one (bench/results/h200-2026-12-01). 0% hits were unchanged (43.9K with 4 vs 42.3-43.8K with
+# against 153.1K with one (bench/results/h200-2026-12-01); patched, with 256-token chunks, 233.5K with 4 against
+# 178.0K with one (bench/results/h200-2026-12-01-r4). 0% hits were unchanged (43.9K with 4 vs 42.3-43.8K with
 # 1). So one API server per 4 cores of a replica's share (each also needs the engine core and workers beside it),
 # up to the 4 measured best on 16 cores.
 CORES_PER_API_SERVER = 4
@@ -295,6 +296,9 @@ class _PoolShape:
 def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingRequest) -> _PoolShape:
     offload = request.offload
     block = groups.block_size
+    # The chunk defaults to one block. 256-token chunks measured 1.14x at 100% CPU hits but 0.95x at 50%
+    # (bench/results/h200-2026-12-01-r4), and a chunk is the grain of a hit: a shared prefix is loaded in whole
+    # chunks and the rest recomputed, so an unaligned prefix loses up to a chunk less one token.
     chunk_tokens = offload.offload_block_size or block
     if chunk_tokens % block:
         raise InvalidSpec(f"offload block size {chunk_tokens} must be a multiple of the model's KV block of "
