@@ -97,6 +97,15 @@ def test_api_servers_follow_the_nodes_cpu_and_the_fewest_eligible_node():
     assert mixed.node.name == "small"
     assert args[args.index(api.FLAG_API_SERVER_COUNT) + 1] == "2" and args.count(api.FLAG_API_SERVER_COUNT) == 1
     assert "big" in mixed.plan.engine.why
+    # The pool stays as "small" alone would get it (it must fit "big" too); the pod gives back the memory of the
+    # 2 API servers it does not run, 1 GiB each.
+    alone = plan(resolve_geometry(LLAMA_8B), mixed.spec.request, mixed.node.facts())
+    assert alone.engine.api_servers == 4 and mixed.plan.pool == alone.pool
+    assert alone.pod.memory_limit_bytes - mixed.plan.pod.memory_limit_bytes == 2 * 2**30
+    assert alone.pod.process_reserve_bytes - mixed.plan.pod.process_reserve_bytes == 2 * 2**30
+    assert mixed.plan.pod.memory_request_bytes == mixed.plan.pod.memory_limit_bytes
+    limit = by_kind(mixed)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+    assert parse_bytes(limit) == mixed.plan.pod.memory_limit_bytes
     assert api.FLAG_API_SERVER_COUNT not in _args(desired(modelserver(), nodes(gpu_node("a", cpu="128"),
                                                                                gpu_node("b"))))
 

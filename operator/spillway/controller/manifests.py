@@ -66,7 +66,7 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
     chosen, node = min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
     fewest = min((p.engine for p, _ in plans), key=lambda e: e.api_servers)
     if fewest.api_servers < chosen.engine.api_servers:
-        chosen = with_engine(chosen, fewest)
+        chosen = with_engine(chosen, fewest, geometry)
     return chosen, node
 
 

@@ -455,13 +455,21 @@ def api_server_args(engine: EnginePlan) -> list[str]:
     return [api.FLAG_API_SERVER_COUNT, str(engine.api_servers)] if engine.api_servers > 1 else []
 
 
-def with_engine(p: Plan, engine: EnginePlan) -> Plan:
-    """`p` running `engine`'s API servers (the operator takes the fewest any eligible node allows)."""
+def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
+    """`p` running `engine`'s API servers (the operator takes the fewest any eligible node allows).
+
+    The pool stays as planned and the pod's memory gives back the reserve of the API servers it no longer runs:
+    a pool re-sized for the freed memory might not fit the other eligible nodes the pod can land on."""
     args = list(p.args)
     if api.FLAG_API_SERVER_COUNT in args:
         at = args.index(api.FLAG_API_SERVER_COUNT)
         del args[at:at + 2]
-    return replace(p, args=args + api_server_args(engine), engine=engine)
+    pod = p.pod
+    if pod is not None:
+        reserve = process_reserve(pod.gpus, engine.api_servers, is_multimodal(geometry))
+        limit = pod.memory_limit_bytes - (pod.process_reserve_bytes - reserve)
+        pod = replace(pod, memory_request_bytes=limit, memory_limit_bytes=limit, process_reserve_bytes=reserve)
+    return replace(p, args=args + api_server_args(engine), engine=engine, pod=pod)
 
 
 def engine_env(request: ServingRequest) -> dict[str, str]:
