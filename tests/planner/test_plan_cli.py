@@ -59,6 +59,8 @@ def test_text_output_is_a_table():
       "--node-cpus", "many"], "--node-cpus: expected a CPU quantity"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "1Ti", "--gpus-per-node", "8",
       "--node-cpus", "0"], "--node-cpus: must be more than 0"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "1Ti", "--gpus-per-node", "8",
+      "--node-cpus", "1e999990"], "--node-cpus: must be more than 0 and at most int64 millicores"),
     (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-cpus", "16"], "give --node-memory"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message):

@@ -52,13 +52,12 @@ def parse_cpu_millis(text: str | int, what: str = "cpu") -> int:
         raise InvalidSpec(f"{what}: expected a CPU quantity like 16 or 15500m, got {text!r}")
     try:
         millis = Decimal(match.group(1)) * (1 if match.group(2) else 1000)
-        # Kubernetes keeps CPU to the millicore and rounds a finer figure up.
-        value = math.ceil(millis)
     except ArithmeticError as exc:
         raise InvalidSpec(f"{what}: {str(text)[:40]!r} is not a CPU count") from exc
-    if not 0 < value <= MAX_CPU_MILLIS:
+    # Bounded before it becomes an int: 1e999990 would make a million-digit integer first (29 s).
+    if not 0 < millis <= MAX_CPU_MILLIS:
         raise InvalidSpec(f"{what}: must be more than 0 and at most int64 millicores, got {str(text)[:40]!r}")
-    return value
+    return math.ceil(millis)  # Kubernetes keeps CPU to the millicore and rounds a finer figure up
 
 
 def format_bytes(n: int) -> str:
