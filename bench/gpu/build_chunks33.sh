@@ -22,7 +22,10 @@ PKGS="pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspe
  astor==0.8.1 dill==0.4.1 setproctitle==1.3.8
  uvicorn==0.54.0 watchfiles==1.3.0 jmespath==1.1.0 model-hosting-container-standards==0.1.16
  prometheus-fastapi-instrumentator==8.1.0 python-multipart==0.0.34
- oss-harmony==0.0.11 orjson==3.13.0"  # 0.33: openai_harmony now comes from oss-harmony; orjson in the API server
+ oss-harmony==0.0.11 orjson==3.13.0 compressed-tensors==0.17.0 loguru==0.7.3"
+# 0.33: openai_harmony now comes from oss-harmony; orjson in the API server; the engine core imports
+# compressed_tensors (and it loguru) while building the model config, which the H200 try of 2026-12-01 round 5
+# met one at a time (bench/results/h200-2026-12-01-r5/v33-call3.json, v33-call5.json)
 mkdir -p $W && cd $W
 [ -f $WHEEL ] || { [ -f /tmp/v33w/$WHEEL ] && cp /tmp/v33w/$WHEEL . ; } || true
 [ -f $WHEEL ] || python3 -m pip download --no-deps vllm==0.33.0 -d .

@@ -74,7 +74,7 @@ def test_kv_aware_puts_the_router_behind_the_users_service():
     command = container["command"]
     assert command[:2] == ["spillway", "route"]
     assert command[command.index("--replicas") + 1] == "llama-replicas.default.svc"
-    assert command[command.index("--block-size") + 1] == "16"
+    assert command[command.index("--block-size") + 1] == "64"  # the planner's default block
     assert container["readinessProbe"]["httpGet"]["path"] == R.ROUTER_HEALTH_PATH
     assert "livenessProbe" not in container  # no replica ready must not restart the router in a loop
     assert {p["name"] for p in container["ports"]} == {names.PORT_NAME_HTTP, names.PORT_NAME_METRICS}
@@ -127,7 +127,7 @@ def test_llm_d_renders_an_inference_pool_and_the_endpoint_picker_config():
     assert {"name": "cpu", "weight": routing.LLM_D_CPU_TIER_WEIGHT} in precise["indexerConfig"]["backendConfigs"]
     assert precise["kvEventsConfig"]["podDiscoveryConfig"]["socketPort"] == routing.KV_EVENTS_PORT
     approximate = plugins["cpu-prefix-cache-scorer"]["parameters"]
-    assert approximate["lruCapacityPerServer"] == result.plan.pool.tokens // 16  # the planned pool, in blocks
+    assert approximate["lruCapacityPerServer"] == result.plan.pool.tokens // 64  # the planned pool, in blocks
     profile = {p["pluginRef"] for p in config["schedulingProfiles"][0]["plugins"]}
     assert profile == set(plugins)
 

@@ -6,6 +6,7 @@ import pytest
 from spillway.adapters.model_config import resolve_geometry
 from spillway.core.errors import ModelGeometryUnknown, PoolDoesNotFit
 from spillway.core.footprint import next_power_of_two
+from spillway.core.geometry import DEFAULT_BLOCK_SIZE
 from spillway.core.groups import CHUNKED, FULL, MAMBA, MLA, SLIDING
 from spillway.core.planner import NodeFacts, OffloadRequest, ServingRequest, plan
 
@@ -33,8 +34,9 @@ CURRENT_MODELS = {
 }
 
 
-def _plan(model: str, tp: int, version: str = "0.33.0", size: str = "auto"):
-    request = ServingRequest(tensor_parallel_size=tp, offload=OffloadRequest(size=size), vllm_version=version)
+def _plan(model: str, tp: int, version: str = "0.33.0", size: str = "auto", block_size: int = DEFAULT_BLOCK_SIZE):
+    request = ServingRequest(tensor_parallel_size=tp, block_size=block_size, offload=OffloadRequest(size=size),
+                             vllm_version=version)
     return plan(resolve_geometry(model), request, NODE)
 
 
@@ -93,12 +95,17 @@ def test_mla_single_host_copy_from_032():
 
 def test_mamba_hybrid_blocks_follow_the_release():
     # 0.26 rounds Nemotron-H's blocks to whole 256-token Mamba chunks: 1280 tokens, the 5 MiB rows the H200
-    # measurement pinned (bench/results/h200-2026-12-01/footprint.json, mamba-16-auto); 0.33 needs 1040.
+    # measurement pinned (bench/results/h200-2026-12-01/footprint.json, mamba-16-auto). 0.33 needs the smallest
+    # multiple of the asked block whose page holds a state (vllm/platforms/interface.py _align_hybrid_block_size):
+    # 1088 from the planner's 64-token default, 1040 from 16.
     nemotron = "nvidia/Nemotron-H-8B-Base-8K"
     old, modern = _plan(nemotron, 1, "0.26.0"), _plan(nemotron, 1, "0.33.0")
-    assert (old.groups.block_size, modern.groups.block_size) == (1280, 1040)
+    assert (old.groups.block_size, modern.groups.block_size) == (1280, 1088)
+    assert _plan(nemotron, 1, "0.26.0", block_size=16).groups.block_size == 1280
+    assert _plan(nemotron, 1, "0.33.0", block_size=16).groups.block_size == 1040
     assert old.groups.groups[0].page_bytes == 5 * MiB
-    assert _plan("Qwen/Qwen3-Next-80B-A3B-Instruct", 2).groups.block_size == 544
+    assert _plan("Qwen/Qwen3-Next-80B-A3B-Instruct", 2, block_size=16).groups.block_size == 544
+    assert _plan("Qwen/Qwen3-Next-80B-A3B-Instruct", 2).groups.block_size == 576
     # vLLM aligns a Mamba hybrid's offloaded blocks only with prefix caching on
     assert "--enable-prefix-caching" in modern.args
     assert "--enable-prefix-caching" not in _plan("meta-llama/Llama-3.1-8B-Instruct", 1).args

@@ -42,7 +42,7 @@ def test_seed_block_size_table(model, tp, block_size, old, new):
 
 
 def test_qwen3_8b_follows_its_public_config():
-    layout = kv_layout(resolve_geometry("Qwen/Qwen3-8B"))
+    layout = kv_layout(resolve_geometry("Qwen/Qwen3-8B"), block_size=16)
     assert (layout.layer_page_bytes, layout.block_bytes) == (32 * KiB, int(2.25 * MiB))
 
 
@@ -63,12 +63,12 @@ def test_tensor_parallel_splits_heads_but_keeps_at_least_one_per_rank():
     layout = kv_layout(qwen, 4)
     assert layout.kv_heads_per_rank == 1 and layout.replicated
     # every rank holds its own replica of the head: the whole model's bytes count each copy
-    assert layout.bytes_per_token == layout.block_bytes * 4 // 16
+    assert layout.bytes_per_token == layout.block_bytes * 4 // layout.block_size
 
 
 def test_mla_latent_is_replicated_on_every_rank():
     geometry = resolve_geometry("deepseek-ai/DeepSeek-V3")
-    one, eight = kv_layout(geometry, 1), kv_layout(geometry, 8)
+    one, eight = kv_layout(geometry, 1, 16), kv_layout(geometry, 8, 16)
     assert one.block_bytes == eight.block_bytes == 16 * 576 * 2 * 61  # no separate K and V
     assert eight.bytes_per_token == 8 * one.bytes_per_token
 
@@ -76,7 +76,7 @@ def test_mla_latent_is_replicated_on_every_rank():
 @pytest.mark.parametrize("dtype,factor", [("auto", 1), ("bfloat16", 1), ("float16", 1), ("fp8", 0.5)])
 def test_kv_cache_dtype(dtype, factor):
     geometry = resolve_geometry("meta-llama/Llama-3.1-8B-Instruct")
-    assert kv_layout(geometry, kv_cache_dtype=dtype).block_bytes == 2 * MiB * factor
+    assert kv_layout(geometry, block_size=16, kv_cache_dtype=dtype).block_bytes == 2 * MiB * factor
 
 
 def test_block_size_scales_block_bytes():

@@ -71,4 +71,4 @@ def test_plan_cli_uses_the_hub_only_when_allowed(hub):
     allowed = subprocess.run(base + ["--allow-hub", "--revision", "v2"], capture_output=True, text=True, env=env, check=False,
                              timeout=60)
     assert allowed.returncode == 0, allowed.stderr
-    assert json.loads(allowed.stdout)["geometry"]["block_bytes"] == 2 * 2**20
+    assert json.loads(allowed.stdout)["geometry"]["block_bytes"] == 8 * 2**20  # 64-token blocks

@@ -20,8 +20,8 @@ def test_json_output_holds_the_plan_sections():
                    "--gpus-per-node", "8", "--offload-size", "auto", "--output", "json")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
-    assert plan["geometry"]["block_bytes"] == 2 * 2**20
-    assert plan["geometry"]["layer_page_bytes"] == 32 * 1024
+    assert plan["geometry"]["block_bytes"] == 8 * 2**20  # 64-token blocks, the planner's default
+    assert plan["geometry"]["layer_page_bytes"] == 128 * 1024
     assert plan["geometry"]["bytes_per_token"] == 128 * 1024
     for key in ("bytes", "blocks", "tokens"):
         assert plan["pool"][key] > 0
@@ -36,7 +36,7 @@ def test_geometry_only_from_a_config_file(tmp_path):
     out = spillway("plan", "--model-config", str(tmp_path / "config.json"), "--tensor-parallel-size", "2", "-o", "json")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
-    assert plan["geometry"]["block_bytes"] == 2 * 2**20 and "pool" not in plan
+    assert plan["geometry"]["block_bytes"] == 8 * 2**20 and "pool" not in plan
 
 
 def test_text_output_is_a_table():

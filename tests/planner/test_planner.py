@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from spillway.adapters.model_config import catalog_ids, resolve_geometry
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes, PoolDoesNotFit, SpillwayError
-from spillway.core.geometry import ModelGeometry, geometry_from_config
+from spillway.core.geometry import DEFAULT_BLOCK_SIZE, ModelGeometry, geometry_from_config
 from spillway.core.planner import (
     SHM_EXTRA_BYTES,
     NodeFacts,
@@ -25,8 +25,8 @@ LLAMA_8B = resolve_geometry("meta-llama/Llama-3.1-8B-Instruct")
 H100_NODE = NodeFacts(2 * 2**40, 8, "gpu-node-1")
 
 
-def request(size="auto", tp=1, **offload):
-    return ServingRequest(tensor_parallel_size=tp, offload=OffloadRequest(size=size, **offload))
+def request(size="auto", tp=1, block_size=DEFAULT_BLOCK_SIZE, **offload):
+    return ServingRequest(tensor_parallel_size=tp, block_size=block_size, offload=OffloadRequest(size=size, **offload))
 
 
 standard_geometry = st.builds(
@@ -118,10 +118,11 @@ def test_plan_invariants(geometry, node, size, tp, block_size, cache_dtype, vers
 
 def test_llama_8b_on_an_8_gpu_node():
     result = plan(LLAMA_8B, request(), H100_NODE)
-    assert result.layout.block_bytes == 2 * 2**20
+    assert result.layout.block_size == 64 and result.layout.block_bytes == 8 * 2**20  # the planner's default block
     assert result.node.replicas_per_node == 8
-    assert result.pool.blocks == result.pool.bytes // (2 * 2**20)
-    assert result.pool.tokens == result.pool.blocks * 16
+    assert result.pool.blocks == result.pool.bytes // (8 * 2**20)
+    assert result.pool.tokens == result.pool.blocks * 64
+    assert plan(LLAMA_8B, request(block_size=16), H100_NODE).layout.block_bytes == 2 * 2**20  # the source's figure
     assert result.env == {api.ENV_KV_CACHE_LAYOUT: api.CONTIGUOUS_LAYOUT}
     assert 8 * result.pod.memory_limit_bytes <= H100_NODE.allocatable_memory
 
@@ -165,8 +166,8 @@ def test_mla_pool_is_deduplicated_across_ranks():
 
 def test_offload_block_size_sets_chunks():
     result = plan(LLAMA_8B, request("10Gi", offload_block_size=256), H100_NODE)
-    assert result.pool.chunk_bytes == 16 * 2 * 2**20
-    assert result.pool.blocks == result.pool.chunks * 16
+    assert result.pool.chunk_bytes == 4 * 8 * 2**20  # four 64-token blocks of 8 MiB
+    assert result.pool.blocks == result.pool.chunks * 4
     with pytest.raises(InvalidSpec, match="multiple of the block size"):
         plan(LLAMA_8B, request(offload_block_size=40), H100_NODE)
 
@@ -198,18 +199,19 @@ def test_offload_disabled_plans_the_process_only():
 def test_geometry_only_without_node():
     result = plan(LLAMA_8B)
     assert result.pool is None and result.pod is None
-    assert result.to_dict()["geometry"]["block_bytes"] == 2 * 2**20
+    assert result.to_dict()["geometry"]["block_bytes"] == 8 * 2**20
 
 
 def test_warnings():
-    small = plan(resolve_geometry("Qwen/Qwen2.5-1.5B-Instruct"), request(), H100_NODE)
-    assert any("DMA" in w for w in small.warnings)
+    small = plan(resolve_geometry("Qwen/Qwen2.5-1.5B-Instruct"), request(block_size=16), H100_NODE)
+    assert any("DMA" in w for w in small.warnings)  # 448 KiB blocks
+    assert not any("DMA" in w for w in plan(resolve_geometry("Qwen/Qwen2.5-1.5B-Instruct"), request(), H100_NODE).warnings)
     idle = plan(LLAMA_8B, ServingRequest(replicas_per_node=2), H100_NODE)
     assert any("6 of 8 GPUs" in w for w in idle.warnings)
 
 
 def test_qualified_node_gets_transfer_estimates_and_slow_link_warning():
-    fast = plan(LLAMA_8B, request(), NodeFacts(2 * 2**40, 8, "qualified", dma_gbps=52.4))
+    fast = plan(LLAMA_8B, request(block_size=16), NodeFacts(2 * 2**40, 8, "qualified", dma_gbps=52.4))
     # 2 MiB per 16-token block at 52.4 GB/s: 40 us per block, ~400k tokens/s of reloaded KV
     assert fast.transfer.block_reload_us == pytest.approx(2 * 2**20 / 52.4e9 * 1e6)
     assert fast.transfer.reload_tokens_per_s == pytest.approx(52.4e9 / (128 * 1024))
@@ -224,12 +226,13 @@ H200_TABLE = ((64 * 2**10, 16.4), (1 * 2**20, 47.5), (2 * 2**20, 51.3), (4 * 2**
 
 def test_transfer_rate_is_read_at_the_size_of_each_copy():
     node = NodeFacts(2 * 2**40, 8, "h200", dma_gbps=51.3, dma_table=H200_TABLE)
-    contiguous = plan(LLAMA_8B, request(), node)
+    contiguous = plan(LLAMA_8B, request(block_size=16), node)
     assert contiguous.transfer.copy_bytes == 2 * 2**20 and contiguous.transfer.qualified_gbps == 51.3
-    small = plan(resolve_geometry("meta-llama/Llama-3.2-1B-Instruct"), request(), node)
+    assert plan(LLAMA_8B, request(), node).transfer.qualified_gbps == 53.3  # 8 MiB: past the table's largest size
+    small = plan(resolve_geometry("meta-llama/Llama-3.2-1B-Instruct"), request(block_size=16), node)
     assert small.transfer.copy_bytes == 2**19  # 0.5 MiB block: halfway (log2) between 64 KiB and 1 MiB
     assert small.transfer.qualified_gbps == pytest.approx(16.4 + (47.5 - 16.4) * 3 / 4)
-    per_layer = plan(LLAMA_8B, request(layout="default"), node)
+    per_layer = plan(LLAMA_8B, request(layout="default", block_size=16), node)
     assert per_layer.transfer.copy_bytes == 64 * 2**10 and per_layer.transfer.qualified_gbps == 16.4
     assert any("32 copies of 64.00 KiB (16.4 GB/s on this node)" in w for w in per_layer.warnings)
 

@@ -54,17 +54,18 @@ def test_node_patch_sets_label_rate_and_compact_table():
     assert len(ann[names.ANNOTATION_QUALIFICATION]) < 1024  # annotations share a 256 KiB budget per object
 
 
-def _transfer(annotations: dict, **offload):
+def _transfer(annotations: dict, block_size: int = 16, **offload):
     node = synthetic_node("2Ti", 8, name="qualified")
     node["metadata"]["annotations"] = annotations
     facts = summarize_node(node).facts()
-    return plan(resolve_geometry("meta-llama/Llama-3.1-8B-Instruct"), ServingRequest(offload=OffloadRequest(**offload)),
-                facts).transfer
+    return plan(resolve_geometry("meta-llama/Llama-3.1-8B-Instruct"),
+                ServingRequest(block_size=block_size, offload=OffloadRequest(**offload)), facts).transfer
 
 
 def test_the_operator_reads_the_rate_at_its_own_copy_size_back():
     ann = node_patch(rows(), META)["metadata"]["annotations"]
     assert _transfer(ann).qualified_gbps == pytest.approx(50.0)  # 2 MiB blocks: between 1 and 4 MiB
+    assert _transfer(ann, block_size=64).qualified_gbps == 53.0  # 8 MiB blocks: the largest size measured holds
     assert _transfer(ann, layout="default").qualified_gbps == 16.0  # per-layer 64 KiB copies
     assert _transfer({names.ANNOTATION_QUALIFIED_DMA_GBPS: "41.5"}).qualified_gbps == 41.5
     damaged = {names.ANNOTATION_QUALIFICATION: "not json", names.ANNOTATION_QUALIFIED_DMA_GBPS: "x"}

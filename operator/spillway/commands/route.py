@@ -7,7 +7,7 @@ one event source per ready pod, and restarts it in place when the set changes. W
 runs: the router pod is then not ready (its readiness probe fails), which is the truth, and nothing
 crash-loops.
 
-    spillway route --replicas llama-replicas.team-a.svc --model NAME --block-size 16 [--host-tier-credit 0.9]
+    spillway route --replicas llama-replicas.team-a.svc --model NAME --block-size 64 [--host-tier-credit 0.9]
 """
 from __future__ import annotations
 

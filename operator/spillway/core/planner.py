@@ -296,9 +296,9 @@ class _PoolShape:
 def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingRequest) -> _PoolShape:
     offload = request.offload
     block = groups.block_size
-    # The chunk defaults to one block. 256-token chunks measured 1.14x at 100% CPU hits but 0.95x at 50%
-    # (bench/results/h200-2026-12-01-r4), and a chunk is the grain of a hit: a shared prefix is loaded in whole
-    # chunks and the rest recomputed, so an unaligned prefix loses up to a chunk less one token.
+    # The chunk defaults to one block. Larger chunks pay at full hits (256-token chunks: 1.14x over 16, but 0.95x
+    # at 50%; bench/results/h200-2026-12-01-r4), yet 64-token blocks with one-block chunks gained more (1.21x;
+    # bench/results/h200-2026-12-01-r5), and a chunk is the grain of a hit: a prefix is loaded in whole chunks.
     chunk_tokens = offload.offload_block_size or block
     if chunk_tokens % block:
         raise InvalidSpec(f"offload block size {chunk_tokens} must be a multiple of the model's KV block of "
