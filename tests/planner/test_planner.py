@@ -170,6 +170,10 @@ def test_offload_block_size_sets_chunks():
     assert result.pool.blocks == result.pool.chunks * 4
     with pytest.raises(InvalidSpec, match="multiple of the block size"):
         plan(LLAMA_8B, request(offload_block_size=40), H100_NODE)
+    # a chunk written for vLLM's 16-token block says how to keep it
+    with pytest.raises(InvalidSpec, match="16-token chunk needs a block size that divides it"):
+        plan(LLAMA_8B, request(offload_block_size=16), H100_NODE)
+    assert plan(LLAMA_8B, request("10Gi", block_size=16, offload_block_size=16), H100_NODE).pool.chunk_bytes == 2 * 2**20
 
 
 @pytest.mark.parametrize("node,req,error,message", [

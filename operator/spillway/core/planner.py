@@ -364,7 +364,10 @@ def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
     if block_size < 1:
         raise InvalidSpec(f"block size must be >= 1 token, got {block_size}")
     if chunk is not None and (chunk < block_size or chunk % block_size):
-        raise InvalidSpec(f"offload block size {chunk} must be a positive multiple of the block size {block_size}")
+        # The default block grew from vLLM's 16 to 64 tokens: a chunk written for the old default lands here.
+        hint = (f"; the block is {DEFAULT_BLOCK_SIZE} tokens unless set, so a {chunk}-token chunk needs a block size "
+                f"that divides it (blockSize, --block-size)" if block_size == DEFAULT_BLOCK_SIZE and chunk > 0 else "")
+        raise InvalidSpec(f"offload block size {chunk} must be a positive multiple of the block size {block_size}{hint}")
 
 
 def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None) -> list[str]:
