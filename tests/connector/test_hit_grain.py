@@ -7,12 +7,11 @@ Prefix caching is off, so every hit comes from the pool. 32 and 64 are the CPU a
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 from spillway.core import vllm_api as V
 from spillway_connector.host_backend import cpu_offload_args
 from support import TinyLlama, vllm_server_fixture
+from support.ms_cluster import eventually
 from support.offload_workload import complete
 from support.promtext import total
 
@@ -42,10 +41,9 @@ def reused_tokens(server, block: int) -> float:
     first, second = shared + server.token_ids(OWN, seed=2), shared + server.token_ids(OWN, seed=3)
     complete(server, first, 1)
     needed = SHARED // block * block * MODEL.kv_bytes_per_token
-    deadline = time.monotonic() + 60
-    while _metric(server, V.Metric.OFFLOAD_STORE_BYTES) < needed:  # stores finish after the request returns
-        assert time.monotonic() < deadline, f"the first prompt's blocks were not stored\n{server.log_tail()}"
-        time.sleep(0.2)
+    # stores finish after the request returns
+    eventually(lambda: _metric(server, V.Metric.OFFLOAD_STORE_BYTES) >= needed, timeout=60,
+               what=f"{needed} bytes of the first prompt's blocks stored")
     before = _metric(server, V.Metric.EXTERNAL_HITS)
     complete(server, second, 1)
     return _metric(server, V.Metric.EXTERNAL_HITS) - before
