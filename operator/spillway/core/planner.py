@@ -428,10 +428,8 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
                             * shape.chunk_bytes)
         if request.offload.enabled:
             pool = _pool_plan(shape, node_plan, request.offload)
-        shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
-        reserve = process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal)
-        limit = _round_up((pool.footprint_bytes if pool else 0) + SHM_EXTRA_BYTES + reserve, MiB)
-        pod = PodPlan(limit, limit, shm, reserve, request.tensor_parallel_size)
+        pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
+                        request.tensor_parallel_size)
     env = engine_env(request)
     args = engine_args(layout, request.offload, pool)
     if pool is not None and any(g.kind == MAMBA for g in groups.groups):
@@ -469,10 +467,15 @@ def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
         del args[at:at + 2]
     pod = p.pod
     if pod is not None:
-        reserve = process_reserve(pod.gpus, engine.api_servers, is_multimodal(geometry))
-        limit = pod.memory_limit_bytes - (pod.process_reserve_bytes - reserve)
-        pod = replace(pod, memory_request_bytes=limit, memory_limit_bytes=limit, process_reserve_bytes=reserve)
+        pod = _pod_plan(p.pool, process_reserve(pod.gpus, engine.api_servers, is_multimodal(geometry)), pod.gpus)
     return replace(p, args=args + api_server_args(engine), engine=engine, pod=pod)
+
+
+def _pod_plan(pool: PoolPlan | None, reserve: int, gpus: int) -> PodPlan:
+    """The pod around a pool: Guaranteed memory for the pool's footprint, /dev/shm's extra and the process."""
+    shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
+    limit = _round_up((pool.footprint_bytes if pool else 0) + SHM_EXTRA_BYTES + reserve, MiB)
+    return PodPlan(limit, limit, shm, reserve, gpus)
 
 
 def engine_env(request: ServingRequest) -> dict[str, str]:
