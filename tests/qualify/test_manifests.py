@@ -73,7 +73,7 @@ def test_the_rendered_command_is_one_this_cli_accepts(daemonset_docs):
 
     args = build_parser().parse_args(["qualify", *cmd[3:]])
     assert args.annotate_node == "$(NODE_NAME)" and args.hold and args.host_memory == "alloc"
-    assert args.block_sizes == "64Ki,256Ki,1024Ki,2048Ki,4096Ki"
+    assert args.block_sizes == "64Ki,256Ki,1024Ki,2048Ki,4096Ki,8192Ki"
 
 
 def test_job_runs_once_on_the_named_node_with_memory_for_its_pool(job_docs):
@@ -98,8 +98,9 @@ def test_job_needs_a_node_and_labels_need_a_value():
     assert out.returncode == 2 and "KEY=VALUE" in out.stderr
 
 
-def test_default_render_sizes_fit_a_4_gib_pool():
-    assert max(manifests.RENDER_BLOCK_SIZES) == 4 * MiB
+def test_default_render_sizes_reach_the_annotated_copy_size_in_an_8000_mib_pool():
+    from spillway.core.qualification import PLAN_BLOCK_BYTES
     from spillway.qualify.measure import pool_bytes
 
-    assert pool_bytes(manifests.RENDER_BLOCK_SIZES) == 4000 * MiB
+    assert max(manifests.RENDER_BLOCK_SIZES) == PLAN_BLOCK_BYTES == 8 * MiB
+    assert pool_bytes(manifests.RENDER_BLOCK_SIZES) == 8000 * MiB

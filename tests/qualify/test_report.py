@@ -37,7 +37,10 @@ def test_table_has_one_line_per_block_size_and_a_column_per_method_and_direction
 def test_document_names_the_annotated_figure_and_keeps_every_row():
     doc = document(rows(), META)
     assert doc["schema"] == SCHEMA and doc["gpu"] == "NVIDIA H200"
-    assert doc["annotated"] == {"method": "dma", "direction": "c2g", "block_bytes": 2 * MiB, "gbps": 50.0}
+    # 8 MiB, the default block of Llama-3.1-8B: past the largest size measured, whose rate holds
+    assert doc["annotated"] == {"method": "dma", "direction": "c2g", "block_bytes": 8 * MiB, "gbps": 53.0}
+    at_2_mib = document(rows(), META, 2 * MiB)["annotated"]
+    assert at_2_mib["block_bytes"] == 2 * MiB and at_2_mib["gbps"] == 50.0  # between 1 and 4 MiB in log2
     assert len(doc["rows"]) == 10
     json.dumps(doc)  # serialisable
 
@@ -47,7 +50,8 @@ def test_node_patch_sets_label_rate_and_compact_table():
     meta = patch["metadata"]
     assert meta["labels"] == {names.LABEL_QUALIFIED: "true"}
     ann = meta["annotations"]
-    assert ann[names.ANNOTATION_QUALIFIED_DMA_GBPS] == "50.0"
+    assert ann[names.ANNOTATION_QUALIFIED_DMA_GBPS] == "53.0"
+    assert node_patch(rows(), META, 2 * MiB)["metadata"]["annotations"][names.ANNOTATION_QUALIFIED_DMA_GBPS] == "50.0"
     table = json.loads(ann[names.ANNOTATION_QUALIFICATION])
     assert table["sizes"] == [64 * KiB, 1 * MiB, 4 * MiB]
     assert table["c2g"] == [16.0, 47.0, 53.0] and table["method"] == "dma"

@@ -12,11 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import k8s_names as names
+from .geometry import DEFAULT_BLOCK_SIZE
 from .rates import interpolate_log2
 
 MiB = 2**20
 SCHEMA = f"{names.GROUP}/qualification/v1"
-PLAN_BLOCK_BYTES = 2 * MiB  # the KV block of Llama-3.1-8B (bf16, 16 tokens, all layers): the annotated figure
+# The annotated figure's copy size: one cross-layer KV block of Llama-3.1-8B (bf16, 128 KiB per token over
+# all layers) at the planner's default block, 8 MiB at 64 tokens. The planner reads the whole table at each
+# plan's own copy size; the single figure is what a node without the table is planned with.
+LLAMA_31_8B_KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2  # layers x (K, V) x KV heads x head dim x bf16
+PLAN_BLOCK_BYTES = LLAMA_31_8B_KV_BYTES_PER_TOKEN * DEFAULT_BLOCK_SIZE
 
 DIRECTIONS = ("g2c", "c2g", "bidir")  # GPU->CPU, CPU->GPU (the reload path), both at once on two streams
 METHODS = ("vllm", "dma", "kernel")  # vLLM's batched copy op, one cudaMemcpyAsync per block, one copy kernel

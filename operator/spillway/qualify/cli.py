@@ -18,7 +18,7 @@ import yaml
 
 from ..core import k8s_names as names
 from ..core.errors import InvalidSpec
-from ..core.qualification import DIRECTIONS, HOST_KINDS, METHODS, node_patch
+from ..core.qualification import DIRECTIONS, HOST_KINDS, METHODS, PLAN_BLOCK_BYTES, node_patch
 from ..core.quantity import parse_bytes
 from . import manifests
 from .measure import BLOCKS_PER_TRANSFER, DEFAULT_BLOCK_SIZES
@@ -37,7 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="alloc: cudaHostAlloc; shm: /dev/shm mmap + cudaHostRegister (vLLM >= 0.27's pool)")
     p.add_argument("--bidir-submit", default="interleaved", choices=["interleaved", "sequential"],
                    help="dma method, both directions: alternate the two streams' copies, or submit one after the other")
-    p.add_argument("--plan-block-size", default="2Mi", help="block size whose CPU->GPU rate is annotated")
+    p.add_argument("--plan-block-size", default=str(PLAN_BLOCK_BYTES),
+                   help="block size whose CPU->GPU rate is annotated (default: Llama-3.1-8B's block at the "
+                        "planner's default block size, 8 MiB)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the full result as JSON ('-' for stdout)")
     p.add_argument("--annotate-node", metavar="NODE", help="patch this Node's annotations (in-cluster)")

@@ -18,7 +18,8 @@ COMPONENT = "qualify"
 NAME = "spillway-qualify"
 DEFAULT_NAMESPACE = "spillway-system"
 DEFAULT_GPU_NODE_LABEL = "nvidia.com/gpu.present=true"  # set by NVIDIA GPU feature discovery
-RENDER_BLOCK_SIZES = (64 * 1024, 256 * 1024, 1 * _MiB, 2 * _MiB, 4 * _MiB)  # 4 GiB of pinned memory at most
+# Up to the annotated copy size (PLAN_BLOCK_BYTES, 8 MiB): 8000 MiB of pinned memory at most.
+RENDER_BLOCK_SIZES = (64 * 1024, 256 * 1024, 1 * _MiB, 2 * _MiB, 4 * _MiB, 8 * _MiB)
 PROCESS_MEMORY = 6 * GiB  # torch, the CUDA context, vLLM's import
 SHM_SLACK = 64 * MiB
 
