@@ -17,6 +17,7 @@ import aiohttp
 from ..core.errors import SpillwayError
 from ..core.vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH, RESET_PREFIX_CACHE_PATH
 from .http1 import Http1Pool, Reply
+from .progress import Progress
 
 VERSION_PATH = "/version"  # vLLM's own: {"version": "..."}
 ERROR_TEXT_LIMIT = 300
@@ -197,6 +198,34 @@ class OpenAIClient:
         except (TimeoutError, OSError) as exc:
             return Completion(False, time.perf_counter() - start, error=_describe(exc))
         return _completion(reply, stream)
+
+    async def send_phase(self, bodies: list[bytes], concurrency: int, progress: Progress,
+                         stream: bool = False) -> tuple[list[Completion], float]:
+        """Send bodies over `concurrency` connections; (results in order, seconds from first send to last reply).
+
+        The clock covers sending and replies only: requests are wire-encoded and the phase's connections
+        opened before it starts, and a worker's loop does nothing else per request."""
+        requests = [self.wire(body) for body in bodies]
+        workers_n = min(concurrency, len(requests))
+        await self.warm(workers_n)
+        results: list[Completion] = [None] * len(requests)  # type: ignore[list-item]
+        indices = iter(range(len(requests)))
+        send, update = self.send, progress.update
+
+        async def worker() -> None:
+            for index in indices:  # a shared iterator: each index is taken by exactly one worker
+                results[index] = result = await send(requests[index], stream)
+                update(result.ok)
+
+        start = time.perf_counter()
+        workers = [asyncio.create_task(worker()) for _ in range(workers_n)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+            progress.close()
+        return results, time.perf_counter() - start
 
     async def probe_prompt_format(self, token_ids: list[int], requested: str = "auto") -> str:
         """Check that the model answers a prompt; pick token ids where the server takes them.

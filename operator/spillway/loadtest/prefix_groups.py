@@ -167,27 +167,8 @@ class _Sender:
 
     async def send(self, label: str, bodies: list[bytes], stream: bool,
                    concurrency: int | None = None) -> tuple[list[Completion], float]:
-        progress = Progress(label, len(bodies), self.progress_mode)
-        results: list[Completion] = [None] * len(bodies)  # type: ignore[list-item]
-        next_index = 0
-
-        async def worker() -> None:
-            nonlocal next_index
-            while next_index < len(bodies):
-                index = next_index
-                next_index += 1
-                results[index] = result = await self.client.post(bodies[index], stream)
-                progress.update(result.ok)
-
-        start = time.perf_counter()
-        workers = [asyncio.create_task(worker()) for _ in range(min(concurrency or self.plan.concurrency, len(bodies)))]
-        try:
-            await asyncio.gather(*workers)
-        finally:
-            for task in workers:
-                task.cancel()
-            progress.close()
-        return results, time.perf_counter() - start
+        return await self.client.send_phase(bodies, concurrency or self.plan.concurrency,
+                                            Progress(label, len(bodies), self.progress_mode), stream)
 
 
 def _errors(results: list[Completion]) -> list[str]:

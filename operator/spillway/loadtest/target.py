@@ -106,30 +106,8 @@ class Target:
         return await self.send_encoded(label, [self.client.body(p, self.plan.output_tokens) for p in prompts])
 
     async def send_encoded(self, label: str, bodies: list[bytes]) -> tuple[list[Completion], float]:
-        """The clock covers sending and replies only: requests are wire-encoded and the phase's connections
-        opened before it starts, and a worker's loop does nothing else per request."""
-        requests = [self.client.wire(body) for body in bodies]
-        workers_n = min(self.plan.concurrency, len(requests))
-        await self.client.warm(workers_n)
-        progress = Progress(label, len(requests), self.progress_mode)
-        results: list[Completion] = [None] * len(requests)  # type: ignore[list-item]
-        indices = iter(range(len(requests)))
-        send, update = self.client.send, progress.update
-
-        async def worker() -> None:
-            for index in indices:  # a shared iterator: each index is taken by exactly one worker
-                results[index] = result = await send(requests[index])
-                update(result.ok)
-
-        start = time.perf_counter()
-        workers = [asyncio.create_task(worker()) for _ in range(workers_n)]
-        try:
-            await asyncio.gather(*workers)
-        finally:
-            for task in workers:
-                task.cancel()
-            progress.close()
-        return results, time.perf_counter() - start
+        return await self.client.send_phase(bodies, self.plan.concurrency,
+                                            Progress(label, len(bodies), self.progress_mode))
 
     async def settle(self, key: object) -> dict:
         """Wait until the server has no offload transfer running, so none overlaps the next timed request.
