@@ -12,7 +12,7 @@ import pytest
 from spillway.core import vllm_api as V
 from spillway_connector import names
 from support import TinyLlama, vllm_server_fixture
-from support.offload_workload import OffloadChecks, Workload, run_phases
+from support.offload_workload import OffloadChecks, Workload
 from support.promtext import total
 
 torch = pytest.importorskip("torch")
@@ -43,17 +43,8 @@ server = vllm_server_fixture(
 )
 
 
-@pytest.fixture(scope="module")
-def workload() -> Workload:
-    return WORKLOAD
-
-
-@pytest.fixture(scope="module")
-def run(server, workload) -> dict:
-    return run_phases(server, workload)
-
-
 class TestNativeOffloadingOnGpu(OffloadChecks):
+    workload = WORKLOAD
     def test_transfers_run_at_dma_speed(self, run):
         text = run["final"]
         for direction in names.DIRECTIONS:

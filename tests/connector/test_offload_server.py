@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from spillway_connector.host_backend import cpu_offload_args
 from support import vllm_server_fixture
-from support.offload_workload import CPU_WORKLOAD, OffloadChecks, Workload, run_phases
+from support.offload_workload import CPU_WORKLOAD, OffloadChecks
 
 pytestmark = pytest.mark.engine
 
@@ -17,15 +17,5 @@ WORKLOAD = CPU_WORKLOAD
 server = vllm_server_fixture(**WORKLOAD.server_kwargs(), extra_args=cpu_offload_args(WORKLOAD.pool_bytes))
 
 
-@pytest.fixture(scope="module")
-def workload() -> Workload:
-    return WORKLOAD
-
-
-@pytest.fixture(scope="module")
-def run(server, workload) -> dict:
-    return run_phases(server, workload)
-
-
 class TestHostBackendOnCpu(OffloadChecks):
-    pass
+    workload = WORKLOAD

@@ -6,8 +6,8 @@ is in the pool for it and its blocks fit, so no KV is loaded from the pool (chec
 greedy output is the output without offloading. Phase "pressure" runs the same prompts together: they
 are served from the pool, preempted and reloaded; their greedy outputs must not change.
 
-A test module defines the fixtures `workload` (a Workload) and `run` (run_phases on its server) and
-subclasses OffloadChecks.
+A test module defines the fixture `server` (a VllmServer serving its Workload) and subclasses
+OffloadChecks, setting `workload`.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import pytest
 from spillway.core import vllm_api as V
 from spillway_connector import names
 
@@ -89,17 +90,23 @@ CPU_WORKLOAD = Workload(block_tokens=32, engine_blocks=12)
 
 
 class OffloadChecks:
+    workload: Workload
+
+    @pytest.fixture(scope="class")
+    def run(self, server) -> dict:
+        return run_phases(server, self.workload)
+
     def test_alone_phase_loads_nothing_from_the_pool(self, run):
         text = run["after_alone"]
         assert total(text, V.Metric.OFFLOAD_STORE_BYTES + "_total") > 0, "prompts were not stored to the pool"
         assert total(text, V.Metric.OFFLOAD_LOAD_BYTES + "_total") == 0
         assert total(text, V.Metric.PREEMPTIONS + "_total") == 0
 
-    def test_greedy_outputs_match_the_run_without_pool_loads(self, run, workload):
-        assert all(len(tokens) == workload.output_tokens for tokens in run["alone"])
+    def test_greedy_outputs_match_the_run_without_pool_loads(self, run):
+        assert all(len(tokens) == self.workload.output_tokens for tokens in run["alone"])
         assert run["pressure"] == run["alone"]
 
-    def test_pressure_preempts_and_reloads_from_the_pool(self, run, workload):
+    def test_pressure_preempts_and_reloads_from_the_pool(self, run):
         text = run["final"]
         assert total(text, V.Metric.PREEMPTIONS + "_total") > 0
         assert total(text, V.Metric.EXTERNAL_HITS + "_total") > 0, "fresh requests got no CPU-pool hits"
@@ -108,8 +115,8 @@ class OffloadChecks:
         tokens = total(text, names.exported(names.PREEMPTED_RELOAD_TOKENS))
         queried = total(text, names.exported(names.PREEMPTED_QUERIED_TOKENS))
         assert requests >= 1
-        assert tokens >= requests * workload.block_tokens
-        assert tokens % workload.block_tokens == 0  # whole chunks
+        assert tokens >= requests * self.workload.block_tokens
+        assert tokens % self.workload.block_tokens == 0  # whole chunks
         assert queried >= tokens
 
     def test_throughput_histogram_has_one_observation_per_transfer(self, run):
@@ -128,9 +135,9 @@ class OffloadChecks:
         assert labels.get("model_name") == SERVED_MODEL_NAME
         assert labels.get("engine") == "0"
 
-    def test_pool_gauges(self, run, workload):
+    def test_pool_gauges(self, run):
         text = run["final"]
-        assert total(text, names.POOL_CAPACITY_CHUNKS) == workload.pool_chunks
+        assert total(text, names.POOL_CAPACITY_CHUNKS) == self.workload.pool_chunks
         resident = total(text, names.POOL_RESIDENT_CHUNKS)
-        assert workload.prompts * workload.prompt_blocks <= resident <= workload.pool_chunks
+        assert self.workload.prompts * self.workload.prompt_blocks <= resident <= self.workload.pool_chunks
         assert total(text, names.exported(names.POOL_EVICTED_CHUNKS)) == 0
