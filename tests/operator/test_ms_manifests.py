@@ -59,6 +59,8 @@ def test_deployment_carries_the_plan():
     assert env["EXTRA"]["value"] == "1"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": api.HEALTH_PATH, "port": names.PORT_NAME_HTTP}
+    startup = container["startupProbe"]
+    assert 0 <= startup["periodSeconds"] * startup["failureThreshold"] - expected.pod.startup_seconds < 10
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
     for obj in result.objects:

@@ -11,6 +11,7 @@ from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes, PoolDoesNotFit, SpillwayError
 from spillway.core.geometry import DEFAULT_BLOCK_SIZE, ModelGeometry, geometry_from_config
 from spillway.core.planner import (
+    ENGINE_START_SECONDS,
     SHM_EXTRA_BYTES,
     NodeFacts,
     OffloadRequest,
@@ -198,6 +199,17 @@ def test_offload_disabled_plans_the_process_only():
     assert result.pool is None and api.FLAG_KV_TRANSFER_CONFIG not in result.args
     assert result.pod.memory_limit_bytes >= process_reserve(1)
     assert result.env == {}
+
+
+def test_the_startup_budget_grows_with_the_pool_the_engine_sets_up_before_it_serves():
+    without = plan(LLAMA_8B, ServingRequest(offload=OffloadRequest(enabled=False)), H100_NODE).pod
+    assert without.startup_seconds == ENGINE_START_SECONDS
+    small = plan(LLAMA_8B, request(size="64Gi"), H100_NODE).pod
+    assert 60 <= small.startup_seconds - ENGINE_START_SECONDS <= 180  # measured at most 76 s for 64 GiB
+    one_gpu = NodeFacts(2 * 2**40, 1, "one-gpu-2ti")  # nearly the whole node is one replica's pool
+    big = plan(LLAMA_8B, request(), one_gpu)
+    assert big.pool.footprint_bytes > 1.8 * 2**40
+    assert big.pod.startup_seconds > ENGINE_START_SECONDS + 3600  # not the restart of a fixed 30 min
 
 
 def test_geometry_only_without_node():

@@ -149,6 +149,7 @@ def format_plan(p: Plan) -> str:
             ("/dev/shm", format_bytes(pod.shm_bytes)),
             ("process reserve", format_bytes(pod.process_reserve_bytes)),
             ("GPUs", str(pod.gpus)),
+            ("startup", f"{pod.startup_seconds // 60} min (the startup probe; the pool's setup included)"),
         ])
     if p.transfer is not None:
         t = p.transfer

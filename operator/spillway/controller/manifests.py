@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -24,7 +25,6 @@ from .facts import Eligibility, NodeSummary, describe, eligibility
 from .spec import ModelServerSpec, parse_spec
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-STARTUP_SECONDS = 1800  # model download + load + CUDA graphs of a large model
 TERMINATION_GRACE_SECONDS = 60
 
 
@@ -183,7 +183,7 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": [{"name": names.VOLUME_SHM, "mountPath": api.SHM_DIR}, *hardening.writable_volumes(spec)[1]],
         "securityContext": hardening.container_security_context(spec),
-        "startupProbe": _probe(10, STARTUP_SECONDS // 10),
+        "startupProbe": _probe(10, math.ceil(pod.startup_seconds / 10)),
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 6),
     }

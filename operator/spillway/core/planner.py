@@ -64,6 +64,14 @@ ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the s
 # up to the 4 measured best on 16 cores.
 CORES_PER_API_SERVER = 4
 MAX_API_SERVERS = 4
+# The startup probe's budget (a probe that gives up restarts the pod into the same wait, a crash loop): the
+# download, load and CUDA graphs of a large model, plus the pool, which vLLM sets up before it serves /health.
+# On the H200 (vLLM 0.26, 64 GiB pinned) the first offload engine of a fresh machine started 38-76 s after a
+# no-offload engine of the same lease did (171-181 s against 87-133 s: `startup_s` in
+# bench/results/h200-2026-12-01*/serve_bench-call*.json), 0.84 GiB/s at the slowest; the budget allows half of
+# that, so a 1.5 TiB pool on a one-GPU node gets 61 more minutes instead of a restart at 30.
+ENGINE_START_SECONDS = 1800
+POOL_SETUP_BYTES_PER_S = 0.42 * GiB
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ class NodeFacts:
     allocatable_memory: int  # bytes
     gpus: int
     name: str = "described-node"
-    dma_gbps: float | None = None  # qualified CPU->GPU copy rate at 2 MiB blocks (the node annotation), if known
+    dma_gbps: float | None = None  # qualified CPU->GPU copy rate (the node annotation, 8 MiB copies), if known
     dma_table: tuple[tuple[int, float], ...] = ()  # (block bytes, CPU->GPU GB/s) from the full qualification
     cpu_millis: int | None = None  # allocatable CPU in millicores, if known
 
@@ -119,6 +127,7 @@ class PodPlan:
     shm_bytes: int
     process_reserve_bytes: int
     gpus: int
+    startup_seconds: int  # how long the engine may take to serve /health (the startup probe)
 
 
 @dataclass(frozen=True)
@@ -475,7 +484,8 @@ def _pod_plan(pool: PoolPlan | None, reserve: int, gpus: int) -> PodPlan:
     """The pod around a pool: Guaranteed memory for the pool's footprint, /dev/shm's extra and the process."""
     shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
     limit = _round_up((pool.footprint_bytes if pool else 0) + SHM_EXTRA_BYTES + reserve, MiB)
-    return PodPlan(limit, limit, shm, reserve, gpus)
+    startup = ENGINE_START_SECONDS + math.ceil((pool.footprint_bytes if pool else 0) / POOL_SETUP_BYTES_PER_S)
+    return PodPlan(limit, limit, shm, reserve, gpus, startup)
 
 
 def engine_env(request: ServingRequest) -> dict[str, str]:
