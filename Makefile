@@ -7,6 +7,9 @@ STAMP := $(VENV)/.setup-stamp
 CHECKOV_STAMP := $(VENV)/checkov/.setup-stamp
 
 .PHONY: setup demo test test-fast bench images lint generate vllm-src clean
+# Podman's runtime settings for machines like CI's, where root cannot raise rlimits past 20000 open files and
+# crun refuses the cgroup setup: `make images` and the image tests run with them unless told otherwise.
+export CONTAINERS_CONF ?= $(CURDIR)/images/containers.conf
 
 setup: $(STAMP) $(CHECKOV_STAMP) $(BIN)/helm
 
