@@ -469,7 +469,9 @@ def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
     """`p` running `engine`'s API servers (the operator takes the fewest any eligible node allows).
 
     The pool stays as planned and the pod's memory gives back the reserve of the API servers it no longer runs:
-    a pool re-sized for the freed memory might not fit the other eligible nodes the pod can land on."""
+    a pool re-sized for the freed memory might not fit the other eligible nodes the pod can land on. The plan's
+    `node` stays the node's own budget (its fixed bytes and largest pool at its own API-server count), so the pod
+    is below `fixed_bytes + pool` by the reserve given back."""
     args = list(p.args)
     if api.FLAG_API_SERVER_COUNT in args:
         at = args.index(api.FLAG_API_SERVER_COUNT)
