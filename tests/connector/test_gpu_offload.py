@@ -45,6 +45,7 @@ server = vllm_server_fixture(
 
 class TestNativeOffloadingOnGpu(OffloadChecks):
     workload = WORKLOAD
+
     def test_transfers_run_at_dma_speed(self, run):
         text = run["final"]
         for direction in names.DIRECTIONS:

@@ -12,10 +12,8 @@ from support.offload_workload import CPU_WORKLOAD, OffloadChecks
 
 pytestmark = pytest.mark.engine
 
-WORKLOAD = CPU_WORKLOAD
-
-server = vllm_server_fixture(**WORKLOAD.server_kwargs(), extra_args=cpu_offload_args(WORKLOAD.pool_bytes))
+server = vllm_server_fixture(**CPU_WORKLOAD.server_kwargs(), extra_args=cpu_offload_args(CPU_WORKLOAD.pool_bytes))
 
 
 class TestHostBackendOnCpu(OffloadChecks):
-    workload = WORKLOAD
+    workload = CPU_WORKLOAD

@@ -484,9 +484,10 @@ def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
 
 def _pod_plan(pool: PoolPlan | None, reserve: int, gpus: int) -> PodPlan:
     """The pod around a pool: Guaranteed memory for the pool's footprint, /dev/shm's extra and the process."""
+    footprint = pool.footprint_bytes if pool else 0
     shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
-    limit = _round_up((pool.footprint_bytes if pool else 0) + SHM_EXTRA_BYTES + reserve, MiB)
-    startup = ENGINE_START_SECONDS + math.ceil((pool.footprint_bytes if pool else 0) / POOL_SETUP_BYTES_PER_S)
+    limit = _round_up(footprint + SHM_EXTRA_BYTES + reserve, MiB)
+    startup = ENGINE_START_SECONDS + math.ceil(footprint / POOL_SETUP_BYTES_PER_S)
     return PodPlan(limit, limit, shm, reserve, gpus, startup)
 
 

@@ -161,16 +161,6 @@ def router_deltas(before: str | None, after: str | None) -> dict[str, float]:
     return {k: v - b.get(k, 0.0) for k, v in sorted(a.items()) if v - b.get(k, 0.0) != 0}
 
 
-class _Sender:
-    def __init__(self, client: OpenAIClient, plan: PrefixGroupsPlan, progress_mode: str) -> None:
-        self.client, self.plan, self.progress_mode = client, plan, progress_mode
-
-    async def send(self, label: str, bodies: list[bytes], stream: bool,
-                   concurrency: int | None = None) -> tuple[list[Completion], float]:
-        return await self.client.send_phase(bodies, concurrency or self.plan.concurrency,
-                                            Progress(label, len(bodies), self.progress_mode), stream)
-
-
 def _errors(results: list[Completion]) -> list[str]:
     return [r.error for r in results if not r.ok][:ERROR_SAMPLES]
 
@@ -198,13 +188,16 @@ async def run_route(route: Route, plan: PrefixGroupsPlan, replicas: list[str], *
                 question = prompts.token_ids(plan.question_len, EXPERIMENT, route.name, g, i, "question")
                 return client.body(prefix(g) + question, plan.output_tokens, stream)
 
-            sender = _Sender(client, plan, progress)
+            async def send(label: str, bodies: list[bytes], stream: bool,
+                           concurrency: int = plan.concurrency) -> tuple[list[Completion], float]:
+                return await client.send_phase(bodies, concurrency, Progress(label, len(bodies), progress), stream)
+
             warmup: dict[str, Any] = {"requests": 0, "errors": 0}
             if plan.warmup:
                 # All tenants arrive at once: a load-aware router spreads them over the replicas.
-                results, elapsed = await sender.send(f"{route.name} warm-up",
-                                                     [body(g, -1, False) for g in range(plan.groups)], False,
-                                                     concurrency=plan.groups)
+                results, elapsed = await send(f"{route.name} warm-up",
+                                              [body(g, -1, False) for g in range(plan.groups)], False,
+                                              concurrency=plan.groups)
                 warmup = {"requests": len(results), "errors": sum(not r.ok for r in results),
                           "elapsed_s": elapsed, "error_samples": _errors(results)}
                 await asyncio.sleep(plan.settle_s)
@@ -213,7 +206,7 @@ async def run_route(route: Route, plan: PrefixGroupsPlan, replicas: list[str], *
             bodies = [body(g, i, True) for g, i in order]  # encoded before the clock starts
             before = await _scrape(replica_clients)
             router_before = await router.metrics_text() if router else None
-            results, elapsed = await sender.send(f"{route.name} timed", bodies, True)
+            results, elapsed = await send(f"{route.name} timed", bodies, True)
             after = await _scrape(replica_clients)
             router_after = await router.metrics_text() if router else None
         finally:
