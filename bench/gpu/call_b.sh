@@ -2,6 +2,7 @@
 # Second call, within 30 s of call_a (carry .gpu/chunks/b.tar.xz .whl): the rest of vLLM 0.26,
 # the server's missing wheels, then: qualify with vLLM's own copy op, the load-path sweep, and the engines.
 #   ENGINES=offload-native,no-offload  STEPS="qualify sweep serve"  bash bench/gpu/call_b.sh
+#   SITE=/tmp/site33 SPEC=bench/gpu/engines-h200-r6-v33.json STEPS=serve bash bench/gpu/call_b.sh  (no carry)
 set -uo pipefail
 T0=$(date +%s)
 LIMIT=${LIMIT:-585}  # seconds this call may take (the device allows 600)
@@ -10,7 +11,8 @@ if [ -f .gpu/chunks/b.tar.xz ]; then  # a warm machine keeps /tmp/site from the 
   python3 bench/gpu/extract.py .gpu/chunks/b.tar.xz || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | grep -v WARNING
 fi
-export PYTHONPATH=/tmp/site:$PWD/operator:$PWD/connector VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
+# SITE=/tmp/site33 runs the engines on the vLLM 0.33.0 tree call_v33.sh staged on this warm machine
+export PYTHONPATH=${SITE:-/tmp/site}:$PWD/operator:$PWD/connector VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 python3 -c "import vllm, uvicorn, aiohttp; print('vllm', vllm.__version__)" || exit 1
 STEPS=${STEPS:-qualify sweep serve}
