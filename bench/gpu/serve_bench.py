@@ -84,6 +84,16 @@ KNOBS = {"max_model_len": api.FLAG_MAX_MODEL_LEN, "max_num_seqs": api.FLAG_MAX_N
          "max_num_batched_tokens": api.FLAG_MAX_NUM_BATCHED_TOKENS}
 
 
+def with_connector_extra_config(args: list[str], extra: dict[str, Any]) -> list[str]:
+    """The plan's args with `extra` merged into its --kv-transfer-config's kv_connector_extra_config."""
+    if api.FLAG_KV_TRANSFER_CONFIG not in args:
+        raise ValueError("connector_extra_config needs an offload engine (the plan has no connector)")
+    i = args.index(api.FLAG_KV_TRANSFER_CONFIG) + 1
+    config = json.loads(args[i])
+    config[api.KV_CONNECTOR_EXTRA_CONFIG_KEY] = {**config.get(api.KV_CONNECTOR_EXTRA_CONFIG_KEY, {}), **extra}
+    return [*args[:i], json.dumps(config, separators=(",", ":")), *args[i + 1:]]
+
+
 def knob_flags(cfg: dict[str, Any]) -> list[str]:
     """Engine knobs named in the spec file, as vLLM flags."""
     out = []
@@ -537,6 +547,8 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
     plan = planned["plan"]
     result["plan_command"] = planned["command"]
     args = [*plan["vllm"]["args"], *BENCH_FLAGS, *knob_flags({**common, **spec}), *spec.get("extra_args", [])]
+    if spec.get("connector_extra_config"):  # a connector setting the planner does not choose yet, to measure it
+        args = with_connector_extra_config(args, spec["connector_extra_config"])
     if spec.get("eager", common.get("eager", False)):
         args.append(api.FLAG_ENFORCE_EAGER)
     if not common.get("words_model_dir"):

@@ -1,0 +1,96 @@
+"""The GPU engine sets (bench/gpu/engines*.json) plan and render here, before a device call spends minutes on them.
+
+A GPU session has 30 minutes; an engine whose plan flags the planner refuses, or whose connector setting vLLM does
+not read, would cost a machine start and a call to find out. serve_bench.py builds each engine's argv the way these
+tests do (spillway_plan, then extra_args and connector_extra_config).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GPU = REPO / "bench" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import serve_bench  # noqa: E402 - bench/gpu is not a package
+from spillway.core import vllm_api as api  # noqa: E402
+
+NODE_MEMORY = "131961788Ki"  # the H200 machine's MemTotal (bench/results/h200-2026-12-01-r6/machine.txt: 125 GiB)
+SPECS = sorted(GPU.glob("engines*.json"))
+ENGINES = [pytest.param(path, engine, id=f"{path.stem}:{engine['name']}")
+           for path in SPECS for engine in json.loads(path.read_text())["engines"]]
+
+
+def engine_args(spec: dict, engine: dict) -> tuple[dict, list[str]]:
+    cpus = ["--node-cpus", "16"] if spec["common"].get("plan_node_cpus") else []
+    planned = serve_bench.spillway_plan(spec["common"]["model"], NODE_MEMORY, [*cpus, *engine.get("plan_flags", [])])
+    args = [*planned["plan"]["vllm"]["args"], *engine.get("extra_args", [])]
+    if engine.get("connector_extra_config"):
+        args = serve_bench.with_connector_extra_config(args, engine["connector_extra_config"])
+    return planned["plan"], args
+
+
+def kv_transfer_config(args: list[str]) -> dict:
+    return json.loads(args[args.index(api.FLAG_KV_TRANSFER_CONFIG) + 1])
+
+
+def test_there_are_engine_sets():
+    assert len(ENGINES) >= 10, [p.name for p in SPECS]
+
+
+@pytest.mark.parametrize("path, engine", ENGINES)
+def test_every_engine_plans(path, engine):
+    spec = json.loads(path.read_text())
+    plan, args = engine_args(spec, engine)
+    assert plan["vllm"]["args"], plan
+    names = [e["name"] for e in spec["engines"]]
+    assert names.count(engine["name"]) == 1, f"{path.name}: {engine['name']} twice (--only picks by name)"
+    if engine.get("vllm_patches") or engine.get("connector_extra_config"):
+        # both act on the offload path; on a no-offload engine they would measure nothing
+        assert plan.get("pool") is not None, f"{engine['name']}: offload settings on an engine without a pool"
+
+
+@pytest.mark.parametrize("path, engine", [p for p in ENGINES if p.values[1].get("connector_extra_config")])
+def test_connector_settings_join_the_planned_ones(path, engine):
+    spec = json.loads(path.read_text())
+    plan, args = engine_args(spec, engine)
+    planned = kv_transfer_config(plan["vllm"]["args"])
+    merged = kv_transfer_config(args)
+    extra = merged[api.KV_CONNECTOR_EXTRA_CONFIG_KEY]
+    assert extra == {**planned[api.KV_CONNECTOR_EXTRA_CONFIG_KEY], **engine["connector_extra_config"]}
+    assert {k: v for k, v in merged.items() if k != api.KV_CONNECTOR_EXTRA_CONFIG_KEY} == \
+        {k: v for k, v in planned.items() if k != api.KV_CONNECTOR_EXTRA_CONFIG_KEY}
+    assert args.count(api.FLAG_KV_TRANSFER_CONFIG) == 1
+
+
+def test_connector_settings_refuse_an_engine_without_a_connector():
+    planned = serve_bench.spillway_plan("meta-llama/Llama-3.1-8B-Instruct", NODE_MEMORY,
+                                        ["--vllm-version", "0.33.0", "--no-offload"])
+    with pytest.raises(ValueError, match="no connector"):
+        serve_bench.with_connector_extra_config(planned["plan"]["vllm"]["args"], {"sync_load_budget_bytes": 1})
+
+
+def vllm_tree(version: str) -> Path | None:
+    for tree in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep):
+        if tree and Path(tree).name == version:
+            return Path(tree)
+    return None
+
+
+@pytest.mark.parametrize("path, engine", [p for p in ENGINES if p.values[1].get("connector_extra_config")])
+def test_connector_settings_are_read_by_that_vllm(path, engine):
+    """Each key the bench adds is one the engine's vLLM release reads from kv_connector_extra_config."""
+    version = engine["plan_flags"][engine["plan_flags"].index("--vllm-version") + 1]
+    tree = vllm_tree(version)
+    if tree is None:
+        pytest.skip(f"SPILLWAY_VLLM_TREES has no {version} tree (make vllm-src)")
+    offloading = tree / "vllm/distributed/kv_transfer/kv_connector/v1/offloading"
+    source = "".join(p.read_text() for p in sorted(offloading.glob("*.py")))
+    for key in engine["connector_extra_config"]:
+        assert f'extra_config.get("{key}"' in source, f"vLLM {version} does not read {key}"
