@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "bench" / "gpu"
 sys.path.insert(0, str(GPU))
 
-import serve_bench  # noqa: E402 - bench/gpu is not a package
-from spillway.core import vllm_api as api  # noqa: E402
+import serve_bench  # bench/gpu is not a package: found through sys.path above
+from spillway.core import vllm_api as api
 
 NODE_MEMORY = "131961788Ki"  # the H200 machine's MemTotal (bench/results/h200-2026-12-01-r6/machine.txt: 125 GiB)
 SPECS = sorted(GPU.glob("engines*.json"))
@@ -49,6 +49,8 @@ def test_every_engine_plans(path, engine):
     spec = json.loads(path.read_text())
     plan, args = engine_args(spec, engine)
     assert plan["vllm"]["args"], plan
+    native = api.FLAG_KV_OFFLOADING_SIZE in args  # --connector native: vLLM's own flags, no transfer config
+    assert args.count(api.FLAG_KV_TRANSFER_CONFIG) == (plan.get("pool") is not None and not native), args
     names = [e["name"] for e in spec["engines"]]
     assert names.count(engine["name"]) == 1, f"{path.name}: {engine['name']} twice (--only picks by name)"
     if engine.get("vllm_patches") or engine.get("connector_extra_config"):
@@ -94,3 +96,21 @@ def test_connector_settings_are_read_by_that_vllm(path, engine):
     source = "".join(p.read_text() for p in sorted(offloading.glob("*.py")))
     for key in engine["connector_extra_config"]:
         assert f'extra_config.get("{key}"' in source, f"vLLM {version} does not read {key}"
+
+
+@pytest.mark.parametrize("path, engine", [p for p in ENGINES if {"loadtest", "preemption"} & set(p.values[1])])
+def test_load_test_arguments_parse(path, engine, capsys):
+    """serve_bench.py hands these to `python -m spillway.loadtest`; a typo there is found here, not on the GPU."""
+    import argparse
+
+    from spillway.loadtest.cli import add_subcommands
+
+    parser = argparse.ArgumentParser(prog="python -m spillway.loadtest")
+    add_subcommands(parser.add_subparsers(dest="loadtest_command", required=True))
+    common = ["--endpoint", "http://127.0.0.1:8000", "-o", "out.json", "--progress", "log"]
+    for command, key, extra in (("run", "loadtest", ["--no-plot"]), ("preemption", "preemption", [])):
+        if key in engine:
+            try:
+                parser.parse_args([command, *common, *extra, *engine[key]])
+            except SystemExit:
+                pytest.fail(f"{path.name}:{engine['name']}: {key} arguments: {capsys.readouterr().err.strip()}")

@@ -64,6 +64,10 @@ ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the s
 # up to the 4 measured best on 16 cores.
 CORES_PER_API_SERVER = 4
 MAX_API_SERVERS = 4
+# --max-num-batched-tokens is left to vLLM (8192 on an H200): 4096 and 16384 gained nothing beyond the spread at
+# 100% CPU hit (237.3K and 241.8K prompt tok/s against 269.0K, passes 205-310K) or 50% (within 3%):
+# bench/results/h200-2026-12-01-r6/README.md. A fully hit request computes one token, so the step's budget binds
+# only past 8192 requests; at 50% hit 8192 tokens is already 32 requests' misses a step.
 # The startup probe's budget (a probe that gives up restarts the pod into the same wait, a crash loop): the
 # download, load and CUDA graphs of a large model, plus the pool, which vLLM sets up before it serves /health.
 # On the H200 (vLLM 0.26, 64 GiB pinned) the first offload engine of a fresh machine started 38-76 s after a
