@@ -363,15 +363,8 @@ async def run_loadtest(url: str, spec: dict, out_dir: Path, deadline: float) -> 
            "--progress", "log", "--label", f"engine={spec['name']}", *spec["loadtest"]]
     log(f"  spillway loadtest {' '.join(cmd[3:])}")
     t0 = time.time()
-    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=max(10.0, deadline - time.time()))
-        rc = proc.returncode
-    except TimeoutError:
-        proc.kill()
-        out, rc = b"", "killed at the deadline"
-    (out_dir / f"loadtest-{spec['name']}.log").write_bytes(out or b"")
-    for line in (out or b"").decode(errors="replace").splitlines()[-15:]:
+    rc, text = await run_subprocess(cmd, out_dir / f"loadtest-{spec['name']}.log", deadline)
+    for line in text.splitlines()[-15:]:
         log("    " + line)
     return {"command": ["spillway", *cmd[3:]], "rc": rc, "seconds": time.time() - t0,
             "result_file": path.name if path.exists() else None}
