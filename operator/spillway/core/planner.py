@@ -73,7 +73,9 @@ MAX_API_SERVERS = 4
 # On the H200 (vLLM 0.26, 64 GiB pinned) the first offload engine of a fresh machine started 38-76 s after a
 # no-offload engine of the same lease did (171-181 s against 87-133 s: `startup_s` in
 # bench/results/h200-2026-12-01*/serve_bench-call*.json), 0.84 GiB/s at the slowest; the budget allows half of
-# that, so a 1.5 TiB pool on a one-GPU node gets 61 more minutes instead of a restart at 30.
+# that, so a 1.5 TiB pool on a one-GPU node gets 61 more minutes instead of a restart at 30. vLLM 0.33, mapping
+# 64 GiB from /dev/shm, started 39-60 s after its no-offload engine (95-116 s against 56 s; 1.1-1.6 GiB/s:
+# bench/results/h200-2026-12-01-r6/serve_bench-call4.json, v33-call3.json), inside the same budget.
 ENGINE_START_SECONDS = 1800
 POOL_SETUP_BYTES_PER_S = 0.42 * GiB
 
