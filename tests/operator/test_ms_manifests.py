@@ -83,6 +83,18 @@ def test_plans_for_the_smallest_eligible_node():
     assert "smallest of 3 eligible nodes" in result.summary()
 
 
+def test_a_pool_that_fits_no_node_names_the_node_with_the_smallest_share():
+    # Under 80 GiB the node reserve is its 4 GiB floor, so memory per GPU misorders these two: "one" has 33 GiB
+    # for its one replica and "two" 32 per replica, yet the shares are 29 and 30 GiB. The error names "one".
+    pool = nodes(gpu_node("one", "33Gi", 1), gpu_node("two", "64Gi", 2))
+    shares = {n.name: plan(resolve_geometry(LLAMA_8B), desired(modelserver(), pool).spec.request, n.facts()).node
+              .share_bytes for n in pool}
+    assert shares["one"] < shares["two"]
+    with pytest.raises(PoolDoesNotFit) as err:
+        desired(modelserver(offload={"size": "40Gi"}), pool)
+    assert "node one" in str(err.value) and "two" not in str(err.value), err.value
+
+
 def _args(result):
     return by_kind(result)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
 

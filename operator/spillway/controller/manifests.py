@@ -18,7 +18,7 @@ from ..adapters.model_config import ConfigMapReader, HubFetcher, resolve_geometr
 from ..core import k8s_names as names
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
-from ..core.planner import Plan, plan, with_engine
+from ..core.planner import Plan, plan, replica_share_bytes, with_engine
 from ..core.quantity import format_bytes, to_quantity
 from . import hardening
 from .facts import Eligibility, NodeSummary, describe, eligibility
@@ -53,16 +53,13 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
     """Plan one replica for every eligible node and keep the smallest pod: it fits wherever it lands.
 
     A node the request does not fit on fails the whole plan (its error names that node's numbers); nodes
-    are tried from the smallest memory per replica up, so the error names the node that limits the pool.
+    are tried from the smallest replica share up (the planner's own), so the error names the node that
+    limits the pool.
     The API servers are the fewest any of the nodes' CPU allows, for the same reason.
     """
     request = spec.request
-
-    def per_replica(node: NodeSummary) -> float:
-        return node.allocatable_memory / (request.replicas_per_node or max(1, node.gpus // request.tensor_parallel_size))
-
-    plans = [(plan(geometry, request, node.facts()), node) for node in sorted(eligible, key=lambda n: (per_replica(n),
-                                                                                                          n.name))]
+    smallest_first = sorted(eligible, key=lambda n: (replica_share_bytes(n.facts(), request), n.name))
+    plans = [(plan(geometry, request, node.facts()), node) for node in smallest_first]
     chosen, node = min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
     fewest = min((p.engine for p, _ in plans), key=lambda e: e.api_servers)
     if fewest.api_servers < chosen.engine.api_servers:

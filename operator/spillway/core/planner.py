@@ -250,6 +250,14 @@ def _parse_size(size: str) -> tuple[str, float | int | None]:
     return "bytes", parse_bytes(text, "offload size")
 
 
+def replica_share_bytes(node: NodeFacts, request: ServingRequest) -> int:
+    """One replica's share of the node's memory (allocatable less the node reserve, split over the replicas):
+    the process and the pool come out of it. Callers that order nodes by it order them as the plans will differ."""
+    fit = max(1, node.gpus // request.tensor_parallel_size)
+    replicas = request.replicas_per_node if request.replicas_per_node is not None else fit
+    return (node.allocatable_memory - node_reserve(node.allocatable_memory)) // max(1, replicas)
+
+
 def _node_plan(node: NodeFacts, request: ServingRequest, multimodal: bool) -> tuple[NodePlan, EnginePlan]:
     tp = request.tensor_parallel_size
     if node.gpus < 1:
@@ -265,7 +273,7 @@ def _node_plan(node: NodeFacts, request: ServingRequest, multimodal: bool) -> tu
             f"replicas per node must be 1..{fit} ({node.gpus} GPUs / tensor parallel size {tp}), got {replicas}"
         )
     reserve = node_reserve(node.allocatable_memory)
-    share = (node.allocatable_memory - reserve) // replicas
+    share = replica_share_bytes(node, request)
     # With or without offload: the no-offload baseline runs the same engine.
     engine = api_servers(node.cpu_millis, replicas, node.name)
     fixed = process_reserve(tp, engine.api_servers, multimodal) + SHM_EXTRA_BYTES + ROUNDING_SLACK
