@@ -19,6 +19,8 @@ _DOCS = {
     "instead of being recomputed.",
     names.PREEMPTED_QUERIED_TOKENS: "Tokens of resumed preempted requests looked up in the CPU pool "
     "(reload_tokens / queried_tokens is the pool's hit rate for preemptions).",
+    names.SHORT_HIT_TOKENS_RECOMPUTED: "Tokens found in the CPU pool but recomputed, because the hit was shorter "
+    "than the connector's spillway_recompute_below_tokens.",
     names.TRANSFER_THROUGHPUT: "Throughput of each finished KV transfer between GPU and CPU pool, in GB/s "
     "(bytes / transfer time / 1e9), by direction (load: CPU->GPU, store: GPU->CPU).",
     names.TRANSFER_BYTES: "Bytes transferred between GPU and CPU pool, by direction.",

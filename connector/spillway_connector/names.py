@@ -13,6 +13,10 @@ PREEMPTED_RELOAD_REQUESTS = "spillway:kv_offload_preempted_reload_requests"
 PREEMPTED_RELOAD_TOKENS = "spillway:kv_offload_preempted_reload_tokens"
 PREEMPTED_QUERIED_TOKENS = "spillway:kv_offload_preempted_queried_tokens"
 
+# Tokens found in the pool but recomputed: the hit was shorter than the connector's
+# spillway_recompute_below_tokens (a short load can cost more than its prefill).
+SHORT_HIT_TOKENS_RECOMPUTED = "spillway:kv_offload_short_hit_tokens_recomputed"
+
 # -- transfers ------------------------------------------------------------------
 # Histogram of each finished transfer's bytes / seconds, in GB/s (1e9 bytes/s).
 TRANSFER_THROUGHPUT = "spillway:kv_offload_transfer_throughput_gbps"
@@ -39,6 +43,7 @@ COUNTERS = (
     PREEMPTED_RELOAD_REQUESTS,
     PREEMPTED_RELOAD_TOKENS,
     PREEMPTED_QUERIED_TOKENS,
+    SHORT_HIT_TOKENS_RECOMPUTED,
     TRANSFER_BYTES,
     TRANSFER_SECONDS,
     POOL_EVICTED_CHUNKS,

@@ -23,6 +23,8 @@ KV_CONNECTOR_EXTRA_CONFIG_KEY = "kv_connector_extra_config"
 EXTRA_CPU_BYTES = "cpu_bytes_to_use"
 EXTRA_EVICTION_POLICY = "eviction_policy"
 EXTRA_OFFLOAD_BLOCK_SIZE = "block_size"
+# Spillway's own (vLLM ignores it): a CPU hit shorter than this many tokens is recomputed, not loaded (0: never).
+EXTRA_RECOMPUTE_BELOW_TOKENS = "spillway_recompute_below_tokens"
 EXTRA_SPEC_NAME = "spec_name"  # out-of-tree OffloadingSpec class ...
 EXTRA_SPEC_MODULE_PATH = "spec_module_path"  # ... and its module
 

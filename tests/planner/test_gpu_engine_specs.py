@@ -20,6 +20,8 @@ sys.path.insert(0, str(GPU))
 
 import serve_bench  # bench/gpu is not a package: found through sys.path above
 from spillway.core import vllm_api as api
+from spillway_connector.connector import ShortHitFloor
+from spillway_connector.transfer_config import EXTRA_RECOMPUTE_BELOW_TOKENS
 
 NODE_MEMORY = "131961788Ki"  # the H200 machine's MemTotal (bench/results/h200-2026-12-01-r6/machine.txt: 125 GiB)
 SPECS = sorted(GPU.glob("engines*.json"))
@@ -87,14 +89,20 @@ def vllm_tree(version: str) -> Path | None:
 
 @pytest.mark.parametrize("path, engine", [p for p in ENGINES if p.values[1].get("connector_extra_config")])
 def test_connector_settings_are_read_by_that_vllm(path, engine):
-    """Each key the bench adds is one the engine's vLLM release reads from kv_connector_extra_config."""
+    """Each key the bench adds is one the engine's vLLM release reads from kv_connector_extra_config, or the
+    Spillway connector's own, with a value the connector accepts."""
+    extra = dict(engine["connector_extra_config"])
+    if EXTRA_RECOMPUTE_BELOW_TOKENS in extra:
+        assert ShortHitFloor.from_extra_config(extra).tokens == extra.pop(EXTRA_RECOMPUTE_BELOW_TOKENS)
+    if not extra:
+        return
     version = engine["plan_flags"][engine["plan_flags"].index("--vllm-version") + 1]
     tree = vllm_tree(version)
     if tree is None:
         pytest.skip(f"SPILLWAY_VLLM_TREES has no {version} tree (make vllm-src)")
     offloading = tree / "vllm/distributed/kv_transfer/kv_connector/v1/offloading"
     source = "".join(p.read_text() for p in sorted(offloading.glob("*.py")))
-    for key in engine["connector_extra_config"]:
+    for key in extra:
         assert f'extra_config.get("{key}"' in source, f"vLLM {version} does not read {key}"
 
 
