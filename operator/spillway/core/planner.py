@@ -68,6 +68,7 @@ MAX_API_SERVERS = 4
 # 100% CPU hit (237.3K and 241.8K prompt tok/s against 269.0K, passes 205-310K) or 50% (within 3%):
 # bench/results/h200-2026-12-01-r6/README.md. A fully hit request computes one token, so the step's budget binds
 # only past 8192 requests; at 50% hit 8192 tokens is already 32 requests' misses a step.
+
 # The startup probe's budget (a probe that gives up restarts the pod into the same wait, a crash loop): the
 # download, load and CUDA graphs of a large model, plus the pool, which vLLM sets up before it serves /health.
 # On the H200 (vLLM 0.26, 64 GiB pinned) the first offload engine of a fresh machine started 38-76 s after a
@@ -251,8 +252,9 @@ def _parse_size(size: str) -> tuple[str, float | int | None]:
 
 
 def replica_share_bytes(node: NodeFacts, request: ServingRequest) -> int:
-    """One replica's share of the node's memory (allocatable less the node reserve, split over the replicas):
-    the process and the pool come out of it. Callers that order nodes by it order them as the plans will differ."""
+    """One replica's share of the node's memory (allocatable less the node reserve, split over the replicas).
+    The process and the pool come out of it, so of several nodes the one with the smallest share limits a plan
+    that has to fit them all."""
     fit = max(1, node.gpus // request.tensor_parallel_size)
     replicas = request.replicas_per_node if request.replicas_per_node is not None else fit
     return (node.allocatable_memory - node_reserve(node.allocatable_memory)) // max(1, replicas)
