@@ -34,9 +34,10 @@ def exception_lines(p):
         return [], []
     # vLLM's lines: "(EngineCore pid=N) ERROR 12-01 11:19:50 [core.py:1584] AttributeError: ..."
     # a WARNING/INFO line is not the failure: round 5's "Expected one _C_extension*.so" was DeepGEMM's optional
-    # import, logged as a warning by a server that went on to serve, and was reported as the connector's cause
+    # import, logged as a warning by a server that went on to serve, and was reported as the connector's cause.
+    # ERROR lines lose their prefix; traceback lines have none.
     lines_kept = [l for l in lines if not re.search(r"(?:^|\s)(?:WARNING|INFO|DEBUG) \S+ \S+ \[", l)]
-    bare = [re.sub(r"^(?:\([^)]*pid=\d+\)\s*)?(?:(?:ERROR|WARNING|INFO|DEBUG) \S+ \S+ \[[^\]]*\]\s*)?", "", l) for l in lines_kept]
+    bare = [re.sub(r"^(?:\([^)]*pid=\d+\)\s*)?(?:ERROR \S+ \S+ \[[^\]]*\]\s*)?", "", l) for l in lines_kept]
     exc = [l for l in bare if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(:|$)", l)]
     return lines, list(dict.fromkeys(exc))
 

@@ -91,7 +91,7 @@ def with_connector_extra_config(args: list[str], extra: dict[str, Any]) -> list[
     i = args.index(api.FLAG_KV_TRANSFER_CONFIG) + 1
     config = json.loads(args[i])
     config[api.KV_CONNECTOR_EXTRA_CONFIG_KEY] = {**config.get(api.KV_CONNECTOR_EXTRA_CONFIG_KEY, {}), **extra}
-    return [*args[:i], json.dumps(config, separators=(",", ":")), *args[i + 1:]]
+    return [*args[:i], api.flag_value(config), *args[i + 1:]]
 
 
 def knob_flags(cfg: dict[str, Any]) -> list[str]:

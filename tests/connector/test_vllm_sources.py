@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.vllm_trees import vllm_trees
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 UNIT_MODULES = ["test_host_backend.py", "test_probes.py", "test_prom_metrics.py"]
-TREES = [tree for tree in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if tree]
+TREES = [str(tree) for tree in vllm_trees()]
 
 
 @pytest.mark.skipif(not TREES, reason="SPILLWAY_VLLM_TREES names no other vLLM sources")

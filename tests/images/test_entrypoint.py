@@ -5,7 +5,6 @@ The built image runs the same entrypoint in test_vllm_cpu_image.py, with the hol
 """
 from __future__ import annotations
 
-import os
 import re
 import runpy
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from pools import HOLDER, plant
 from spillway.core import vllm_api
+from support.vllm_trees import vllm_trees
 
 ENTRYPOINT = Path(__file__).resolve().parents[2] / "images" / "vllm" / "entrypoint.sh"
 
@@ -116,7 +116,7 @@ def region_sources() -> list[Path]:
     """vLLM's shared_offload_region.py in the installed vLLM and in SPILLWAY_VLLM_TREES (CI: 0.33, 0.26)."""
     import importlib.util
 
-    roots = [Path(tree) for tree in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if tree]
+    roots = vllm_trees()
     spec = importlib.util.find_spec("vllm")
     if spec is not None and spec.origin:
         roots.append(Path(spec.origin).parents[1])

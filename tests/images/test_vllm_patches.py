@@ -26,6 +26,7 @@ from support import TinyLlama, VllmServer, vllm_available
 from support import vllm_patch_probe as probe
 from support.offload_workload import complete
 from support.promtext import total
+from support.vllm_trees import vllm_trees
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH_FILE = REPO / "images" / "vllm" / "patches" / "inflight_reservation.py"
@@ -47,8 +48,8 @@ def _trees() -> list:
         cases.append(pytest.param(patch.vllm_site(), id="installed"))
     else:
         cases.append(pytest.param(None, id="installed", marks=pytest.mark.skip(reason="vLLM is not installed")))
-    trees = [tree for tree in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if tree]
-    cases += [pytest.param(Path(tree), id=Path(tree).name) for tree in trees]
+    trees = vllm_trees()
+    cases += [pytest.param(tree, id=tree.name) for tree in trees]
     if not trees:
         cases.append(pytest.param(None, id="SPILLWAY_VLLM_TREES", marks=pytest.mark.skip(
             reason="SPILLWAY_VLLM_TREES names no other vLLM sources (make vllm-src unpacks 0.33.0 and 0.26.0)")))

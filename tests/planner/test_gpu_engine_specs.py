@@ -8,7 +8,6 @@ tests do (spillway_plan, then extra_args and connector_extra_config).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import serve_bench  # bench/gpu is not a package: found through sys.path above
 from spillway.core import vllm_api as api
 from spillway_connector.connector import ShortHitFloor
 from spillway_connector.transfer_config import EXTRA_RECOMPUTE_BELOW_TOKENS
+from support.vllm_trees import vllm_tree
 
 NODE_MEMORY = "131961788Ki"  # the H200 machine's MemTotal (bench/results/h200-2026-12-01-r6/machine.txt: 125 GiB)
 SPECS = sorted(GPU.glob("engines*.json"))
@@ -78,13 +78,6 @@ def test_connector_settings_refuse_an_engine_without_a_connector():
                                         ["--vllm-version", "0.33.0", "--no-offload"])
     with pytest.raises(ValueError, match="no connector"):
         serve_bench.with_connector_extra_config(planned["plan"]["vllm"]["args"], {"sync_load_budget_bytes": 1})
-
-
-def vllm_tree(version: str) -> Path | None:
-    for tree in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep):
-        if tree and Path(tree).name == version:
-            return Path(tree)
-    return None
 
 
 @pytest.mark.parametrize("path, engine", [p for p in ENGINES if p.values[1].get("connector_extra_config")])

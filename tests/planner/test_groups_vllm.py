@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 from spillway.core.errors import ModelGeometryUnknown
 from spillway.core.groups import CHUNKED, FULL, MAMBA, MLA, SLIDING, kv_groups
+from support.vllm_trees import vllm_trees
 from tiny_families import FAMILIES
 
 pytestmark = pytest.mark.engine
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-TREES = [tree for tree in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if tree]
+TREES = [str(tree) for tree in vllm_trees()]
 POOL_BYTES = 64 << 20
 MAX_MODEL_LEN = 2048
 CPU_BLOCK = 128  # the CPU attention backend's block (multiples of 32 without AVX-512); its MLA backend takes 16

