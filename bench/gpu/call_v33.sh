@@ -11,7 +11,8 @@
 #   connector  the same with `spillway plan --vllm-version 0.33.0`'s args and env: one store, one reload on /metrics
 # Env: LIMIT (s, default 500), CONNECTOR_S (the connector step's budget, default 500), EAGER (1: --enforce-eager, default), BACKEND (default TRITON_ATTN), PLAN_FLAGS (more
 # `spillway plan` flags), STEPS (default "serve connector"; a warm machine keeps /tmp/site33, so a third call with
-# no carry can run STEPS=connector alone when the second ran out of time).
+# no carry can run STEPS=connector alone when the second ran out of time; STEPS=none stages, imports and checks the
+# modules only, before `call_b.sh` runs engines on the tree in the same call, as round 7 did).
 set -uo pipefail
 T0=$(date +%s); LIMIT=${LIMIT:-500}; OUT=${OUT:-/tmp/out33}; mkdir -p "$OUT"
 IN=/tmp/v33in; SITE=/tmp/site33; WORK=/tmp/work33; mkdir -p $IN $WORK
