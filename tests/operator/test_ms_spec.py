@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import pytest
+from spillway.controller.facts import summarize_node, synthetic_node
+from spillway.controller.manifests import desired
 from spillway.controller.spec import parse_spec
 from spillway.core import k8s_names as names
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec
 from spillway.core.geometry import DEFAULT_BLOCK_SIZE
 from spillway.core.options import Connector, EvictionPolicy, Layout
-from support.ms_examples import LLAMA_8B
+from support.ms_examples import LLAMA_8B, modelserver
 
 
 def test_a_spec_naming_only_a_model_takes_the_defaults():
@@ -76,3 +78,19 @@ def test_bad_specs_name_the_field_and_value(spec, words):
     assert raised.value.reason == "InvalidSpec"
     for word in words:
         assert word in str(raised.value)
+
+
+@pytest.mark.parametrize("field", ["model", "revision", "servedModelName"])
+def test_flag_shaped_command_line_values_are_invalid_spec(field):
+    spec = {"model": LLAMA_8B, field: "--cpu-offload-gb=900"}
+    with pytest.raises(InvalidSpec, match=f"spec.{field} .* flag"):
+        parse_spec(spec)
+
+
+def test_max_model_len_in_extra_args_is_planned_for():
+    """A sliding-window model holds fewer prefix tokens per chunk at a shorter request length (groups.py)."""
+    nodes = [summarize_node(synthetic_node("2Ti", 8))]
+    default, short = (desired(modelserver(model="google/gemma-3-12b-it", extraArgs=extra), nodes).plan.pool
+                      for extra in ([], ["--max-model-len", "8K"]))
+    assert parse_spec({"model": LLAMA_8B, "extraArgs": ["--max_model_len=8K"]}).max_model_len == 8192
+    assert short.bytes == default.bytes and short.tokens < default.tokens

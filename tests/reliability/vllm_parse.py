@@ -12,7 +12,9 @@ PLANNED = ("model_tag", "tensor_parallel_size", "pipeline_parallel_size", "data_
            "data_parallel_size_local", "decode_context_parallel_size", "prefill_context_parallel_size",
            "nnodes", "block_size", "kv_cache_dtype", "kv_offloading_size", "kv_offloading_backend",
            "cpu_offload_gb", "offload_backend", "hf_config_path", "host", "port", "revision",
-           "served_model_name", "model", "api_server_count")
+           "served_model_name", "model", "api_server_count", "dtype", "hf_overrides", "config_format",
+           "speculative_config", "mamba_cache_dtype", "mamba_ssm_cache_dtype", "disable_hybrid_kv_cache_manager",
+           "enable_sleep_mode", "mm_processor_cache_gb", "max_model_len")
 
 
 def _plain(value):

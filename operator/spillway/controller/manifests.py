@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..adapters.model_config import ConfigMapReader, HubFetcher, resolve_geometry
@@ -88,6 +88,8 @@ def desired_for(body: Mapping[str, Any], spec: ModelServerSpec, eligible: Eligib
     """desired() for a spec already parsed and its eligible nodes already found (the operator's reconcile)."""
     check_name(body)
     geometry = resolve_geometry(spec.model_source(), read_config_map, fetch_hub)
+    if spec.max_model_len is not None:
+        geometry = replace(geometry, max_model_len=spec.max_model_len)
     nodes = eligible.require()
     result, node = plan_for_nodes(geometry, spec, nodes)
     objects = render(body, spec, result, pod_monitor)

@@ -18,7 +18,7 @@ from ..core.geometry import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPE_BYTES
 from ..core.model_source import ModelSource
 from ..core.options import Connector, EvictionPolicy, Layout, choices
 from ..core.planner import OffloadRequest, ServingRequest
-from .engine_flags import planned_flag
+from .engine_flags import flag_values, geometry_flag, human_readable_int, planned_flag
 from .routing_spec import RoutingSpec, check_events_args, parse_routing
 from .spec_checks import OFFLOAD_FIELDS, SPEC_FIELDS, check_affinity, check_tolerations, known_fields
 
@@ -60,6 +60,7 @@ class ModelServerSpec:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] | None = None
     extra_args: tuple[str, ...] = ()
+    max_model_len: int | None = None  # extraArgs' --max-model-len: the request length the plan's tokens assume
     env: tuple[Mapping[str, Any], ...] = ()
     api_key_secret: ObjectKeyRef | None = None  # VLLM_API_KEY from a Secret
     network_policy: bool = True  # a NetworkPolicy admits only the router, Prometheus and client_namespaces
@@ -201,7 +202,57 @@ def _extra_args(spec: Mapping[str, Any]) -> tuple[str, ...]:
                 "(tensorParallelSize, blockSize, kvCacheDtype, offload, revision, servedModelName, apiKeySecretRef; "
                 f"API servers follow the node's CPU; no parallelism, weight offload or {api.FLAG_CONFIG} file either)"
             )
+        flag = geometry_flag(arg)
+        if flag is not None:
+            raise InvalidSpec(
+                f"spec.extraArgs sets {flag}, which changes the model's KV geometry or host memory the plan sized "
+                "(the cache dtype is kvCacheDtype; a changed config.json is modelConfig.inline)"
+            )
+    _check_mm_cache(args)
     return tuple(args)
+
+
+def _check_mm_cache(args: list[str]) -> None:
+    for value in flag_values(args, api.FLAG_MM_PROCESSOR_CACHE_GB):
+        try:
+            gib = float(value) if value is not None else None
+        except ValueError:
+            gib = None
+        if gib is None or not 0 <= gib <= api.MM_PROCESSOR_CACHE_GB_DEFAULT:
+            raise InvalidSpec(
+                f"spec.extraArgs sets {api.FLAG_MM_PROCESSOR_CACHE_GB} {str(value)[:40]!r}: the plan reserves host "
+                f"memory for vLLM's default of {api.MM_PROCESSOR_CACHE_GB_DEFAULT:g} GiB per API server, so it may "
+                "be a number from 0 to that, no more"
+            )
+
+
+def _max_model_len(args: tuple[str, ...]) -> int | None:
+    """extraArgs' --max-model-len (the last one, as argparse keeps it): the plan's tokens follow it. -1 and
+    auto let vLLM fit it to GPU memory, which the config's own length bounds."""
+    values = flag_values(args, api.FLAG_MAX_MODEL_LEN)
+    if not values:
+        return None
+    value = values[-1]
+    if value is not None and value.strip().lower() in ("-1", "auto"):
+        return None
+    length = human_readable_int(value) if value is not None else None
+    if not length:
+        raise InvalidSpec(f"spec.extraArgs sets {api.FLAG_MAX_MODEL_LEN} {str(value)[:40]!r}: vLLM takes a "
+                          "positive number of tokens (8192, 8k, 8K), -1 or auto")
+    return length
+
+
+def _argv_word(obj: Mapping[str, Any], key: str, what: str) -> str | None:
+    """A value the pod's command line carries as one word: vLLM's parser would read a leading '-' as a flag."""
+    value = _str(obj, key, "spec")
+    if value is None:
+        return None
+    if not value.strip():
+        raise InvalidSpec(f"spec.{key} must name {what}, got {value!r}")
+    if value.strip().startswith("-"):
+        raise InvalidSpec(f"spec.{key} {value[:80]!r} starts with '-': vLLM's command line would read it as a "
+                          f"flag; it must name {what}")
+    return value.strip()
 
 
 def _env(spec: Mapping[str, Any], reserved: set[str]) -> tuple[Mapping[str, Any], ...]:
@@ -226,7 +277,8 @@ def parse_spec(spec: Any) -> ModelServerSpec:
     known_fields(spec, SPEC_FIELDS, "spec")
     model = spec.get("model")
     if not isinstance(model, str) or not model.strip():
-        raise InvalidSpec(f"spec.model must name a model (a Hugging Face id or a path/URI), got {model!r}")
+        raise InvalidSpec(f"spec.model must name a model (a Hugging Face id or a path/URI), got {model!r}"[:300])
+    model = _argv_word(spec, "model", "a model (a Hugging Face id or a path/URI)")
     selector = _mapping(spec.get("nodeSelector"), "spec.nodeSelector")
     for key, value in selector.items():
         if not isinstance(value, str):
@@ -242,9 +294,9 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         pull_secrets.append(name)
     affinity = spec.get("affinity")
     return ModelServerSpec(
-        model=model.strip(),
-        revision=_str(spec, "revision", "spec"),
-        served_model_name=_str(spec, "servedModelName", "spec"),
+        model=model,
+        revision=_argv_word(spec, "revision", "a branch, tag or commit of the model"),
+        served_model_name=_argv_word(spec, "servedModelName", "the model for clients"),
         model_config=_model_config(spec),
         hf_token_secret=token_ref,
         request=ServingRequest(
@@ -263,7 +315,8 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         node_selector=dict(selector),
         tolerations=check_tolerations(spec.get("tolerations")),
         affinity=check_affinity(affinity),
-        extra_args=_extra_args(spec),
+        extra_args=(extra := _extra_args(spec)),
+        max_model_len=_max_model_len(extra),
         env=_env(spec, reserved),
         **_exposure(spec),
         routing=_routing(spec),

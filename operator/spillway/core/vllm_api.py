@@ -61,6 +61,19 @@ PLAN_FLAGS = (
     "--offload-params", "--hf-config-path", "--model", FLAG_PORT, FLAG_HOST, FLAG_REVISION,
     FLAG_SERVED_MODEL_NAME, FLAG_API_KEY, FLAG_CONFIG, "--uds", FLAG_API_SERVER_COUNT,
 )
+# Flags that change what was sized without being a planned value: the model's geometry (KV dtype follows
+# --dtype under `--kv-cache-dtype auto`; config overrides; a draft model's own KV cache; Mamba state dtypes;
+# vLLM's KV-cache groups) or host memory outside the pool (weights slept to CPU memory). Refused in extraArgs
+# in the same spellings. Names from vllm/engine/arg_utils.py (vLLM 0.33).
+GEOMETRY_FLAGS = (
+    "--dtype", "--hf-overrides", "--config-format", "--speculative-config", "--mamba-cache-dtype",
+    "--mamba-ssm-cache-dtype", "--disable-hybrid-kv-cache-manager", "--enable-sleep-mode",
+)
+GEOMETRY_SHORT_FLAGS = ("-sc",)  # --speculative-config
+# The multimodal processor cache lives in host memory, one per API server: the plan reserves vLLM's default
+# (planner.MM_PROCESSOR_CACHE_BYTES), so extraArgs may lower it, not raise it.
+FLAG_MM_PROCESSOR_CACHE_GB = "--mm-processor-cache-gb"
+MM_PROCESSOR_CACHE_GB_DEFAULT = 4.0  # vllm/config/multimodal.py
 # Their single-dash aliases (-tp, -pp, -dp, ...) and the ones of flags that share a prefix with them.
 PLAN_SHORT_FLAGS = (FLAG_TENSOR_PARALLEL_SIZE_SHORT, "-pp", "-dp", "-dpl", "-dcp", "-pcp", "-n", "-r",
                     FLAG_API_SERVER_COUNT_SHORT)
