@@ -23,11 +23,13 @@ __all__ = [
     "Api",
     "EmulatedCluster",
     "Operator",
+    "container_args",
     "eventually",
     "gpu_node",
     "modelserver",
     "names",
     "one_error_line",
+    "parse_with_vllm",
     "render",
     "spillway",
 ]
@@ -64,3 +66,16 @@ def rendered(done: subprocess.CompletedProcess) -> dict[str, dict[str, Any]]:
 def memory_limit(deployment: dict) -> str:
     container, = deployment["spec"]["template"]["spec"]["containers"]
     return container["resources"]["limits"]["memory"]
+
+
+def parse_with_vllm(argvs: list[list[str]]) -> list[dict]:
+    """What vLLM's own parser reads from each command line (vllm_parse.py, the CPU build)."""
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("vllm_parse.py"))], input=json.dumps(argvs),
+                          capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def container_args(done: subprocess.CompletedProcess) -> list[str]:
+    container, = rendered(done)["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert "command" not in container  # our image's entrypoint passes them to `vllm serve`
+    return container["args"]

@@ -5,14 +5,10 @@ file); what is left, parsed by vLLM, gives exactly the planned values. Reserved 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from harness import modelserver, one_error_line, render, rendered
+from harness import container_args, modelserver, one_error_line, parse_with_vllm, render
 
-HERE = Path(__file__).resolve().parent
 POOL_5TB = json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                        "kv_connector_extra_config": {"cpu_bytes_to_use": 5e12}})
 
@@ -44,32 +40,15 @@ HOSTILE = {
 }
 
 
-def _parse(argvs: list[list[str]]) -> list[dict]:
-    done = subprocess.run([sys.executable, str(HERE / "vllm_parse.py")], input=json.dumps(argvs),
-                          capture_output=True, text=True, timeout=300, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _container_args(done) -> list[str]:
-    container, = rendered(done)["Deployment"]["spec"]["template"]["spec"]["containers"]
-    assert "command" not in container  # our image's entrypoint passes them to `vllm serve`
-    return container["args"]
-
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory) -> list[str]:
-    return _container_args(render(tmp_path_factory.mktemp("base"), modelserver()))
-
-
 def _check(tmp_path, baseline, cases: dict[str, list[str]]) -> None:
     refused, accepted = {}, {}
     for name, extra in cases.items():
         done = render(tmp_path, modelserver(extraArgs=extra))
         if done.returncode == 0:
-            accepted[name] = _container_args(done)
+            accepted[name] = container_args(done)
         else:
             refused[name] = done
-    parsed = _parse([baseline, *accepted.values()])
+    parsed = parse_with_vllm([baseline, *accepted.values()])
     planned, rest = parsed[0], parsed[1:]
     assert "error" not in planned, planned
     defeated = {name: {k: (planned[k], seen.get(k)) for k in planned if seen.get(k) != planned[k]}
@@ -97,7 +76,7 @@ def test_flags_outside_the_plan_still_pass(tmp_path, baseline):
     allowed = [["--max-model-len", "8192"], ["--max_num_seqs=64"], ["--enable-chunked-prefill"],
                ["--gpu-memory-utilization=0.85"], ["--compilation-config.mode", "0"]]
     for extra in allowed:
-        args = _container_args(render(tmp_path, modelserver(extraArgs=extra)))
+        args = container_args(render(tmp_path, modelserver(extraArgs=extra)))
         assert args[-len(extra):] == extra
 
 

@@ -7,8 +7,8 @@ overrides, a draft model, Mamba state dtypes, vLLM's KV groups, host memory) are
 from __future__ import annotations
 
 import pytest
-from harness import modelserver, one_error_line, render
-from test_extra_args import _check, _container_args, _parse, baseline  # noqa: F401 - the fixture
+from harness import container_args, modelserver, one_error_line, parse_with_vllm, render
+from test_extra_args import _check
 from test_model_config import LLAMA
 
 FLAG_SHAPED = ["--cpu-offload-gb=900", "-tp=8", "--kv_transfer_config.x=1", " --port=1"]
@@ -28,10 +28,10 @@ def test_flag_shaped_argv_values_never_reach_vllm_as_flags(tmp_path, field):
     for value in FLAG_SHAPED:
         done = render(tmp_path, _with(field, value))
         if done.returncode == 0:
-            accepted[value] = _container_args(done)
+            accepted[value] = container_args(done)
         else:
             refused.append(done)
-    parsed = _parse(list(accepted.values()))
+    parsed = parse_with_vllm(list(accepted.values()))
     misread = {}
     for (value, _), seen in zip(accepted.items(), parsed):
         got = seen.get(FIELDS[field]) if "error" not in seen else seen
@@ -45,7 +45,7 @@ def test_flag_shaped_argv_values_never_reach_vllm_as_flags(tmp_path, field):
 
 def test_plain_argv_values_still_pass(tmp_path):
     body = modelserver(revision="refs/pr/12", servedModelName="llama-8b-chat")
-    parsed, = _parse([_container_args(render(tmp_path, body))])
+    parsed, = parse_with_vllm([container_args(render(tmp_path, body))])
     assert (parsed["model_tag"], parsed["revision"], parsed["served_model_name"]) == \
         (body["spec"]["model"], "refs/pr/12", ["llama-8b-chat"])
 
@@ -74,8 +74,8 @@ def test_geometry_and_host_memory_flags_are_refused(tmp_path, baseline):
 
 def test_a_smaller_mm_processor_cache_passes(tmp_path):
     extra = ["--mm-processor-cache-gb", "1.5"]
-    args = _container_args(render(tmp_path, modelserver(extraArgs=extra)))
-    parsed, = _parse([args])
+    args = container_args(render(tmp_path, modelserver(extraArgs=extra)))
+    parsed, = parse_with_vllm([args])
     assert parsed["mm_processor_cache_gb"] == 1.5
 
 
@@ -86,5 +86,5 @@ def test_a_max_model_len_vllm_would_refuse_is_refused(tmp_path):
 
 def test_max_model_len_reaches_vllm_as_planned(tmp_path):
     for value, tokens in (("8k", 8000), ("8K", 8192), ("auto", -1)):
-        parsed, = _parse([_container_args(render(tmp_path, modelserver(extraArgs=[f"--max_model_len={value}"])))])
+        parsed, = parse_with_vllm([container_args(render(tmp_path, modelserver(extraArgs=[f"--max_model_len={value}"])))])
         assert parsed["max_model_len"] == tokens
