@@ -183,30 +183,79 @@ def route_service(service: dict[str, Any], name: str) -> dict[str, Any]:
 
 # -- llm-d ------------------------------------------------------------------------------------------------------
 
-def epp_config(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
-    """llm-d-router's EndpointPickerConfig: GPU and CPU tiers scored precisely from the pods' KV events, and
-    an approximate CPU scorer that assumes the planned pool's blocks per pod (lruCapacityPerServer)."""
+def epp_service_name(name: str) -> str:
+    """The endpoint picker's Service the InferencePool points at (the user deploys llm-d-router behind it)."""
+    return f"{name}-epp"
+
+
+def served_model(spec: ModelServerSpec) -> str:
+    return spec.served_model_name or spec.model
+
+
+def _pod_identity() -> str:
+    """The pod part of each pod's KV event topic: its own address:port, as llm-d names the endpoint."""
+    return f"$({routing.ENV_POD_IP}):{api.SERVER_PORT}"
+
+
+def epp_config(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
+    """llm-d-router v0.10.0's EndpointPickerConfig: the prompt tokenized by the pods' own vLLM (/render), the
+    precise prefix index fed by every pod's KV events (GPU and CPU tiers weighted), scored with the queue and
+    KV-utilisation scorers, the highest score picked. The index holds the planned pools' blocks."""
+    from .manifests import selector
+
+    name = body["metadata"]["name"]
+    namespace = (body.get("metadata") or {}).get("namespace") or "default"
     block = spec.request.block_size
     pool_blocks = (result.pool.tokens // block) if result.pool is not None else 0
+    keys, entries = routing.llm_d_index_capacity(spec.replicas, pool_blocks)
+    index: dict[str, Any] = {"enableMetrics": True}
+    if keys > 0 and pool_blocks:
+        index["inMemoryConfig"] = {"size": keys, "podCacheSize": entries}
+    selector_text = ",".join(f"{k}={v}" for k, v in sorted(selector(name).items()))
     plugins: list[dict[str, Any]] = [
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
-        {"type": "precise-prefix-cache-scorer", "parameters": {
-            "tokenProcessorConfig": {"blockSize": block, "hashSeed": api.PYTHONHASHSEED_VALUE},
-            "kvEventsConfig": {"discoverPods": True, "podDiscoveryConfig": {"socketPort": routing.KV_EVENTS_PORT}},
-            "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True},
-                              "backendConfigs": [{"name": "gpu", "weight": 1.0},
-                                                 {"name": "cpu", "weight": routing.LLM_D_CPU_TIER_WEIGHT}]},
+        {"type": "token-producer", "parameters": {
+            "modelName": served_model(spec),
+            "vllm": {"url": f"http://{name}.{namespace}.svc:{api.SERVER_PORT}"}}},
+        {"type": "endpoint-notification-source"},
+        {"type": "metrics-data-source"},
+        {"type": "core-metrics-extractor"},
+        {"type": "single-profile-handler"},
+        {"type": "precise-prefix-cache-producer", "parameters": {
+            "tokenProcessorConfig": {"blockSizeTokens": block, "hashSeed": api.PYTHONHASHSEED_VALUE},
+            "indexerConfig": {
+                "kvBlockIndexConfig": index,
+                "kvCacheBackendConfigs": [{"name": routing.LLM_D_GPU_TIER, "weight": 1.0},
+                                          {"name": routing.LLM_D_CPU_TIER, "weight": routing.LLM_D_CPU_TIER_WEIGHT}]},
+            "kvEventsConfig": {
+                "topicFilter": routing.LLM_D_TOPIC_FILTER, "engineType": "vllm", "discoverPods": True,
+                "podDiscoveryConfig": {"podLabelSelector": selector_text, "podNamespace": namespace,
+                                       "socketPort": routing.KV_EVENTS_PORT}},
         }},
+        {"type": "prefix-cache-scorer", "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "queue-scorer"},
+        {"type": "max-score-picker"},
     ]
-    profile = [{"pluginRef": "queue-scorer", "weight": 2.0}, {"pluginRef": "kv-cache-utilization-scorer", "weight": 2.0},
-               {"pluginRef": "precise-prefix-cache-scorer", "weight": 3.0}]
-    if pool_blocks:
-        plugins.append({"type": "prefix-cache-scorer", "name": "cpu-prefix-cache-scorer",
-                        "parameters": {"autoTune": False, "blockSize": block, "lruCapacityPerServer": pool_blocks}})
-        profile.append({"pluginRef": "cpu-prefix-cache-scorer", "weight": 1.0})
+    profile = [{"pluginRef": "prefix-cache-scorer", "weight": 2.0},
+               {"pluginRef": "kv-cache-utilization-scorer", "weight": 1.0},
+               {"pluginRef": "queue-scorer", "weight": 1.0},
+               {"pluginRef": "max-score-picker"}]
+    data_layer = {"sources": [
+        {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]},
+        {"pluginRef": "endpoint-notification-source", "extractors": [{"pluginRef": "precise-prefix-cache-producer"}]}]}
     return {"apiVersion": routing.EPP_CONFIG_API_VERSION, "kind": "EndpointPickerConfig", "plugins": plugins,
-            "schedulingProfiles": [{"name": "default", "plugins": profile}]}
+            "dataLayer": data_layer, "schedulingProfiles": [{"name": "default", "plugins": profile}]}
+
+
+def publish_llm_d_topic(deployment: dict[str, Any], spec: ModelServerSpec) -> dict[str, Any]:
+    """llm-d mode's vLLM pods: events under a topic llm-d's subscriber takes (kv@<address:port>@<model>)."""
+    container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == names.CONTAINER_VLLM)
+    args = container["args"]
+    at = args.index(api.FLAG_KV_EVENTS_CONFIG)
+    args[at + 1] = routing.kv_events_flag_value(topic=routing.llm_d_topic(_pod_identity(), served_model(spec)))
+    container["env"] = [{"name": routing.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        *container.get("env", [])]
+    return deployment
 
 
 def llm_d_objects(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan,
@@ -218,10 +267,11 @@ def llm_d_objects(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan,
         "apiVersion": f"{names.INFERENCEPOOL_GROUP}/{names.INFERENCEPOOL_VERSION}", "kind": names.INFERENCEPOOL_KIND,
         "metadata": _metadata(body, name, labels(name), owner),
         "spec": {"selector": {"matchLabels": selector(name)}, "targetPorts": [{"number": api.SERVER_PORT}],
-                 "extensionRef": {"name": epp_config_name(name), "portNumber": routing.EPP_PORT, "failureMode": "FailOpen"}},
+                 "endpointPickerRef": {"name": epp_service_name(name), "port": {"number": routing.EPP_PORT},
+                                       "failureMode": "FailOpen"}},
     }
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(body, epp_config_name(name), labels(name), owner),
-              "data": {EPP_CONFIG_KEY: yaml.safe_dump(epp_config(spec, result), sort_keys=False)}}
+              "data": {EPP_CONFIG_KEY: yaml.safe_dump(epp_config(body, spec, result), sort_keys=False)}}
     return [pool, config]
 
 
@@ -239,7 +289,10 @@ def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan,
     out = []
     for obj in objects:
         if obj["kind"] == "Deployment":
-            obj = with_hash(publish_events(obj))
+            obj = publish_events(obj)
+            if mode == routing.MODE_LLM_D:
+                obj = publish_llm_d_topic(obj, spec)
+            obj = with_hash(obj)
         elif obj["kind"] == "Service" and mode == routing.MODE_KV_AWARE:
             obj = with_hash(route_service(obj, name))
         elif obj["kind"] == "NetworkPolicy":
