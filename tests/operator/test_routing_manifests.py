@@ -83,8 +83,8 @@ def test_kv_aware_puts_the_router_behind_the_users_service():
     assert {p["name"] for p in replicas["spec"]["ports"]} == {names.PORT_NAME_HTTP, names.PORT_NAME_KV_EVENTS}
     assert not any(o["kind"] in ("ServiceAccount", "RoleBinding", "Role") for o in objects.values())
     policy = objects[("NetworkPolicy", "llama")]
-    assert {"from": [{"podSelector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_ROUTER}}}],
-            "ports": [{"port": routing.KV_EVENTS_PORT, "protocol": "TCP"}]} in policy["spec"]["ingress"]
+    this_router = {"podSelector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_ROUTER, names.LABEL_MODELSERVER: "llama"}}}
+    assert {"from": [this_router], "ports": [{"port": routing.KV_EVENTS_PORT, "protocol": "TCP"}]} in policy["spec"]["ingress"]
 
 
 def test_host_tier_credit_follows_the_qualified_node_or_the_override():
