@@ -100,4 +100,5 @@ def test_a_prune_the_rbac_refuses_is_a_condition(tmp_path):
         finally:
             stop(process)
         denied = {(g, r, v) for g, r, v, _, allowed in cluster.operator_requests() if not allowed}
-    assert denied == {("apps", "deployments", "delete"), ("", "services", "delete")}, denied
+    assert denied == {("apps", "deployments", "delete"), ("", "services", "delete"),
+                      ("networking.k8s.io", "networkpolicies", "delete")}, denied

@@ -304,10 +304,12 @@ def test_rbac_is_least_privilege(helm, scenario):
                       # spec.routing.mode llm-d: the InferencePool and the endpoint picker's ConfigMap
                       (k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_PLURAL), ("", "configmaps")}
     # Deletes: only what a routed mode adds and the operator prunes when routing.mode no longer wants it (the router
-    # Deployment, the headless Service, the InferencePool and the endpoint picker's ConfigMap), in a namespace.
+    # Deployment and its NetworkPolicy, the headless Service, the InferencePool and the endpoint picker's ConfigMap),
+    # in a namespace.
     deletes = {(kind, group, resource) for kind, group, resource, verb in grants if verb == "delete"}
     role = "Role" if namespaced_mode else "ClusterRole"
     assert deletes == {(role, "apps", "deployments"), (role, "", "services"), (role, "", "configmaps"),
+                       (role, "networking.k8s.io", "networkpolicies"),
                        (role, k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_PLURAL)}
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import torch
+from support import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm(allow_module_level=True)
 
 from spillway.core import vllm_api as V
 from spillway_connector.connector import SpillwayOffloadingConnector

@@ -5,8 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm(allow_module_level=True)
 
 from spillway_connector import names
 from spillway_connector.compat import pool_capacity_chunks, stats_sections

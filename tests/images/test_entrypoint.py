@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pools import HOLDER, plant
 from spillway.core import vllm_api
+from support.tools import skip_or_fail
 from support.vllm_trees import vllm_trees
 
 ENTRYPOINT = Path(__file__).resolve().parents[2] / "images" / "vllm" / "entrypoint.sh"
@@ -128,7 +129,7 @@ def test_the_cleanup_knows_the_pool_file_names_of_vllms_sources():
     stale_pools = runpy.run_path(str(ENTRYPOINT.with_name("stale_pools.py")))
     sources = region_sources()
     if not sources:
-        pytest.skip("no vLLM source with a shared offload region (vLLM >= 0.32) is at hand")
+        skip_or_fail("no vLLM source with a shared offload region (vLLM >= 0.32) is at hand")
     engine_id = str(uuid.uuid4())  # vllm/config/kv_transfer.py: the default engine_id
     for source in sources:
         text = source.read_text()

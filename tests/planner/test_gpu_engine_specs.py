@@ -21,6 +21,7 @@ import serve_bench  # bench/gpu is not a package: found through sys.path above
 from spillway.core import vllm_api as api
 from spillway_connector.connector import ShortHitFloor
 from spillway_connector.transfer_config import EXTRA_RECOMPUTE_BELOW_TOKENS
+from support.tools import skip_or_fail
 from support.vllm_trees import vllm_tree
 
 NODE_MEMORY = "131961788Ki"  # the H200 machine's MemTotal (bench/results/h200-2026-12-01-r6/machine.txt: 125 GiB)
@@ -92,7 +93,7 @@ def test_connector_settings_are_read_by_that_vllm(path, engine):
     version = engine["plan_flags"][engine["plan_flags"].index("--vllm-version") + 1]
     tree = vllm_tree(version)
     if tree is None:
-        pytest.skip(f"SPILLWAY_VLLM_TREES has no {version} tree (make vllm-src)")
+        skip_or_fail(f"SPILLWAY_VLLM_TREES has no {version} tree (make vllm-src)")
     offloading = tree / "vllm/distributed/kv_transfer/kv_connector/v1/offloading"
     source = "".join(p.read_text() for p in sorted(offloading.glob("*.py")))
     for key in extra:

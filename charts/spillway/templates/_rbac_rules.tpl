@@ -3,7 +3,7 @@ What the operator does in a watched namespace: reconcile ModelServers (kopf patc
 bookkeeping; the operator patches their status), server-side apply their Deployment and Service
 (garbage collection through owner references deletes them with the ModelServer), watch the Deployments'
 readiness, read a spec.modelConfig ConfigMap, post Events. `delete` only on the kinds a routed mode adds
-(router Deployment, headless Service, endpoint-picker ConfigMap, InferencePool): a ModelServer whose
+(router Deployment, its NetworkPolicy, headless Service, endpoint-picker ConfigMap, InferencePool): a ModelServer whose
 routing.mode no longer wants them has them pruned, and only those it controls (docs/routing.md).
 kopf runs with --standalone (no peering objects), discovers resources through /api and /apis
 (readable by every authenticated user) and, with scanning disabled by the operator, observes neither
@@ -25,7 +25,7 @@ exactly these rules.
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "delete"]

@@ -47,6 +47,7 @@ GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
 # API answers that refuse the object itself (invalid, malformed): retrying cannot help.
 API_REFUSALS = (400, 422)
 RETRY_SECONDS = float(os.environ.get(names.ENV_RETRY_SECONDS) or 30)
+ROUTER_IMAGE = os.environ.get(names.ENV_ROUTER_IMAGE) or names.DEFAULT_ROUTER_IMAGE  # the chart's routerImage
 
 _kube: Kube | None = None
 _locks: dict[tuple[str, str], threading.Lock] = {}
@@ -222,7 +223,7 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
             raise spec
         assert eligible is not None
         result: Desired | None = desired_for(body, spec, eligible, _config_map_reader(namespace),
-                                             _hub_fetcher(namespace, spec), _pod_monitors_wanted())
+                                             _hub_fetcher(namespace, spec), _pod_monitors_wanted(), ROUTER_IMAGE)
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
             taken = kube().conflict(obj)
             if taken is not None:

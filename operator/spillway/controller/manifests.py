@@ -6,8 +6,6 @@ planner, and render a Deployment, a Service and (optionally) a PodMonitor.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -22,6 +20,8 @@ from ..core.planner import Plan, plan, replica_share_bytes, with_engine
 from ..core.quantity import format_bytes, to_quantity
 from . import hardening
 from .facts import Eligibility, NodeSummary, describe, eligibility
+from .objects import labels, owner_reference, selector, with_hash
+from .routing_objects import routed
 from .spec import ModelServerSpec, parse_spec
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -75,16 +75,17 @@ def check_name(body: Mapping[str, Any]) -> None:
 
 
 def desired(body: Mapping[str, Any], nodes: Iterable[NodeSummary], read_config_map: ConfigMapReader | None = None,
-            fetch_hub: HubFetcher | None = None, pod_monitor: bool = False) -> Desired:
+            fetch_hub: HubFetcher | None = None, pod_monitor: bool = False,
+            router_image: str = names.DEFAULT_ROUTER_IMAGE) -> Desired:
     """Everything the operator applies for one ModelServer; raises a SpillwayError on bad input."""
     check_name(body)
     spec = parse_spec(body.get("spec"))
-    return desired_for(body, spec, eligibility(nodes, spec), read_config_map, fetch_hub, pod_monitor)
+    return desired_for(body, spec, eligibility(nodes, spec), read_config_map, fetch_hub, pod_monitor, router_image)
 
 
 def desired_for(body: Mapping[str, Any], spec: ModelServerSpec, eligible: Eligibility,
                 read_config_map: ConfigMapReader | None = None, fetch_hub: HubFetcher | None = None,
-                pod_monitor: bool = False) -> Desired:
+                pod_monitor: bool = False, router_image: str = names.DEFAULT_ROUTER_IMAGE) -> Desired:
     """desired() for a spec already parsed and its eligible nodes already found (the operator's reconcile)."""
     check_name(body)
     geometry = resolve_geometry(spec.model_source(), read_config_map, fetch_hub)
@@ -92,33 +93,11 @@ def desired_for(body: Mapping[str, Any], spec: ModelServerSpec, eligible: Eligib
         geometry = replace(geometry, max_model_len=spec.max_model_len)
     nodes = eligible.require()
     result, node = plan_for_nodes(geometry, spec, nodes)
-    objects = render(body, spec, result, pod_monitor)
+    objects = render(body, spec, result, pod_monitor, router_image)
     return Desired(spec, result, node, nodes, tuple(objects))
 
 
 # -- objects ---------------------------------------------------------------------------------------
-
-def labels(name: str) -> dict[str, str]:
-    return {
-        names.LABEL_NAME: names.APP_NAME,
-        names.LABEL_INSTANCE: name,
-        names.LABEL_COMPONENT: names.COMPONENT_VLLM,
-        names.LABEL_MANAGED_BY: names.MANAGED_BY,
-        names.LABEL_MODELSERVER: name,
-    }
-
-
-def selector(name: str) -> dict[str, str]:
-    return {names.LABEL_MODELSERVER: name, names.LABEL_COMPONENT: names.COMPONENT_VLLM}
-
-
-def owner_reference(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    meta = body.get("metadata") or {}
-    if not meta.get("uid"):
-        return None
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": meta["name"], "uid": meta["uid"],
-            "controller": True, "blockOwnerDeletion": True}
-
 
 def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
@@ -128,14 +107,6 @@ def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
     if owner is not None:
         out["ownerReferences"] = [owner]
     return out
-
-
-def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
-    """Stamp the object with a hash of its content (what was applied, for a reader; drift is found by
-    comparing the live fields, adapters.kube.holds)."""
-    digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-    obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_APPLIED_HASH] = digest
-    return obj
 
 
 def vllm_args(spec: ModelServerSpec, result: Plan) -> list[str]:
@@ -272,12 +243,11 @@ def network_policy(body: Mapping[str, Any], spec: ModelServerSpec) -> dict[str, 
     })
 
 
-def render(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, with_pod_monitor: bool) -> list[dict]:
+def render(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, with_pod_monitor: bool,
+           router_image: str = names.DEFAULT_ROUTER_IMAGE) -> list[dict]:
     objects = [deployment(body, spec, result), service(body)]
     if spec.network_policy:
         objects.append(network_policy(body, spec))
     if with_pod_monitor:
         objects.append(pod_monitor(body))
-    from .routing_objects import routed
-
-    return routed(body, spec, result, objects)
+    return routed(body, spec, result, objects, router_image)

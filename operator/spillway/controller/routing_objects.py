@@ -13,7 +13,6 @@ fixed PYTHONHASHSEED.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +23,8 @@ from ..core import router_api as R
 from ..core import routing
 from ..core import vllm_api as api
 from ..core.planner import Plan
-from .hardening import api_key_env
+from .hardening import PROMETHEUS_NAME, api_key_env
+from .objects import derived_name, labels, owner_reference, selector, with_hash
 from .spec import ModelServerSpec
 
 ROUTER_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
@@ -33,7 +33,8 @@ EPP_CONFIG_KEY = "config.yaml"
 
 
 def router_name(name: str) -> str:
-    return f"{name}-{names.COMPONENT_ROUTER}"
+    """The router's Deployment and its NetworkPolicy."""
+    return derived_name(name, names.COMPONENT_ROUTER)
 
 
 def router_labels(name: str) -> dict[str, str]:
@@ -46,21 +47,19 @@ def router_selector(name: str) -> dict[str, str]:
     return {names.LABEL_MODELSERVER: name, names.LABEL_COMPONENT: names.COMPONENT_ROUTER}
 
 
-def router_image(spec: ModelServerSpec) -> str:
-    return spec.routing.router_image or os.environ.get(names.ENV_ROUTER_IMAGE) or names.DEFAULT_ROUTER_IMAGE
-
-
 def replicas_service_name(name: str) -> str:
-    return f"{name}-replicas"
+    return derived_name(name, "replicas")
 
 
 def epp_config_name(name: str) -> str:
-    return f"{name}-epp"
+    """The endpoint picker's ConfigMap, and the name its Service must have (the InferencePool points there)."""
+    return derived_name(name, "epp")
 
 
 def routing_object_keys(name: str) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of every object a routed mode adds (the ones pruned when no mode wants them)."""
     return [("apps/v1", "Deployment", router_name(name)), ("v1", "Service", replicas_service_name(name)),
+            ("networking.k8s.io/v1", "NetworkPolicy", router_name(name)),
             (f"{names.INFERENCEPOOL_GROUP}/{names.INFERENCEPOOL_VERSION}", names.INFERENCEPOOL_KIND, name),
             ("v1", "ConfigMap", epp_config_name(name))]
 
@@ -123,16 +122,16 @@ def router_command(body: Mapping[str, Any], spec: ModelServerSpec, credit: float
 
 
 def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, credit: float | None,
-                   owner: dict | None) -> list[dict[str, Any]]:
+                   owner: dict | None, image: str) -> list[dict[str, Any]]:
+    """The headless Service over the replicas and the router's Deployment; `image` is the router image when
+    spec.routing.router.image names none (the operator's setting)."""
     name = body["metadata"]["name"]
-    rname, labels = router_name(name), router_labels(name)
+    rname, rlabels = router_name(name), router_labels(name)
     resources = spec.routing.router_resources
-    from .manifests import labels as vllm_labels
-    from .manifests import selector
 
     # Headless: DNS answers with each ready pod's IP (not-ready pods are left out), which the router needs.
     replicas = {"apiVersion": "v1", "kind": "Service",
-                "metadata": _metadata(body, replicas_service_name(name), vllm_labels(name), owner),
+                "metadata": _metadata(body, replicas_service_name(name), labels(name), owner),
                 "spec": {"clusterIP": "None", "selector": selector(name), "ports": [
                     {"name": names.PORT_NAME_HTTP, "port": api.SERVER_PORT, "targetPort": names.PORT_NAME_HTTP,
                      "protocol": "TCP"},
@@ -140,7 +139,7 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, credit: float
                      "targetPort": names.PORT_NAME_KV_EVENTS, "protocol": "TCP"}]}}
     container = {
         "name": names.CONTAINER_ROUTER,
-        "image": router_image(spec),
+        "image": spec.routing.router_image or image,
         "command": router_command(body, spec, credit),
         "env": api_key_env(spec),  # vllm-router forwards it to the workers (`spillway route` reads it)
         "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": routing.ROUTER_PORT, "protocol": "TCP"},
@@ -154,11 +153,11 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, credit: float
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
     }
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(body, rname, labels, owner),
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(body, rname, rlabels, owner),
         "spec": {
             "replicas": spec.routing.router_replicas,
             "selector": {"matchLabels": router_selector(name)},
-            "template": {"metadata": {"labels": labels}, "spec": {
+            "template": {"metadata": {"labels": rlabels}, "spec": {
                 "automountServiceAccountToken": False, "containers": [container], "enableServiceLinks": False,
                 "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}}},
         },
@@ -166,12 +165,50 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, credit: float
     return [replicas, deployment]
 
 
+def _port(port: int) -> dict[str, Any]:
+    return {"port": port, "protocol": "TCP"}
+
+
+def _this_router(name: str) -> dict[str, Any]:
+    return {"podSelector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_ROUTER, names.LABEL_MODELSERVER: name}}}
+
+
+def _prometheus() -> dict[str, Any]:
+    return {"namespaceSelector": {}, "podSelector": {"matchLabels": {names.LABEL_NAME: PROMETHEUS_NAME}}}
+
+
+def router_network_policy(body: Mapping[str, Any], spec: ModelServerSpec, owner: dict | None) -> dict[str, Any]:
+    """The router pods take what the vLLM pods took before routing: this ModelServer's load-test Jobs and the
+    namespaces spec.networkPolicy names on the API port, Prometheus on the metrics port."""
+    name = body["metadata"]["name"]
+    clients: list[dict[str, Any]] = [{"podSelector": {"matchLabels": {
+        names.LABEL_COMPONENT: names.COMPONENT_LOADTEST, names.LABEL_MODELSERVER: name}}}]
+    if spec.client_namespaces is not None:
+        clients.append({"namespaceSelector": dict(spec.client_namespaces)})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _metadata(body, router_name(name), router_labels(name), owner),
+            "spec": {"podSelector": {"matchLabels": router_selector(name)}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": clients, "ports": [_port(routing.ROUTER_PORT)]},
+                                 {"from": [_prometheus()], "ports": [_port(routing.ROUTER_METRICS_PORT)]}]}}
+
+
+def only_the_router(policy: dict[str, Any], name: str) -> dict[str, Any]:
+    """kv-aware: the vLLM pods' NetworkPolicy admits this ModelServer's router (API and KV events), its
+    load-test Jobs (they read each replica's /metrics) and Prometheus; clients reach the pods through the
+    router, whose own policy admits them."""
+    loadtest = {"podSelector": {"matchLabels": {names.LABEL_COMPONENT: names.COMPONENT_LOADTEST,
+                                                names.LABEL_MODELSERVER: name}}}
+    policy["spec"]["ingress"] = [
+        {"from": [_this_router(name), loadtest, _prometheus()], "ports": [_port(api.SERVER_PORT)]},
+        {"from": [_this_router(name)], "ports": [_port(routing.KV_EVENTS_PORT)]}]
+    return policy
+
+
 def admit_router_to_events(policy: dict[str, Any]) -> dict[str, Any]:
-    """The vLLM pods' NetworkPolicy, also admitting the router (and llm-d's endpoint picker, labelled so) to
-    the KV event port."""
-    router = {"podSelector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_ROUTER}}}
-    policy["spec"]["ingress"].append({"from": [router], "ports": [{"port": routing.KV_EVENTS_PORT,
-                                                                   "protocol": "TCP"}]})
+    """llm-d: the vLLM pods' NetworkPolicy also admits the endpoint picker (labelled spillway.dev/role: router)
+    to the KV event port."""
+    picker = {"podSelector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_ROUTER}}}
+    policy["spec"]["ingress"].append({"from": [picker], "ports": [_port(routing.KV_EVENTS_PORT)]})
     return policy
 
 
@@ -183,71 +220,115 @@ def route_service(service: dict[str, Any], name: str) -> dict[str, Any]:
 
 # -- llm-d ------------------------------------------------------------------------------------------------------
 
-def epp_config(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
-    """llm-d-router's EndpointPickerConfig: GPU and CPU tiers scored precisely from the pods' KV events, and
-    an approximate CPU scorer that assumes the planned pool's blocks per pod (lruCapacityPerServer)."""
+def served_model(spec: ModelServerSpec) -> str:
+    return spec.served_model_name or spec.model
+
+
+def _pod_identity() -> str:
+    """The pod part of each pod's KV event topic: its own address:port, as llm-d names the endpoint."""
+    return f"$({routing.ENV_POD_IP}):{api.SERVER_PORT}"
+
+
+def epp_config(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
+    """llm-d-router v0.10.0's EndpointPickerConfig: the prompt tokenized by the pods' own vLLM (/render), the
+    precise prefix index fed by every pod's KV events (GPU and CPU tiers weighted), scored with the queue and
+    KV-utilisation scorers, the highest score picked. The index holds the planned pools' blocks."""
+    name = body["metadata"]["name"]
+    namespace = (body.get("metadata") or {}).get("namespace") or "default"
     block = spec.request.block_size
     pool_blocks = (result.pool.tokens // block) if result.pool is not None else 0
+    keys, entries = routing.llm_d_index_capacity(spec.replicas, pool_blocks)
+    index: dict[str, Any] = {"enableMetrics": True}
+    if keys > 0 and pool_blocks:
+        index["inMemoryConfig"] = {"size": keys, "podCacheSize": entries}
+    selector_text = ",".join(f"{k}={v}" for k, v in sorted(selector(name).items()))
     plugins: list[dict[str, Any]] = [
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
-        {"type": "precise-prefix-cache-scorer", "parameters": {
-            "tokenProcessorConfig": {"blockSize": block, "hashSeed": api.PYTHONHASHSEED_VALUE},
-            "kvEventsConfig": {"discoverPods": True, "podDiscoveryConfig": {"socketPort": routing.KV_EVENTS_PORT}},
-            "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True},
-                              "backendConfigs": [{"name": "gpu", "weight": 1.0},
-                                                 {"name": "cpu", "weight": routing.LLM_D_CPU_TIER_WEIGHT}]},
+        {"type": "token-producer", "parameters": {
+            "modelName": served_model(spec),
+            "vllm": {"url": f"http://{name}.{namespace}.svc:{api.SERVER_PORT}"}}},
+        {"type": "endpoint-notification-source"},
+        {"type": "metrics-data-source"},
+        {"type": "core-metrics-extractor"},
+        {"type": "single-profile-handler"},
+        {"type": "precise-prefix-cache-producer", "parameters": {
+            "tokenProcessorConfig": {"blockSizeTokens": block, "hashSeed": api.PYTHONHASHSEED_VALUE},
+            "indexerConfig": {
+                "kvBlockIndexConfig": index,
+                "kvCacheBackendConfigs": [{"name": routing.LLM_D_GPU_TIER, "weight": 1.0},
+                                          {"name": routing.LLM_D_CPU_TIER, "weight": routing.LLM_D_CPU_TIER_WEIGHT}]},
+            "kvEventsConfig": {
+                "topicFilter": routing.LLM_D_TOPIC_FILTER, "engineType": "vllm", "discoverPods": True,
+                "podDiscoveryConfig": {"podLabelSelector": selector_text, "podNamespace": namespace,
+                                       "socketPort": routing.KV_EVENTS_PORT}},
         }},
+        {"type": "prefix-cache-scorer", "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "queue-scorer"},
+        {"type": "max-score-picker"},
     ]
-    profile = [{"pluginRef": "queue-scorer", "weight": 2.0}, {"pluginRef": "kv-cache-utilization-scorer", "weight": 2.0},
-               {"pluginRef": "precise-prefix-cache-scorer", "weight": 3.0}]
-    if pool_blocks:
-        plugins.append({"type": "prefix-cache-scorer", "name": "cpu-prefix-cache-scorer",
-                        "parameters": {"autoTune": False, "blockSize": block, "lruCapacityPerServer": pool_blocks}})
-        profile.append({"pluginRef": "cpu-prefix-cache-scorer", "weight": 1.0})
+    profile = [{"pluginRef": "prefix-cache-scorer", "weight": 2.0},
+               {"pluginRef": "kv-cache-utilization-scorer", "weight": 1.0},
+               {"pluginRef": "queue-scorer", "weight": 1.0},
+               {"pluginRef": "max-score-picker"}]
+    data_layer = {"sources": [
+        {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]},
+        {"pluginRef": "endpoint-notification-source", "extractors": [{"pluginRef": "precise-prefix-cache-producer"}]}]}
     return {"apiVersion": routing.EPP_CONFIG_API_VERSION, "kind": "EndpointPickerConfig", "plugins": plugins,
-            "schedulingProfiles": [{"name": "default", "plugins": profile}]}
+            "dataLayer": data_layer, "schedulingProfiles": [{"name": "default", "plugins": profile}]}
+
+
+def publish_llm_d_topic(deployment: dict[str, Any], spec: ModelServerSpec) -> dict[str, Any]:
+    """llm-d mode's vLLM pods: events under a topic llm-d's subscriber takes (kv@<address:port>@<model>)."""
+    container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == names.CONTAINER_VLLM)
+    args = container["args"]
+    at = args.index(api.FLAG_KV_EVENTS_CONFIG)
+    args[at + 1] = routing.kv_events_flag_value(topic=routing.llm_d_topic(_pod_identity(), served_model(spec)))
+    container["env"] = [{"name": routing.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        *container.get("env", [])]
+    return deployment
 
 
 def llm_d_objects(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan,
                   owner: dict | None) -> list[dict[str, Any]]:
-    from .manifests import labels, selector
-
     name = body["metadata"]["name"]
     pool = {
         "apiVersion": f"{names.INFERENCEPOOL_GROUP}/{names.INFERENCEPOOL_VERSION}", "kind": names.INFERENCEPOOL_KIND,
         "metadata": _metadata(body, name, labels(name), owner),
         "spec": {"selector": {"matchLabels": selector(name)}, "targetPorts": [{"number": api.SERVER_PORT}],
-                 "extensionRef": {"name": epp_config_name(name), "portNumber": routing.EPP_PORT, "failureMode": "FailOpen"}},
+                 "endpointPickerRef": {"name": epp_config_name(name), "port": {"number": routing.EPP_PORT},
+                                       "failureMode": "FailOpen"}},
     }
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(body, epp_config_name(name), labels(name), owner),
-              "data": {EPP_CONFIG_KEY: yaml.safe_dump(epp_config(spec, result), sort_keys=False)}}
+              "data": {EPP_CONFIG_KEY: yaml.safe_dump(epp_config(body, spec, result), sort_keys=False)}}
     return [pool, config]
 
 
 # -- all of it ----------------------------------------------------------------------------------------------
 
-def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan,
-           objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, objects: list[dict[str, Any]],
+           router_image: str = names.DEFAULT_ROUTER_IMAGE) -> list[dict[str, Any]]:
     """The objects of an unrouted ModelServer, changed and extended for spec.routing."""
     mode = spec.routing.mode
     if mode == routing.MODE_NONE:
         return objects
-    from .manifests import owner_reference, with_hash
-
     name, owner = body["metadata"]["name"], owner_reference(body)
     out = []
     for obj in objects:
         if obj["kind"] == "Deployment":
-            obj = with_hash(publish_events(obj))
+            obj = publish_events(obj)
+            if mode == routing.MODE_LLM_D:
+                obj = publish_llm_d_topic(obj, spec)
+            obj = with_hash(obj)
         elif obj["kind"] == "Service" and mode == routing.MODE_KV_AWARE:
             obj = with_hash(route_service(obj, name))
         elif obj["kind"] == "NetworkPolicy":
-            obj = with_hash(admit_router_to_events(obj))
+            obj = with_hash(only_the_router(obj, name) if mode == routing.MODE_KV_AWARE else admit_router_to_events(obj))
         out.append(obj)
     if mode == routing.MODE_KV_AWARE:
         credit = host_tier_credit(spec, result)
-        out += [with_hash(o) for o in router_objects(body, spec, credit, owner)]
+        out += [with_hash(o) for o in router_objects(body, spec, credit, owner, router_image)]
+        if spec.network_policy:
+            out.append(with_hash(router_network_policy(body, spec, owner)))
     else:
         out += [with_hash(o) for o in llm_d_objects(body, spec, result, owner)]
     return out

@@ -78,8 +78,8 @@ def footprint(release: tuple[int, int], pool_bytes: int, ranks: int, tensors: tu
                 f"two: {_gib(pool_bytes)} -> {_gib(rounded)} of shared memory charged to the pod, none in /dev/shm")
         return Footprint(pool_bytes, charged, 0, count, rule)
     charged = pool_bytes + tables + MMAP_POOL_OVERHEAD
-    rule = (f"vLLM {release[0]}.{release[1]} maps one {_gib(pool_bytes)} region in /dev/shm (about 1.0x, "
-            f"pinned_alloc.json) plus page tables of {ranks} rank(s)")
+    rule = (f"vLLM {release[0]}.{release[1]} maps one {_gib(pool_bytes)} region in /dev/shm, the pool's "
+            f"exact size, plus page tables of {ranks} rank(s)")
     return Footprint(pool_bytes, charged, pool_bytes + MMAP_POOL_OVERHEAD, 1, rule)
 
 

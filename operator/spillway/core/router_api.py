@@ -1,7 +1,7 @@
 """The one place that names vllm-router's flags, endpoints and metrics (the vLLM project's Rust router, PyPI
-`vllm-router`; names as its 0.1.17 `vllm-router --help` prints them), and llm-d's endpoint-picker names.
+`vllm-router`; names as its 0.1.17 `vllm-router --help` prints them).
 
-The operator's router Deployment, the routing tests and the dashboards take the names from here.
+`spillway route`, the routing tests and the load test's router report take the names from here.
 """
 from __future__ import annotations
 
@@ -19,28 +19,16 @@ FLAG_KV_EVENT_MODEL = "--kv-event-model"  # the workers' served model name
 FLAG_KV_PENALTY_HOST = "--kv-penalty-host"  # host-tier (CPU) KV credit, 0..1: a CPU hit counts this much of a GPU hit
 FLAG_PROMETHEUS_HOST = "--prometheus-host"
 FLAG_PROMETHEUS_PORT = "--prometheus-port"
-FLAG_SERVICE_DISCOVERY = "--service-discovery"
-FLAG_SELECTOR = "--selector"  # key=value ... (pods' labels)
-FLAG_SERVICE_DISCOVERY_PORT = "--service-discovery-port"
-FLAG_SERVICE_DISCOVERY_NAMESPACE = "--service-discovery-namespace"
-FLAG_LOG_LEVEL = "--log-level"
 FLAG_WORKER_STARTUP_CHECK_INTERVAL = "--worker-startup-check-interval"  # seconds between start-up health checks (30)
 FLAG_API_KEY = "--api-key"  # the bearer token it sends to the workers
 
 POLICY_ROUND_ROBIN = "round_robin"
 POLICY_KV_AWARE = "kv_aware"
-DEFAULT_KV_PENALTY_HOST = 0.8  # the router's own default
 
 # -- endpoints --------------------------------------------------------------------------------------------
 ROUTER_HEALTH_PATH = "/health"
-ROUTER_READINESS_PATH = "/readiness"
-ROUTER_LIVENESS_PATH = "/liveness"
 ROUTER_METRICS_PATH = "/metrics"
 
 # -- metrics (Prometheus, on the --prometheus-port) ---------------------------------------------------------
-METRIC_PROCESSED_REQUESTS = "vllm_router_processed_requests"  # label worker
-METRIC_POLICY_DECISIONS = "vllm_router_policy_decisions"  # labels policy, worker
 METRIC_KV_PLACEMENT_LOOKUPS = "vllm_router_kv_placement_lookups"  # label result: hit | miss
 METRIC_PREFIX_ROUTING_DECISIONS = "vllm_router_prefix_routing_decisions"  # labels policy, stage, outcome
-METRIC_WORKER_HEALTH = "vllm_router_worker_health"
-METRIC_ACTIVE_WORKERS = "vllm_router_active_workers"

@@ -25,11 +25,20 @@ MODES = (MODE_NONE, MODE_KV_AWARE, MODE_LLM_D)
 KV_EVENTS_PORT = 5557  # the vLLM pods' ZMQ publisher (container port name: names.PORT_NAME_KV_EVENTS)
 ROUTER_PORT = 8000  # the router's OpenAI endpoint: the port clients already use
 ROUTER_METRICS_PORT = 29000  # vllm-router's default --prometheus-port
-EPP_PORT = 9002  # llm-d-router's endpoint picker (gRPC ext-proc), the InferencePool extension's default port
-EPP_CONFIG_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"  # EndpointPickerConfig
-# The CPU tier's weight in llm-d's precise prefix scorer: a CPU hit is worth what the router's host-tier credit
-# says when it is known; this is vllm-router's own default credit.
+EPP_PORT = 9002  # llm-d-router's endpoint picker (gRPC ext-proc): endpointPickerRef.port.number
+# llm-d-router v0.10.0 apix/config/v1alpha1 (GroupName llm-d.ai); the older inference.networking.x-k8s.io is deprecated
+EPP_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"
+# The CPU tier's weight in llm-d's index (kvCacheBackendConfigs): a CPU hit is worth what the router's host-tier
+# credit says when it is known; this is vllm-router's own default credit.
 LLM_D_CPU_TIER_WEIGHT = 0.8
+LLM_D_GPU_TIER, LLM_D_CPU_TIER = "gpu", "cpu"  # llm-d lower-cases an event's medium (GPU, CPU) into its tier
+# llm-d's KV-event subscriber reads "kv@<pod>@<model>" topics (llm-d-kv-cache engineadapter parseTopic) under its
+# default filter "kv@"; vllm-router 0.1.17 drops any message with a topic, so only llm-d mode sets one.
+LLM_D_TOPIC_FILTER = "kv@"
+# The pod's IP, from the downward API: Kubernetes expands $(VAR) in args, so each pod's topic names its own
+# address:port, the identity llm-d gives the endpoint it scores.
+ENV_POD_IP = "SPILLWAY_POD_IP"
+KV_EVENTS_TOPIC_KEY = "topic"  # vllm/config/kv_events.py KVEventsConfig.topic (default "")
 
 # Recompute rate anchor: Llama-3.1-8B-Instruct prefilled 41,391 prompt tokens/s on one H200 with nothing cached
 # (bench/results/h200-2026-11-30/run2/call5-loadtest/loadtest-loadtest-no-offload-v1.json, hit rate 0).
@@ -41,14 +50,29 @@ MLP_RATIO = 3.5  # intermediate_size / hidden_size of Llama-family models, where
 MAX_HOST_TIER_CREDIT = 0.95  # a reload is never free: the copy still queues behind the step it feeds
 
 
-def kv_events_config(port: int = KV_EVENTS_PORT) -> dict[str, Any]:
+def kv_events_config(port: int = KV_EVENTS_PORT, topic: str = "") -> dict[str, Any]:
     """--kv-events-config for a pod: publish over ZMQ, bound on every interface of the pod."""
-    return {api.KV_EVENTS_ENABLE_KEY: True, api.KV_EVENTS_PUBLISHER_KEY: api.KV_EVENTS_PUBLISHER_ZMQ,
-            api.KV_EVENTS_ENDPOINT_KEY: f"tcp://*:{port}"}
+    out = {api.KV_EVENTS_ENABLE_KEY: True, api.KV_EVENTS_PUBLISHER_KEY: api.KV_EVENTS_PUBLISHER_ZMQ,
+           api.KV_EVENTS_ENDPOINT_KEY: f"tcp://*:{port}"}
+    if topic:
+        out[KV_EVENTS_TOPIC_KEY] = topic
+    return out
 
 
-def kv_events_flag_value(port: int = KV_EVENTS_PORT) -> str:
-    return json.dumps(kv_events_config(port), sort_keys=True, separators=(",", ":"))
+def kv_events_flag_value(port: int = KV_EVENTS_PORT, topic: str = "") -> str:
+    return json.dumps(kv_events_config(port, topic), sort_keys=True, separators=(",", ":"))
+
+
+def llm_d_topic(pod: str, model: str) -> str:
+    """The topic llm-d's subscriber parses into (pod, model): the model must be the requests' model name, the
+    name under which llm-d hashes the prompt's blocks."""
+    return f"{LLM_D_TOPIC_FILTER}{pod}@{model}"
+
+
+def llm_d_index_capacity(replicas: int, pool_blocks: int, gpu_blocks: int = 0) -> tuple[int, int]:
+    """(keys, pod entries per key) for llm-d's in-memory block index: every block any replica's pool or GPU
+    holds, and one entry per replica and tier, so the index never evicts what the pools still hold."""
+    return max(1, replicas) * (pool_blocks + gpu_blocks), 2 * max(1, replicas)
 
 
 def estimated_weights(config: Mapping[str, Any]) -> float | None:

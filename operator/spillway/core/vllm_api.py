@@ -160,7 +160,6 @@ class Metric:
     PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source"
     GENERATION_TOKENS = "vllm:generation_tokens"
     REQUESTS_RUNNING = "vllm:num_requests_running"
-    REQUESTS_WAITING = "vllm:num_requests_waiting"
     REQUEST_SUCCESS = "vllm:request_success"  # finished requests (label finished_reason)
     GPU_CACHE_USAGE = "vllm:kv_cache_usage_perc"
     CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: num_gpu_blocks, block_size, enable_prefix_caching, ...
@@ -170,11 +169,10 @@ class CacheHitSource:
     """The `source` label of vllm:prompt_tokens_cached_by_source (vllm/v1/metrics/cache_hit_source.py)."""
 
     LABEL = "source"
-    DEVICE = "device"  # the GPU prefix cache
     HOST = "host"  # the CPU pool (OffloadingConnector's CPU manager)
     DISK = "disk"
     P2P = "p2p"  # another vLLM instance
-    OFFLOADED = (HOST, DISK, P2P)  # the tiers outside the GPU
+    OFFLOADED = (HOST, DISK, P2P)  # the tiers outside the GPU (the fourth, "device", is its prefix cache)
 
 
 class OffloadConfigInfoLabel:
