@@ -30,12 +30,8 @@ ENGINES = [pytest.param(path, engine, id=f"{path.stem}:{engine['name']}")
 
 
 def engine_args(spec: dict, engine: dict) -> tuple[dict, list[str]]:
-    cpus = ["--node-cpus", "16"] if spec["common"].get("plan_node_cpus") else []
-    planned = serve_bench.spillway_plan(spec["common"]["model"], NODE_MEMORY, [*cpus, *engine.get("plan_flags", [])])
-    args = [*planned["plan"]["vllm"]["args"], *engine.get("extra_args", [])]
-    if engine.get("connector_extra_config"):
-        args = serve_bench.with_connector_extra_config(args, engine["connector_extra_config"])
-    return planned["plan"], args
+    plan, args, _ = serve_bench.engine_argv(spec["common"], engine, NODE_MEMORY, 16)
+    return plan, args
 
 
 def kv_transfer_config(args: list[str]) -> dict:
@@ -51,6 +47,9 @@ def test_every_engine_plans(path, engine):
     spec = json.loads(path.read_text())
     plan, args = engine_args(spec, engine)
     assert plan["vllm"]["args"], plan
+    if "stock_args" in engine:  # the peer: vLLM's own flags only, nothing of the plan's
+        assert args == engine["stock_args"] and not plan["vllm"]["env"] and not engine.get("plan_flags"), engine
+        assert not {"vllm_patches", "connector_extra_config", "extra_args"} & set(engine), engine
     native = api.FLAG_KV_OFFLOADING_SIZE in args  # --connector native: vLLM's own flags, no transfer config
     assert args.count(api.FLAG_KV_TRANSFER_CONFIG) == (plan.get("pool") is not None and not native), args
     names = [e["name"] for e in spec["engines"]]
