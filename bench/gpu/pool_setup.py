@@ -160,7 +160,8 @@ def reserve_huge(pages: int) -> dict:
     t = time.perf_counter()
     with open("/proc/sys/vm/nr_hugepages", "w") as f:
         f.write(str(pages))
-    got = int(open("/proc/sys/vm/nr_hugepages").read())
+    with open("/proc/sys/vm/nr_hugepages") as f:
+        got = int(f.read())
     return {"asked": pages, "got": got, "reserve_s": time.perf_counter() - t}
 
 
@@ -182,7 +183,8 @@ def main() -> int:
     for key, path in (("thp_shmem", "/sys/kernel/mm/transparent_hugepage/shmem_enabled"),
                       ("kernel", "/proc/sys/kernel/osrelease")):
         try:
-            out[key] = open(path).read().strip()
+            with open(path) as f:
+                out[key] = f.read().strip()
         except OSError as exc:
             out[key] = repr(exc)
     for name in a.cases.split(","):

@@ -1,4 +1,5 @@
-"""The GPU engine sets (bench/gpu/engines*.json) plan and render here, before a device call spends minutes on them.
+"""The GPU engine sets (bench/gpu/engines*.json; bench/results/*/engines*.json as run) plan and render here,
+before a device call spends minutes on them.
 
 A GPU session has 30 minutes; an engine whose plan flags the planner refuses, or whose connector setting vLLM does
 not read, would cost a machine start and a call to find out. serve_bench.py builds each engine's argv the way these
@@ -24,7 +25,8 @@ from spillway_connector.transfer_config import EXTRA_RECOMPUTE_BELOW_TOKENS
 from support.vllm_trees import vllm_tree
 
 NODE_MEMORY = "131961788Ki"  # the H200 machine's MemTotal (bench/results/h200-2026-12-01-r6/machine.txt: 125 GiB)
-SPECS = sorted(GPU.glob("engines*.json"))
+# the sets a GPU call runs, and the sets earlier calls ran (beside their results): every one still plans
+SPECS = sorted(GPU.glob("engines*.json")) + sorted((REPO / "bench" / "results").glob("*/engines*.json"))
 ENGINES = [pytest.param(path, engine, id=f"{path.stem}:{engine['name']}")
            for path in SPECS for engine in json.loads(path.read_text())["engines"]]
 
