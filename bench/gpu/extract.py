@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Unpack the tar.xz archives made by build_chunks.sh into /tmp/site (on the GPU machine)."""
+"""Unpack the tar.xz archives made by pack_v026.sh into /tmp/site (on the GPU machine)."""
 import sys
 import tarfile
 import time

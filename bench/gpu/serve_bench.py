@@ -6,7 +6,7 @@ Each engine in the spec file starts with exactly the args/env `spillway plan` pr
 cache off), runs its experiments, and is stopped. Every phase records vLLM's /metrics before and after,
 so the hit rate and bytes moved that the server counted sit next to what the client measured.
 
-    python3 bench/gpu/serve_bench.py --spec bench/gpu/engines.json --out /tmp/work --deadline-s 540
+    python3 bench/gpu/serve_bench.py --spec bench/gpu/engines-v33-headline.json --out /tmp/work --deadline-s 540
 """
 from __future__ import annotations
 
@@ -92,6 +92,25 @@ def with_connector_extra_config(args: list[str], extra: dict[str, Any]) -> list[
     config = json.loads(args[i])
     config[api.KV_CONNECTOR_EXTRA_CONFIG_KEY] = {**config.get(api.KV_CONNECTOR_EXTRA_CONFIG_KEY, {}), **extra}
     return [*args[:i], api.flag_value(config), *args[i + 1:]]
+
+
+def engine_argv(common: dict, engine: dict, node_memory: str, node_cpus: int,
+                bench: list[str] | tuple = ()) -> tuple[dict, list[str], str]:
+    """An engine's plan, its vLLM args (the plan's, then `bench`, then the engine's extra_args, which win) and
+    the command that planned it.
+
+    An engine with `stock_args` is not planned: it is vLLM as a user of another guide starts it (those args
+    only, no environment of ours), the peer the planned engines are measured against.
+    """
+    if "stock_args" in engine:
+        return {"vllm": {"args": list(engine["stock_args"]), "env": {}}, "pool": None}, \
+            [*engine["stock_args"], *bench], "vllm serve (stock: not planned)"
+    cpus = ["--node-cpus", str(node_cpus)] if common.get("plan_node_cpus") else []  # the plan's API servers
+    planned = spillway_plan(common["model"], node_memory, [*cpus, *engine.get("plan_flags", [])])
+    args = [*planned["plan"]["vllm"]["args"], *bench, *engine.get("extra_args", [])]
+    if engine.get("connector_extra_config"):  # a connector setting the planner does not choose yet, to measure it
+        args = with_connector_extra_config(args, engine["connector_extra_config"])
+    return planned["plan"], args, planned["command"]
 
 
 def knob_flags(cfg: dict[str, Any]) -> list[str]:
@@ -527,21 +546,26 @@ def engine_log_facts(path: Path) -> dict:
         text = path.read_text(errors="replace")
     except OSError:
         return {}
+    lines = text.splitlines()
     return {"preemptions_logged": sum(int(n) for n in _PREEMPT_LOG.findall(text)),
             "cuda_graphs_captured": "Graph capturing finished" in text,
-            "error_lines": [line[-300:] for line in text.splitlines() if "Error" in line or "Traceback" in line][-5:]}
+            "kv_cache_lines": [line[-300:] for line in lines if _KV_LINE.search(line)][:30],
+            "startup_lines": [line[-200:] for line in lines if _START_LINE.search(line)][:40],
+            "error_lines": [line[-300:] for line in lines if "Error" in line or "Traceback" in line][-5:]}
+
+
+# what the KV cache became (block and page sizes, GPU tokens, CPU pool) and when each start phase ended (the
+# pool's file, pre-fault and registration among them), as the engine logs them with second timestamps
+_KV_LINE = re.compile(r"KV cache|kv cache|block size|page size|[Mm]amba|Maximum concurrency|num_gpu_blocks|CPU blocks")
+_START_LINE = re.compile(r"mmap|CPU tensors|[Rr]egister|offload|Model loading took|Loading weights took|"
+                         r"Graph capturing|torch.compile|init engine|KV cache size|Starting vLLM|Application startup")
 
 
 async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -> dict:
     result: dict[str, Any] = {"name": spec["name"]}
     RETRIES[0] = 0
-    cpus = ["--node-cpus", str(os.cpu_count())] if common.get("plan_node_cpus") else []  # the plan's API servers
-    planned = spillway_plan(common["model"], common["node_memory"], [*cpus, *spec.get("plan_flags", [])])
-    plan = planned["plan"]
-    result["plan_command"] = planned["command"]
-    args = [*plan["vllm"]["args"], *BENCH_FLAGS, *knob_flags({**common, **spec}), *spec.get("extra_args", [])]
-    if spec.get("connector_extra_config"):  # a connector setting the planner does not choose yet, to measure it
-        args = with_connector_extra_config(args, spec["connector_extra_config"])
+    plan, args, result["plan_command"] = engine_argv(common, spec, common["node_memory"], os.cpu_count() or 1,
+                                                     [*BENCH_FLAGS, *knob_flags({**common, **spec})])
     if spec.get("eager", common.get("eager", False)):
         args.append(api.FLAG_ENFORCE_EAGER)
     if not common.get("words_model_dir"):
@@ -568,7 +592,7 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
     result["command"] = server.cmd[1:]
     log(f"engine {spec['name']}: vllm serve {' '.join(args)}")
     log(f"  env {env} (dropped: {list(dropped)})")
-    offload = plan.get("pool") is not None
+    offload = plan.get("pool") is not None or api.FLAG_KV_OFFLOADING_SIZE in args
     patches = [load_patch(name) for name in spec.get("vllm_patches", [])]
     if patches:
         try:
@@ -587,6 +611,9 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
             result["startup_s"] = await server.wait_ready(session, common.get("start_timeout_s", 300))
             log(f"  ready after {result['startup_s']:.0f} s")
             result["metrics_at_start"] = await scrape(session, server.url)
+            async with session.get(server.url + api.METRICS_PATH) as r:  # the engine's cache config, as it says it
+                result["cache_config_info"] = [line for line in (await r.text()).splitlines()
+                                               if line.startswith("vllm:cache_config_info")][:2]
             if "ttft" in spec and time.time() < deadline:
                 result["ttft"] = {}
                 await exp_ttft(session, server.url, spec["ttft"], Prompts(spec.get("seed", 1)), offload, deadline,

@@ -43,7 +43,7 @@ def loadtest(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 
 def test_ttft_repeat_is_served_from_the_cpu_pool(server: VllmServer, tmp_path: Path):
-    out = loadtest("run", "--endpoint", server.base_url, "--experiment", "ttft", "--ttft-lengths", "128,512",
+    out = loadtest("run", "--endpoint", server.base_url, "--experiment", "ttft", "--ttft-lengths", "128,512,max",
                    "--ttft-repetitions", "2", "-o", str(tmp_path / "ttft.json"), "--label", "gpu=none")
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "ttft.json").read_text())
@@ -54,7 +54,8 @@ def test_ttft_repeat_is_served_from_the_cpu_pool(server: VllmServer, tmp_path: P
     assert env["evict_gpu"] == "reset"
     assert result["ttft"]["evictions"] == [{"method": "reset"}] * 2
     samples = result["ttft"]["samples"]
-    assert len(samples) == 2 * 2 * 2
+    longest = (1024 - 1) // BLOCK * BLOCK  # "max": whole blocks under max_model_len, room for the output token
+    assert len(samples) == 3 * 2 * 2
     for sample in samples:
         achieved = sample["achieved"]
         assert sample["ok"] and sample["ttft_s"] > 0
@@ -66,7 +67,8 @@ def test_ttft_repeat_is_served_from_the_cpu_pool(server: VllmServer, tmp_path: P
             assert hittable <= achieved["cpu_hit_tokens"] <= sample["length"], sample
             assert achieved["offload_load_bytes"] > 0
     summary = {row["length"]: row for row in result["ttft"]["summary"]}
-    assert set(summary) == {128, 512}
+    assert set(summary) == {128, 512, longest}
+    assert summary[longest]["repeat_cpu_hit_rate"] >= (longest - BLOCK) / longest
     assert summary[512]["recompute_s"]["n"] == 2 and summary[512]["repeat_cpu_hit_rate"] >= 480 / 512
     assert "TTFT, ms" in out.stdout and "512" in out.stdout
     assert (tmp_path / "ttft.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,5 @@
-"""The GPU engine sets (bench/gpu/engines*.json) plan and render here, before a device call spends minutes on them.
+"""The GPU engine sets (bench/gpu/engines*.json; bench/results/*/engines*.json as run) plan and render here,
+before a device call spends minutes on them.
 
 A GPU session has 30 minutes; an engine whose plan flags the planner refuses, or whose connector setting vLLM does
 not read, would cost a machine start and a call to find out. serve_bench.py builds each engine's argv the way these
@@ -25,18 +26,15 @@ from support.tools import skip_or_fail
 from support.vllm_trees import vllm_tree
 
 NODE_MEMORY = "131961788Ki"  # the H200 machine's MemTotal (bench/results/h200-2026-12-01-r6/machine.txt: 125 GiB)
-SPECS = sorted(GPU.glob("engines*.json"))
+# the sets a GPU call runs, and the sets earlier calls ran (beside their results): every one still plans
+SPECS = sorted(GPU.glob("engines*.json")) + sorted((REPO / "bench" / "results").glob("*/engines*.json"))
 ENGINES = [pytest.param(path, engine, id=f"{path.stem}:{engine['name']}")
            for path in SPECS for engine in json.loads(path.read_text())["engines"]]
 
 
 def engine_args(spec: dict, engine: dict) -> tuple[dict, list[str]]:
-    cpus = ["--node-cpus", "16"] if spec["common"].get("plan_node_cpus") else []
-    planned = serve_bench.spillway_plan(spec["common"]["model"], NODE_MEMORY, [*cpus, *engine.get("plan_flags", [])])
-    args = [*planned["plan"]["vllm"]["args"], *engine.get("extra_args", [])]
-    if engine.get("connector_extra_config"):
-        args = serve_bench.with_connector_extra_config(args, engine["connector_extra_config"])
-    return planned["plan"], args
+    plan, args, _ = serve_bench.engine_argv(spec["common"], engine, NODE_MEMORY, 16)
+    return plan, args
 
 
 def kv_transfer_config(args: list[str]) -> dict:
@@ -52,6 +50,9 @@ def test_every_engine_plans(path, engine):
     spec = json.loads(path.read_text())
     plan, args = engine_args(spec, engine)
     assert plan["vllm"]["args"], plan
+    if "stock_args" in engine:  # the peer: vLLM's own flags only, nothing of the plan's
+        assert args == engine["stock_args"] and not plan["vllm"]["env"] and not engine.get("plan_flags"), engine
+        assert not {"vllm_patches", "connector_extra_config", "extra_args"} & set(engine), engine
     native = api.FLAG_KV_OFFLOADING_SIZE in args  # --connector native: vLLM's own flags, no transfer config
     assert args.count(api.FLAG_KV_TRANSFER_CONFIG) == (plan.get("pool") is not None and not native), args
     names = [e["name"] for e in spec["engines"]]

@@ -18,6 +18,7 @@ from .plan import (
     DEFAULT_TTFT_REPETITIONS,
     EVICT_METHODS,
     EXPERIMENTS,
+    LONGEST,
     Plan,
     ThroughputPlan,
     TtftPlan,
@@ -98,6 +99,13 @@ def _csv(cast):
     return parse
 
 
+def _length(text: str) -> int | str:
+    return LONGEST if text.strip() == LONGEST else int(text)
+
+
+_length.__name__ = f"whole numbers or '{LONGEST}'"
+
+
 def _auto_int(text: str) -> int | str:
     if text == AUTO:
         return AUTO
@@ -111,7 +119,9 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("plan")
     g.add_argument("--experiment", type=_csv(str), default=list(EXPERIMENTS),
                    help=f"comma-separated: {', '.join(EXPERIMENTS)} (default: both)")
-    g.add_argument("--ttft-lengths", type=_csv(int), default=list(DEFAULT_TTFT_LENGTHS), help="prompt lengths, tokens")
+    g.add_argument("--ttft-lengths", type=_csv(_length), default=list(DEFAULT_TTFT_LENGTHS),
+                   help=f"prompt lengths, tokens; '{LONGEST}': the longest whole-block prompt the server takes "
+                        "(default: 1024,2048,4096,8192,16384,32768,max)")
     g.add_argument("--ttft-repetitions", type=int, default=DEFAULT_TTFT_REPETITIONS)
     g.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS, help="unique prompts per hit-rate point")
     g.add_argument("--prompt-len", type=int, default=DEFAULT_PROMPT_LEN, help="tokens per throughput prompt")

@@ -9,7 +9,8 @@ from ..core.errors import InvalidSpec
 EXPERIMENTS = ("ttft", "throughput")
 # Defaults from vLLM's blog post on the KV offloading connector: single-request TTFT over prompt lengths; 10 000 unique 512-token
 # prompts swept over CPU hit rates.
-DEFAULT_TTFT_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
+LONGEST = "max"  # a TTFT length: the longest whole-block prompt the server's max_model_len takes (128K on Llama 3.1)
+DEFAULT_TTFT_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, LONGEST)
 DEFAULT_TTFT_REPETITIONS = 5
 DEFAULT_NUM_PROMPTS = 10_000
 DEFAULT_PROMPT_LEN = 512
@@ -29,7 +30,7 @@ EVICT_METHODS = (AUTO, "reset", "flush", "none")
 
 @dataclass
 class TtftPlan:
-    lengths: list[int] = field(default_factory=lambda: list(DEFAULT_TTFT_LENGTHS))
+    lengths: list[int | str] = field(default_factory=lambda: list(DEFAULT_TTFT_LENGTHS))
     repetitions: int = DEFAULT_TTFT_REPETITIONS
 
 
@@ -78,7 +79,8 @@ class Plan:
         _positive("prompt length", self.throughput.prompt_len)
         _positive("token id range", self.id_range)
         for length in self.ttft.lengths:
-            _positive("TTFT prompt length", length)
+            if length != LONGEST:
+                _positive("TTFT prompt length", length)
         if not self.ttft.lengths:
             raise InvalidSpec("give at least one TTFT prompt length")
         for name, value in (("--block-size", self.block_size), ("--gpu-kv-tokens", self.gpu_kv_tokens),

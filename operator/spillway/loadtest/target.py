@@ -12,7 +12,7 @@ from ..core.errors import InvalidSpec
 from ..core.vllm_api import ENV_SERVER_DEV_MODE, RESET_PREFIX_CACHE_PATH, Metric
 from .client import Completion, EndpointError, OpenAIClient
 from .metrics import CacheFacts, Snapshot, counter_deltas, hit_summary
-from .plan import AUTO, FLUSH_FACTOR, Plan
+from .plan import AUTO, FLUSH_FACTOR, LONGEST, Plan
 from .progress import Progress
 from .prompts import PromptSource
 
@@ -59,6 +59,7 @@ class Target:
 
     def _check_lengths(self) -> None:
         limit = self.max_model_len
+        self._resolve_longest(limit)
         if limit is None:
             return
         longest = []
@@ -70,6 +71,25 @@ class Target:
             if length + self.plan.output_tokens > limit:
                 raise InvalidSpec(f"{what} {length} + {self.plan.output_tokens} output tokens exceeds the server's "
                                   f"max_model_len {limit} for {self.client.model!r}")
+
+    def _resolve_longest(self, limit: int | None) -> None:
+        """`max` among the TTFT lengths becomes the longest prompt of whole blocks that leaves room for the
+        output, so a 128K model is measured at 128K (131,008 tokens at 64-token blocks) and its repeat can load
+        every block; it is left out where the server does not say its max_model_len."""
+        lengths = self.plan.ttft.lengths
+        if LONGEST not in lengths or "ttft" not in self.plan.experiments:
+            return
+        if limit is None:  # a server that does not say its limit: the lengths named are all there is to measure
+            self.plan.ttft.lengths = [x for x in lengths if x != LONGEST]
+            if not self.plan.ttft.lengths:
+                raise InvalidSpec(f"TTFT length '{LONGEST}' needs the server's max_model_len, which "
+                                  f"{self.client.base_url}/v1/models does not give; name the lengths instead")
+            return
+        block = max(1, self.block_size or 1)
+        longest = (limit - self.plan.output_tokens) // block * block
+        if longest <= 0:
+            raise InvalidSpec(f"the server's max_model_len {limit} leaves no whole {block}-token block for a prompt")
+        self.plan.ttft.lengths = sorted({*(x for x in lengths if x != LONGEST), longest})
 
     def environment(self) -> dict:
         from .. import __version__

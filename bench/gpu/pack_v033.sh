@@ -1,14 +1,17 @@
 #!/bin/bash
-# Builds the rest of a Hopper-only slim vLLM 0.33.0 for one engine try on the GPU machine (bench/gpu/call_v33.sh):
-#   OUTDIR/b33.tar.xz   vLLM 0.33.0's Python tree without its large extensions, plus the cp312 wheels
-#                       (unpacked) of the dependencies that `vllm serve` imports and the machine lacks
-#                       or has too old (its image: python 3.12, torch 2.11.0+cu130, transformers 5.17)
-# The main extension, vllm/_C_stable_libtorch.abi3.so, is OUTDIR/a33.part0 + a33.part1 (build_chunks.sh).
-# Usage (repository root; keep the folder git-ignored):
-#   bash bench/gpu/build_chunks33.sh .gpu/chunks
-#   PYV=3.11 bash bench/gpu/build_chunks33.sh /tmp/b33-py311   # the same tree for a python 3.11 import check
+# Packs a Hopper-only slim vLLM 0.33.0 for a GPU node without network (bench/gpu/stage_v033.sh unpacks it), in
+# pieces that each fit one 64 MiB device transfer together with the repository:
+#   OUTDIR/a33.part0/1  vLLM 0.33.0's main extension (vllm/_C_stable_libtorch.abi3.so), stripped, split in two
+#   OUTDIR/b33.tar.xz   its Python tree without its large extensions, plus the cp312 wheels (unpacked) of the
+#                       dependencies that `vllm serve` imports and the machine lacks or has too old
+#                       (its image: python 3.12, torch 2.11.0+cu130, transformers 5.17)
+#   WHL/py_spy-*.whl    py-spy, for the engine-core profiles (run_engines.sh installs it to /tmp/pyspy)
+# Usage (repository root; keep both folders git-ignored, about 8 minutes on two cores):
+#   bash bench/gpu/pack_v033.sh .gpu/chunks .whl
+#   PYV=3.11 bash bench/gpu/pack_v033.sh /tmp/b33-py311   # the same tree for a python 3.11 import check
 set -euo pipefail
-W=/tmp/vllm_h200; OUTDIR=${1:-$PWD/.gpu/chunks}; PYV=${PYV:-3.12}; mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
+W=/tmp/vllm_h200; OUTDIR=${1:-$PWD/.gpu/chunks}; WHL=${2:-$PWD/.whl}; PYV=${PYV:-3.12}
+mkdir -p "$OUTDIR" "$WHL" && OUTDIR=$(cd "$OUTDIR" && pwd) && WHL=$(cd "$WHL" && pwd)
 WHEEL=vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 PIP_PLATFORM="--only-binary=:all: --python-version $PYV --implementation cp --platform manylinux_2_28_x86_64
  --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
@@ -31,6 +34,12 @@ mkdir -p $W && cd $W
 [ -f $WHEEL ] || python3 -m pip download --no-deps vllm==0.33.0 -d .
 rm -rf whl33-$PYV && mkdir whl33-$PYV
 python3 -m pip download -q --no-deps $PIP_PLATFORM -d whl33-$PYV $PKGS
+python3 -m pip download -q --no-deps $PIP_PLATFORM -d "$WHL" py-spy==0.4.1
+# the main extension: its symbol tables stripped (its dynamic symbols and CUDA code stay), split for two transfers
+rm -rf v33 v33raw && mkdir -p v33/vllm && unzip -q -o $WHEEL 'vllm/_C_stable_libtorch.abi3.so' -d v33raw
+strip --strip-unneeded -o v33/vllm/_C_stable_libtorch.abi3.so v33raw/vllm/_C_stable_libtorch.abi3.so
+(cd v33 && tar -cf - vllm/_C_stable_libtorch.abi3.so | xz -6 -T2 > "$W/a33.tar.xz")
+rm -f "$OUTDIR"/a33.part*; split -b 33000000 -d -a 1 "$W/a33.tar.xz" "$OUTDIR/a33.part"
 rm -rf stage33-$PYV && mkdir stage33-$PYV && cd stage33-$PYV
 unzip -q ../$WHEEL -x 'vllm/_C_stable_libtorch.abi3.so'   # the main extension travels as a33.part*
 # Drop what Hopper + a dense bf16 model does not need (each import is guarded or lazy; see the paths named):

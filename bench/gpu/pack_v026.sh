@@ -3,9 +3,8 @@
 #   OUTDIR/a.tar.xz     vLLM 0.26.0's main extension (53 MiB)
 #   OUTDIR/b.tar.xz     the rest of a Hopper-only slim vLLM 0.26.0 + the 27 cp312 wheels it needs (25 MiB)
 #   WHL/*.whl           the OpenAI server's wheels (uvicorn, ...) and py-spy (3.4 MiB)
-#   OUTDIR/a33.part0/1  vLLM 0.33.0's main extension, stripped, split in two (for bench/gpu/vllm033_load.py)
 # Usage (repository root; keep both folders git-ignored):
-#   echo /.gpu/ >> .git/info/exclude; echo /.whl/ >> .git/info/exclude; bash bench/gpu/build_chunks.sh .gpu/chunks .whl
+#   echo /.gpu/ >> .git/info/exclude; echo /.whl/ >> .git/info/exclude; bash bench/gpu/pack_v026.sh .gpu/chunks .whl
 # The machine has python 3.12, torch 2.11.0+cu130 and no network; vLLM 0.26.0 is the newest release pinned to torch 2.11.
 set -euo pipefail
 W=/tmp/vllm_h200; OUTDIR=${1:-$PWD/.gpu/chunks}; WHL=${2:-$PWD/.whl}; mkdir -p "$OUTDIR" "$WHL"
@@ -37,11 +36,4 @@ for w in ../whl312/*.whl; do unzip -q -o $w; done
 rm -rf *.data/scripts; rmdir *.data 2>/dev/null || true; ls -d *.data 2>/dev/null && { echo "wheel .data dirs need handling"; exit 1; } || true
 tar -cf - vllm/_C_stable_libtorch.abi3.so | xz -9e -T2 > "$OUTDIR/a.tar.xz"
 tar -cf - --exclude=vllm/_C_stable_libtorch.abi3.so . | xz -9e -T2 > "$OUTDIR/b.tar.xz"
-# vLLM 0.33.0's extension: stripped (symbol tables only; its dynamic symbols and CUDA code stay) and split
-cd $W
-[ -f vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl ] || python3 -m pip download --no-deps vllm==0.33.0 -d .
-rm -rf v33 && mkdir -p v33/vllm && unzip -q -o vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl 'vllm/_C_stable_libtorch.abi3.so' -d v33raw
-strip --strip-unneeded -o v33/vllm/_C_stable_libtorch.abi3.so v33raw/vllm/_C_stable_libtorch.abi3.so
-(cd v33 && tar -cf - vllm/_C_stable_libtorch.abi3.so | xz -6 -T2 > "$W/a33.tar.xz")
-rm -f "$OUTDIR"/a33.part*; split -b 33000000 -d -a 1 "$W/a33.tar.xz" "$OUTDIR/a33.part"
 ls -la "$OUTDIR" "$WHL"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Host footprint of the offload pool, two calls of one device session:
-#   call 1 (carry .gpu/chunks/a.tar.xz):  bash bench/gpu/footprint_call.sh a
-#   call 2 (carry .gpu/chunks/b.tar.xz):  CASES=llama:16:v1,... bash bench/gpu/footprint_call.sh b
+#   call 1 (carry .gpu/chunks/a.tar.xz):  bash bench/gpu/run_footprint.sh a
+#   call 2 (carry .gpu/chunks/b.tar.xz):  CASES=llama:16:v1,... bash bench/gpu/run_footprint.sh b
 set -uo pipefail
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1

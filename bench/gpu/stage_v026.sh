@@ -17,4 +17,4 @@ cat $OUT/machine.txt
 if [ "${QUALIFY:-1}" = 1 ]; then
   python3 -m spillway.qualify --methods dma,kernel --json $OUT/qualify_dma_kernel.json 2>$OUT/qualify_dma_kernel.log
 fi
-echo "call_a seconds: $(( $(date +%s) - T0 ))"
+echo "stage_v026 seconds: $(( $(date +%s) - T0 ))"

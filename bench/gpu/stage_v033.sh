@@ -1,9 +1,9 @@
 #!/bin/bash
 # One try of a vLLM 0.33.0 engine on the GPU machine, recorded step by step in $OUT/v33.json (+ $OUT/v33.tgz logs).
-# Needs .gpu/chunks/{a33.part0,a33.part1,b33.tar.xz} (build_chunks.sh, build_chunks33.sh); a call carries at
+# Needs .gpu/chunks/{a33.part0,a33.part1,b33.tar.xz} (pack_v033.sh); a call carries at
 # most 64 MiB, so the pieces come over two back-to-back calls (/tmp survives ~30 s between them):
-#   call 1 (carry .gpu/chunks/a33.part0):                      bash bench/gpu/call_v33.sh   -> keeps it in /tmp
-#   call 2 (carry .gpu/chunks/a33.part1 .gpu/chunks/b33.tar.xz): bash bench/gpu/call_v33.sh   -> unpacks and runs
+#   call 1 (carry .gpu/chunks/a33.part0):                      bash bench/gpu/stage_v033.sh   -> keeps it in /tmp
+#   call 2 (carry .gpu/chunks/a33.part1 .gpu/chunks/b33.tar.xz): bash bench/gpu/stage_v033.sh   -> unpacks and runs
 # Steps, stopping at the first failure (each with its exit code and exception line):
 #   import     `import vllm`, its version
 #   modules    the platform, Triton attention backend, model runner, Llama, engine core, API server, our connector
@@ -12,7 +12,7 @@
 # Env: LIMIT (s, default 500), CONNECTOR_S (the connector step's budget, default 500), EAGER (1: --enforce-eager, default), BACKEND (default TRITON_ATTN), PLAN_FLAGS (more
 # `spillway plan` flags), STEPS (default "serve connector"; a warm machine keeps /tmp/site33, so a third call with
 # no carry can run STEPS=connector alone when the second ran out of time; STEPS=none stages, imports and checks the
-# modules only, before `call_b.sh` runs engines on the tree in the same call, as round 7 did).
+# modules only, before `run_engines.sh` runs engines on the tree in the same call, as round 7 did).
 set -uo pipefail
 T0=$(date +%s); LIMIT=${LIMIT:-500}; OUT=${OUT:-/tmp/out33}; mkdir -p "$OUT"
 IN=/tmp/v33in; SITE=/tmp/site33; WORK=/tmp/work33; mkdir -p $IN $WORK
@@ -76,14 +76,14 @@ json.dump(res, open(sys.argv[2], "w"), indent=1)
 print("V33", res["outcome"])
 EOF
   tar czf $OUT/v33.tgz -C $WORK . 2>/dev/null
-  echo "call_v33 seconds: $(( $(date +%s) - T0 ))"
+  echo "stage_v033 seconds: $(( $(date +%s) - T0 ))"
   exit 0
 }
 : > $RES
 
 # -- stage: keep what this call carried in /tmp, unpack once all three pieces are there ---------------------
 for f in a33.part0 a33.part1 b33.tar.xz; do [ -f .gpu/chunks/$f ] && cp .gpu/chunks/$f $IN/; done
-[ -f /tmp/a33.part0 ] && [ ! -f $IN/a33.part0 ] && cp /tmp/a33.part0 $IN/  # where call_b.sh keeps it
+[ -f /tmp/a33.part0 ] && [ ! -f $IN/a33.part0 ] && cp /tmp/a33.part0 $IN/  # where run_engines.sh keeps it
 if [ ! -f $SITE/.complete ]; then
   missing=$(for f in a33.part0 a33.part1 b33.tar.xz; do [ -f $IN/$f ] || echo -n "$f "; done)
   if [ -n "$missing" ]; then
