@@ -42,8 +42,14 @@ def tier_bytes(root: Path) -> int:
     for directory, _, files in os.walk(root, followlinks=False):
         for name in files:
             path = Path(directory, name)
-            if name != "config.json" and not path.is_symlink() and "_r0" in str(path.relative_to(root)):
-                used += path.lstat().st_size
+            if name == "config.json" or "_r0" not in str(path.relative_to(root)):
+                continue
+            try:
+                info = path.lstat()
+            except FileNotFoundError:  # deleted or renamed since the listing
+                continue
+            if not path.is_symlink():
+                used += info.st_size
     return used
 
 
@@ -62,16 +68,16 @@ class Sampler(threading.Thread):
     def __init__(self, root: Path):
         super().__init__(daemon=True)
         self.root, self.peak, self.samples = root, 0, 0
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             self.peak = max(self.peak, tier_bytes(self.root))
             self.samples += 1
             time.sleep(0.02)
 
     def finish(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join()
 
 
