@@ -22,9 +22,9 @@ import pytest
 from spillway_connector import names
 from spillway_connector.host_tiering import cpu_disk_tier_args
 from support import TinyLlama, VllmServer
-from support.vllm_server import require_vllm
 from support.offload_workload import complete
 from support.promtext import total
+from support.vllm_server import require_vllm
 
 pytestmark = pytest.mark.engine
 

@@ -23,7 +23,7 @@ Sizes:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -84,7 +84,7 @@ class DiskVolume:
 class DiskTierRequest:
     enabled: bool = False
     size: str = "auto"  # "auto", a fraction "0.5" of the replica's share, or a quantity "500Gi"
-    volume: DiskVolume = DiskVolume()
+    volume: DiskVolume = field(default_factory=DiskVolume)
     replicas: int = 1  # the ModelServer's replicas: a PVC tier is shared by all of them
 
 
@@ -174,8 +174,8 @@ def _share(request: DiskTierRequest, node_ephemeral: int | None, node_name: str,
                                      "tier cannot be sized there (name a hostPath or PVC with its capacity)")
         usable = node_ephemeral - node_ephemeral_reserve(node_ephemeral)
         return (usable // replicas_per_node, OTHER_EPHEMERAL_BYTES,
-                f"{format_bytes(node_ephemeral)} allocatable ephemeral storage on {node_name}, less "
-                f"{NODE_EPHEMERAL_RESERVE_FRACTION:.0%}, / {replicas_per_node} replicas")
+                (f"{format_bytes(node_ephemeral)} allocatable ephemeral storage on {node_name}, less "
+                 f"{NODE_EPHEMERAL_RESERVE_FRACTION:.0%}, / {replicas_per_node} replicas"))
     if volume.capacity is None:
         raise InvalidSpec(f"offload.disk.volume.{volume.kind}.capacity is required to size the tier "
                           "(the operator cannot see how large the volume is)")

@@ -101,7 +101,7 @@ class OffloadRequest:
     layout: Layout = Layout.CONTIGUOUS
     offload_block_size: int | None = None  # tokens per offloaded chunk; a multiple of block_size
     connector: Connector = Connector.SPILLWAY
-    disk: disk_tier.DiskTierRequest = disk_tier.DiskTierRequest()  # the node-disk tier under the pool
+    disk: disk_tier.DiskTierRequest = field(default_factory=disk_tier.DiskTierRequest)  # the disk tier under the pool
 
 
 @dataclass(frozen=True)
