@@ -94,3 +94,29 @@ def test_the_plan_reports_the_tier():
     out = plan(GEOMETRY, request(), NODE).to_dict()["disk"]
     assert out["bound_bytes"] > 3 * TiB - 200 * GiB and out["root_dir"] == dt.MOUNT_PATH
     assert "the evictor keeps" in out["why"]
+
+
+def test_the_tier_is_enabled_only_where_a_disk_hit_beats_recompute_and_says_the_numbers():
+    bytes_per_token = 131072  # Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x K and V x 2 bytes
+    slow = dt.disk_pays(3.0, bytes_per_token, 41_391.0, 400_000.0, 131072)
+    fast = dt.disk_pays(12.0, bytes_per_token, 41_391.0, 400_000.0, 131072)
+    # recompute 24.2 us/token, the pool's reload 2.5: the disk has 21.7 us for 128 KiB, 6.05 GB/s
+    assert slow.break_even_gbps == fast.break_even_gbps == pytest.approx(6.05, abs=0.01)
+    assert (slow.pays, fast.pays) == (False, True)
+    assert "32K tokens: 1,514 ms from disk vs 792 ms recompute" in slow.why
+    assert "does not pay" in slow.why and "the tier pays" in fast.why
+    unknown = dt.disk_pays(None, bytes_per_token, 41_391.0, 400_000.0, 131072)
+    assert unknown.pays is None and "not qualified" in unknown.why and "6.05 GB/s" in unknown.why
+    assert dt.disk_pays(50.0, bytes_per_token, 41_391.0, 30_000.0, 8192).pays is False  # reload alone loses
+
+
+def test_a_node_whose_disk_does_not_pay_gets_no_tier_but_the_numbers():
+    slow = plan(GEOMETRY, request(), NodeFacts(2 * TiB, 8, "gpu-a", ephemeral_storage=28 * TiB, disk_read_gbps=1.5))
+    assert slow.disk is not None and slow.disk.active is False and slow.disk.pays is False
+    assert "secondary_tiers" not in " ".join(slow.args) and api.ENV_PYTHONHASHSEED not in slow.env
+    assert any(w.startswith("disk tier left off: disk reads 1.50 GB/s") for w in slow.warnings)
+    fast = plan(GEOMETRY, request(), NodeFacts(2 * TiB, 8, "gpu-a", ephemeral_storage=28 * TiB, disk_read_gbps=25.0))
+    assert fast.disk.active and fast.disk.pays and "secondary_tiers" in " ".join(fast.args)
+    assert not any(w.startswith("disk tier") for w in fast.warnings)
+    unjudged = plan(GEOMETRY, request(), NODE)
+    assert unjudged.disk.active and any(w.startswith("disk tier unjudged") for w in unjudged.warnings)

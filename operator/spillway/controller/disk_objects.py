@@ -15,17 +15,16 @@ def ephemeral_storage(result: Plan) -> dict[str, str]:
     """{"ephemeral-storage": share} for the container's requests and limits (request = limit: the kubelet evicts a
     pod over its limit, or first under disk pressure when over its request; neither happens for the tier, which
     the evictor keeps under its sizeLimit inside the share). Empty without an emptyDir tier."""
-    disk = result.disk
+    disk = dt.active(result.disk)
     if disk is None or disk.ephemeral_request_bytes is None:
         return {}
     return {EPHEMERAL_STORAGE: to_quantity(disk.ephemeral_request_bytes, "Mi")}
 
 
 def volumes(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
-    if result.disk is None:
-        return []
-    return [dt.volume(spec.request.offload.disk, result.disk)]
+    disk = dt.active(result.disk)
+    return [dt.volume(spec.request.offload.disk, disk)] if disk is not None else []
 
 
 def mounts(result: Plan) -> list[dict[str, Any]]:
-    return [dt.mount()] if result.disk is not None else []
+    return [dt.mount()] if dt.active(result.disk) is not None else []

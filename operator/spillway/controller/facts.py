@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import k8s_names as names
+from ..core.disk_tier import ANNOTATION_QUALIFIED_DISK_GBPS
 from ..core.errors import InvalidSpec, NoEligibleNodes, SpillwayError
 from ..core.planner import NodeFacts
 from ..core.qualification import qualification_table
@@ -38,10 +39,11 @@ class NodeSummary:
     dma_table: tuple[tuple[int, float], ...] = ()
     cpu_millis: int | None = None
     ephemeral_storage: int | None = None  # allocatable ephemeral-storage bytes (the disk tier's auto)
+    disk_read_gbps: float | None = None  # qualified disk read rate (whether the disk tier pays)
 
     def facts(self) -> NodeFacts:
         return NodeFacts(self.allocatable_memory, self.gpus, self.name, self.dma_gbps, self.dma_table,
-                         self.cpu_millis, self.ephemeral_storage)
+                         self.cpu_millis, self.ephemeral_storage, self.disk_read_gbps)
 
 
 def _gpu_count(status: Mapping[str, Any]) -> int:
@@ -77,6 +79,14 @@ def _ephemeral_storage(status: Mapping[str, Any]) -> int | None:
         return None
 
 
+def _positive(value: Any) -> float | None:
+    try:
+        number = float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+    return number if number is not None and math.isfinite(number) and number > 0 else None
+
+
 def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
     """A Node's summary, or None when it has no GPUs or no readable allocatable memory."""
     meta = node.get("metadata") or {}
@@ -99,7 +109,8 @@ def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
     taints = tuple(t for t in ((node.get("spec") or {}).get("taints") or []) if isinstance(t, Mapping))
     table = qualification_table((meta.get("annotations") or {}).get(names.ANNOTATION_QUALIFICATION))
     return NodeSummary(str(meta.get("name", "node")), dict(meta.get("labels") or {}), taints,
-                       memory_bytes, gpus, dma_gbps, table, _cpu_millis(status), _ephemeral_storage(status))
+                       memory_bytes, gpus, dma_gbps, table, _cpu_millis(status), _ephemeral_storage(status),
+                       _positive((meta.get("annotations") or {}).get(ANNOTATION_QUALIFIED_DISK_GBPS)))
 
 
 def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None,
@@ -199,7 +210,8 @@ def eligible_nodes(nodes: Iterable[NodeSummary], spec: ModelServerSpec) -> list[
 def nodes_fingerprint(nodes: Iterable[NodeSummary]) -> str:
     """A short hash of the facts planning reads: it changes exactly when a re-plan could change."""
     facts = sorted((n.name, n.allocatable_memory, n.gpus, n.dma_gbps, n.dma_table, n.cpu_millis)
-                   + ((n.ephemeral_storage,) if n.ephemeral_storage is not None else ()) for n in nodes)
+                   + ((n.ephemeral_storage, n.disk_read_gbps) if n.ephemeral_storage or n.disk_read_gbps else ())
+                   for n in nodes)
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
 
 

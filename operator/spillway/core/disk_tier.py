@@ -23,6 +23,7 @@ Sizes:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -47,6 +48,9 @@ PVC = "persistentVolumeClaim"
 VOLUME_KINDS = (EMPTY_DIR, EPHEMERAL, HOST_PATH, PVC)
 
 SPILLWAY_CONNECTOR_CHOICE = Connector.SPILLWAY
+
+# The node's disk read rate into the pool (GB/s), as `spillway qualify --disk` measures and annotates it.
+ANNOTATION_QUALIFIED_DISK_GBPS = "spillway.dev/qualified-disk-read-gbps"
 
 VOLUME_NAME = "kv-disk-tier"
 MOUNT_PATH = "/var/lib/spillway/kv-tier"  # the fs tier's root_dir
@@ -103,6 +107,11 @@ class DiskTierPlan:
     read_threads: int
     write_threads: int
     why: str
+    active: bool = True  # False: planned, but a disk hit would not beat recompute: nothing of it is rendered
+    pays: bool | None = None  # None: the node's disk read rate (or the model's prefill rate) is unknown
+    break_even_gbps: float | None = None
+    read_gbps: float | None = None
+    verdict: str = ""
 
 
 def _parse_size(size: str) -> tuple[str, float | int | None]:
@@ -246,3 +255,76 @@ def mount() -> dict[str, Any]:
 
 def _mi(n: int) -> str:
     return f"{-(-n // MiB)}Mi"
+
+
+# -- does it pay -----------------------------------------------------------------------------------------------
+# The prompt lengths a disk hit is judged at: where the CPU pool runs out first and recompute costs most.
+JUDGED_LENGTHS = (8_192, 32_768, 131_072)
+
+
+@dataclass(frozen=True)
+class DiskVerdict:
+    pays: bool | None  # None: the node's disk read rate is not qualified, so the tier runs as asked
+    break_even_gbps: float | None  # the disk read rate (1e9 B/s) at which a disk hit costs what recompute does
+    why: str
+
+
+def disk_load_seconds(tokens: int, bytes_per_token: float, read_gbps: float, reload_tokens_per_s: float | None) -> float:
+    """A disk hit of `tokens`: read into the CPU pool, then the pool's copy to the GPU (the tier's two steps)."""
+    seconds = tokens * bytes_per_token / (read_gbps * 1e9)
+    return seconds + (tokens / reload_tokens_per_s if reload_tokens_per_s else 0.0)
+
+
+def disk_pays(read_gbps: float | None, bytes_per_token: float, recompute_tokens_per_s: float | None,
+              reload_tokens_per_s: float | None, max_model_len: int) -> DiskVerdict:
+    """Whether loading a prefix from the node's disk beats recomputing it, at the judged lengths the model serves.
+
+    Both sides are linear in the tokens here (a read of their KV bytes plus the pool's reload, against the
+    replica's prefill rate, routing.recompute_tokens_per_s), which leaves out attention's quadratic share of a
+    long prefill: a disk hit that pays here pays more at 128K, one that loses here may still win there."""
+    lengths = [n for n in JUDGED_LENGTHS if n <= max_model_len] or [max_model_len]
+    if not recompute_tokens_per_s or bytes_per_token <= 0:
+        return DiskVerdict(None, None, "the model's prefill rate is unknown: the tier runs as asked")
+    recompute_s_per_token = 1.0 / recompute_tokens_per_s
+    reload_s_per_token = 1.0 / reload_tokens_per_s if reload_tokens_per_s else 0.0
+    room = recompute_s_per_token - reload_s_per_token
+    break_even = bytes_per_token / room / 1e9 if room > 0 else None
+    need = (f"a disk hit pays from {break_even:.2f} GB/s of disk reads" if break_even is not None
+            else "the pool's own reload is already slower than recompute: no disk rate pays")
+    if read_gbps is None:
+        return DiskVerdict(None, break_even, f"the node's disk read rate is not qualified (spillway qualify --disk); "
+                                             f"{need}: the tier runs as asked")
+    parts = []
+    for n in lengths:
+        load = disk_load_seconds(n, bytes_per_token, read_gbps, reload_tokens_per_s)
+        parts.append(f"{n // 1024}K tokens: {load * 1e3:,.0f} ms from disk vs {n * recompute_s_per_token * 1e3:,.0f} "
+                     "ms recompute")
+    pays = break_even is not None and read_gbps > break_even
+    verdict = "pays" if pays else "does not pay"
+    return DiskVerdict(pays, break_even, f"disk reads {read_gbps:.2f} GB/s, {need}: the tier {verdict} "
+                                         f"({'; '.join(parts)})")
+
+
+
+def judge(plan: DiskTierPlan, config: Any, tensor_parallel_size: int, max_model_len: int | None,
+          read_gbps: float | None, reload_tokens_per_s: float | None) -> DiskTierPlan:
+    """The tier with its verdict: active where a disk hit beats recompute or nobody can tell, inactive (planned,
+    its numbers kept, nothing of it rendered) where it does not."""
+    from .routing import recompute_tokens_per_s
+
+    bytes_per_token = plan.chunk_bytes / (plan.tokens // plan.chunks)
+    verdict = disk_pays(read_gbps, bytes_per_token, recompute_tokens_per_s(config, tensor_parallel_size),
+                        reload_tokens_per_s, max_model_len or JUDGED_LENGTHS[-1])
+    return dataclasses.replace(plan, active=verdict.pays is not False, pays=verdict.pays,
+                               break_even_gbps=verdict.break_even_gbps, read_gbps=read_gbps,
+                               verdict=verdict.why)
+
+
+def warning(plan: DiskTierPlan | None) -> list[str]:
+    if plan is None or plan.pays is True:
+        return []
+    return [f"disk tier {'left off' if not plan.active else 'unjudged'}: {plan.verdict}"]
+
+
+def active(plan: DiskTierPlan | None) -> DiskTierPlan | None:
+    return plan if plan is not None and plan.active else None

@@ -91,6 +91,7 @@ class NodeFacts:
     dma_table: tuple[tuple[int, float], ...] = ()  # (block bytes, CPU->GPU GB/s) from the full qualification
     cpu_millis: int | None = None  # allocatable CPU in millicores, if known
     ephemeral_storage: int | None = None  # allocatable ephemeral-storage bytes, if known (the disk tier's auto)
+    disk_read_gbps: float | None = None  # qualified disk -> CPU pool read rate (the annotation), if known
 
 
 @dataclass(frozen=True)
@@ -468,15 +469,19 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
             disk = disk_tier.plan_disk_tier(request.offload.disk, pool.chunk_bytes, pool.tokens // pool.chunks,
                                             node.ephemeral_storage, node.name, node_plan.replicas_per_node,
                                             request.offload.disk.replicas, groups.release)
+            reload = _transfer_plan(layout, request, node)  # a disk hit is read into the pool, then reloaded
+            disk = disk_tier.judge(disk, geometry.config, request.tensor_parallel_size, geometry.max_model_len,
+                                   node.disk_read_gbps, reload.reload_tokens_per_s if reload else None)
         pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
                         request.tensor_parallel_size)
-    env = {**engine_env(request), **(disk_tier.engine_env() if disk is not None else {})}
-    args = engine_args(layout, request.offload, pool, disk)
+    env = {**engine_env(request), **(disk_tier.engine_env() if disk_tier.active(disk) else {})}
+    args = engine_args(layout, request.offload, pool, disk_tier.active(disk))
     if pool is not None and any(g.kind == MAMBA for g in groups.groups):
         args.append(api.FLAG_ENABLE_PREFIX_CACHING)  # vLLM: "Hybrid models (e.g. Mamba+Attention) need it"
     args += api_server_args(engine)
     transfer = _transfer_plan(layout, request, node) if pool is not None else None
     warnings = _warnings(layout, node_plan, node, pool, request, transfer)
+    warnings += disk_tier.warning(disk)
     return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine, disk)
 
 
