@@ -19,7 +19,7 @@ from spillway_connector import names
 from spillway_connector.compat import OffloadingConnectorStats
 from spillway_connector.disk_evictor import DiskTierIndex
 from spillway_connector.probes import throughput_gbps
-from spillway_connector.transfer_config import EXTRA_DISK_TIER_BYTES
+from spillway_connector.transfer_config import EXTRA_DISK_TIER_BREAK_EVEN_GBPS, EXTRA_DISK_TIER_BYTES
 
 _STORE, _LOAD = "store", "load"
 
@@ -46,8 +46,10 @@ def fs_tiers(manager: Any) -> list[tuple[str, Any]]:
 class FsTierGuard:
     """Wraps one vLLM FileSystemTierManager (its submit_store, submit_load and get_finished_jobs)."""
 
-    def __init__(self, manager: Any, tier: Any, capacity_bytes: int, label: str):
+    def __init__(self, manager: Any, tier: Any, capacity_bytes: int, label: str,
+                 break_even_gbps: float | None = None):
         self.tier = tier
+        self.break_even_gbps = break_even_gbps
         self.label = (label,)
         self.chunk_bytes = int(tier._block_size)  # one chunk's file: the primary view's row
         root = os.path.dirname(tier.file_mapper.base_path)  # base_path = <root_dir>/<model>_<digest>
@@ -120,6 +122,8 @@ class FsTierGuard:
         if gauges != self._reported:
             stats.set_gauge(names.TIER_CAPACITY_BYTES, gauges[0], self.label)
             stats.set_gauge(names.TIER_USED_BYTES, gauges[1], self.label)
+            if self.break_even_gbps is not None:
+                stats.set_gauge(names.TIER_BREAK_EVEN_GBPS, self.break_even_gbps, self.label)
             self._reported = gauges
         if counts.evicted_bytes:
             stats.increase_counter(names.TIER_EVICTED_BYTES, counts.evicted_bytes, self.label)
@@ -141,4 +145,9 @@ def guard_disk_tiers(manager: Any, extra_config: dict[str, Any] | None) -> list[
                          f"the offloading manager has {len(tiers)} (set spec_name TieringOffloadingSpec and one "
                          "secondary_tiers entry of type 'fs')")
     label, tier = tiers[0]
-    return [FsTierGuard(manager, tier, bound, label)]
+    break_even = (extra_config or {}).get(EXTRA_DISK_TIER_BREAK_EVEN_GBPS)
+    if break_even is not None and (isinstance(break_even, bool) or not isinstance(break_even, (int, float))
+                                   or break_even <= 0):
+        raise ValueError(f"kv_connector_extra_config {EXTRA_DISK_TIER_BREAK_EVEN_GBPS} must be a rate in GB/s > 0, "
+                         f"got {break_even!r}")
+    return [FsTierGuard(manager, tier, bound, label, float(break_even) if break_even is not None else None)]

@@ -38,6 +38,7 @@ TIER_EVICTED_CHUNKS = "spillway:kv_offload_tier_evicted_chunks"  # counter
 TIER_REFUSED_CHUNKS = "spillway:kv_offload_tier_refused_chunks"  # counter: stores dropped, no room
 TIER_LOADED_CHUNKS = "spillway:kv_offload_tier_loaded_chunks"  # counter: chunks read back into the CPU pool
 TIER_READ_THROUGHPUT = "spillway:kv_offload_tier_read_throughput_gbps"  # histogram: tier -> CPU pool, per load
+TIER_BREAK_EVEN_GBPS = "spillway:kv_offload_tier_break_even_read_gbps"  # gauge: the planned rate that pays
 
 # -- labels -------------------------------------------------------------------------
 LABEL_DIRECTION = "direction"
@@ -63,14 +64,14 @@ COUNTERS = (
     TIER_REFUSED_CHUNKS,
     TIER_LOADED_CHUNKS,
 )
-GAUGES = (POOL_CAPACITY_CHUNKS, POOL_RESIDENT_CHUNKS, TIER_CAPACITY_BYTES, TIER_USED_BYTES)
+GAUGES = (POOL_CAPACITY_CHUNKS, POOL_RESIDENT_CHUNKS, TIER_CAPACITY_BYTES, TIER_USED_BYTES, TIER_BREAK_EVEN_GBPS)
 HISTOGRAMS = (TRANSFER_THROUGHPUT, TIER_READ_THROUGHPUT)
 ALL = COUNTERS + GAUGES + HISTOGRAMS
 # Metrics labelled by direction (besides vLLM's engine labels).
 BY_DIRECTION = (TRANSFER_THROUGHPUT, TRANSFER_BYTES, TRANSFER_SECONDS)
 # Metrics labelled by tier.
 BY_TIER = (TIER_CAPACITY_BYTES, TIER_USED_BYTES, TIER_EVICTED_BYTES, TIER_EVICTED_CHUNKS, TIER_REFUSED_CHUNKS,
-           TIER_LOADED_CHUNKS, TIER_READ_THROUGHPUT)
+           TIER_LOADED_CHUNKS, TIER_READ_THROUGHPUT, TIER_BREAK_EVEN_GBPS)
 
 
 def exported(name: str) -> str:

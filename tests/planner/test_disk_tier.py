@@ -120,3 +120,15 @@ def test_a_node_whose_disk_does_not_pay_gets_no_tier_but_the_numbers():
     assert not any(w.startswith("disk tier") for w in fast.warnings)
     unjudged = plan(GEOMETRY, request(), NODE)
     assert unjudged.disk.active and any(w.startswith("disk tier unjudged") for w in unjudged.warnings)
+
+
+def test_vllm_names_the_tiering_metrics_as_we_do():
+    from support.vllm_trees import vllm_tree
+
+    tree = vllm_tree("0.33.0")
+    if tree is None:
+        pytest.skip("the vLLM 0.33.0 source tree is not unpacked (SPILLWAY_VLLM_TREES)")
+    source = (tree / "vllm/v1/kv_offload/tiering/base.py").read_text()
+    for name in (api.TieringMetric.CHUNK_QUERIES, api.TieringMetric.CHUNK_HITS, api.TieringMetric.READ_BYTES,
+                 api.TieringMetric.READ_TIME, api.TieringMetric.WRITE_BYTES):
+        assert f'"{name}"' in source, name

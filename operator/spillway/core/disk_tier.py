@@ -230,7 +230,7 @@ def extra_config(plan: DiskTierPlan) -> dict[str, Any]:
     """kv_connector_extra_config keys of the tier: vLLM's TieringOffloadingSpec with its fs tier at the volume,
     and the connector's bound."""
     return disk_tier_extra(plan.root_dir, plan.bound_bytes, plan.read_threads, plan.write_threads,
-                           spec_name=TIERING_OFFLOADING_SPEC)
+                           spec_name=TIERING_OFFLOADING_SPEC, break_even_gbps=plan.break_even_gbps)
 
 
 def volume(request: DiskTierRequest, plan: DiskTierPlan) -> dict[str, Any]:
