@@ -10,15 +10,20 @@ chunks (32-token blocks of the tiny Llama, 16 KiB each). In order:
            20 ms never pass the bound, the evictor counts what it deleted, files planted outside the tier
            (behind symlinks inside it) survive, a chunk file left from before the start is evicted first
   restart  the same model path, root and PYTHONHASHSEED: the hot prompt is a disk hit in the new engine
+  loadtest `spillway loadtest working-set` against the restarted engine: a working set twice the pool,
+           requests served from CPU, from disk and recomputed, each with its TTFT and throughput
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from spillway.loadtest import working_set
+from spillway.loadtest.working_set import WorkingSetPlan
 from spillway_connector import names
 from spillway_connector.host_tiering import cpu_disk_tier_args
 from support import TinyLlama, VllmServer
@@ -175,3 +180,14 @@ def test_disk_tier_fills_hits_stays_bounded_and_survives_a_restart(tmp_path: Pat
         assert hits_after_restart >= PROMPT_CHUNKS - 1, "the restarted engine finds its chunks on disk"
         assert loaded(text) >= PROMPT_CHUNKS - 1
         assert total(text, names.TIER_USED_BYTES, tier=FS) > 0
+
+        # `spillway loadtest working-set` on the same engine: 8 prompts (twice the pool), 24 random repeats
+        ws = asyncio.run(working_set.run_async(restarted.base_url, WorkingSetPlan(
+            prompts=8, prompt_len=PROMPT_TOKENS, requests=24, seed=7, id_range=MODEL.vocab_size - 20)))
+        print(working_set.table(ws))
+        by_tier = ws["by_tier"]
+        assert ws["first_round"]["miss"]["requests"] == 8, "never-seen prompts are recomputed"
+        assert by_tier["cpu"]["requests"] > 0 and by_tier["disk"]["requests"] > 0, by_tier
+        assert sum(row["requests"] for row in by_tier.values()) == 24
+        for tier in ("cpu", "disk"):
+            assert by_tier[tier]["ttft_s"]["p50"] > 0 and by_tier[tier]["prompt_tokens_per_s"] > 0
