@@ -38,6 +38,13 @@ except ImportError as error:  # a patched or partial vLLM build of a supported n
         "install a supported vLLM release or use vLLM's own OffloadingConnector"
     ) from error
 
+# vLLM's tiered offloading (a CPU primary tier over secondary tiers such as "fs", the node-disk tier): 0.32+.
+try:
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+except ImportError:  # 0.26
+    SharedOffloadRegion = TieringOffloadingSpec = None  # type: ignore[assignment,misc]
+
 __all__ = [
     "VLLM_EXPORTS_TRANSFER_COUNTERS",
     "VLLM_MINOR",
@@ -52,6 +59,8 @@ __all__ = [
     "OffloadingConnector",
     "OffloadingConnectorStats",
     "OffloadingWorker",
+    "SharedOffloadRegion",
+    "TieringOffloadingSpec",
     "TransferResult",
     "pool_capacity_chunks",
     "spec_pool_chunks",

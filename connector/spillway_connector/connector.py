@@ -21,6 +21,7 @@ from spillway_connector.compat import (
     OffloadingConnectorStats,
     pool_capacity_chunks,
 )
+from spillway_connector.disk_tier import guard_disk_tiers
 from spillway_connector.metrics import SpillwayPromMetrics
 from spillway_connector.probes import PoolProbe, TransferProbe
 from spillway_connector.transfer_config import EXTRA_RECOMPUTE_BELOW_TOKENS
@@ -110,8 +111,10 @@ class SpillwayOffloadingConnector(OffloadingConnector):
         self._floor = ShortHitFloor.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
         self._pool: PoolProbe | None = None
         self._transfers: TransferProbe | None = None
+        self._disk_tiers: list = []
         if self.connector_scheduler is not None:
             manager = self.connector_scheduler.manager
+            self._disk_tiers = guard_disk_tiers(manager, vllm_config.kv_transfer_config.kv_connector_extra_config)
             self._pool = PoolProbe(manager, pool_capacity_chunks(manager))
             self.connector_scheduler.manager = self._pool
 
@@ -155,6 +158,8 @@ class SpillwayOffloadingConnector(OffloadingConnector):
         if self.connector_scheduler is None:
             return self._transfers.take_stats() if self._transfers is not None else None
         stats = _merge(_merge(super().get_kv_connector_stats(), self._reloads.take_stats()), self._floor.take_stats())
+        for guard in self._disk_tiers:
+            stats = _merge(stats, guard.take_stats())
         return _merge(stats, self._pool.take_stats()) if self._pool is not None else stats
 
     @classmethod

@@ -42,16 +42,22 @@ class HostOffloadingWorker(OffloadingWorker):
     row = chunk_id * blocks_per_chunk + block-within-chunk.
     """
 
-    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int):
+    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int,
+                 host_views: Any = None):
+        """host_views(chunk_bytes) -> a (num_chunks, chunk_bytes) int8 tensor per KV-cache tensor, in order: the
+        host buffer lives there (vLLM's shared offload region, which a secondary tier reads); None: private."""
         self._blocks_per_chunk = blocks_per_chunk
         self._device_tensors: list[torch.Tensor] = []
-        self._host_tensors: list[torch.Tensor] = []
+        self._host_tensors: list[torch.Tensor] = []  # (num_chunks, blocks_per_chunk, page bytes)
         for canonical in kv_caches.tensors:
-            device = canonical.tensor.view(torch.int8).view((-1, canonical.page_size_bytes))
+            page = canonical.page_size_bytes
+            device = canonical.tensor.view(torch.int8).view((-1, page))
             self._device_tensors.append(device)
-            self._host_tensors.append(
-                torch.zeros((num_chunks * blocks_per_chunk, canonical.page_size_bytes), dtype=torch.int8)
-            )
+            if host_views is None:
+                host = torch.zeros((num_chunks, blocks_per_chunk, page), dtype=torch.int8)
+            else:
+                host = host_views(blocks_per_chunk * page).view(num_chunks, blocks_per_chunk, page)
+            self._host_tensors.append(host)
         # Per KV-cache group: the tensors its layers live in (each copied once).
         self._group_tensors: list[tuple[int, ...]] = [
             tuple(dict.fromkeys(ref.tensor_idx for ref in refs)) for refs in kv_caches.group_data_refs
@@ -110,12 +116,14 @@ class HostOffloadingWorker(OffloadingWorker):
             host_rows = torch.from_numpy(
                 self.host_rows(chunk_ids[chunk_offset : chunk_offset + num_chunks], first_block_index, group_size)
             )
+            # (chunk, block-within-chunk) pairs: the shared region's rows are strided, so they cannot be flattened
+            chunk_index, block_index = host_rows // self._blocks_per_chunk, host_rows % self._blocks_per_chunk
             for tensor_idx in self._group_tensors[group]:
                 device, host = self._device_tensors[tensor_idx], self._host_tensors[tensor_idx]
                 if to_host:
-                    host.index_copy_(0, host_rows, device.index_select(0, device_rows))
+                    host[chunk_index, block_index] = device.index_select(0, device_rows)
                 else:
-                    device.index_copy_(0, device_rows, host.index_select(0, host_rows))
+                    device.index_copy_(0, device_rows, host[chunk_index, block_index])
                 num_bytes += group_size * device.shape[1]
             block_offset += group_size
             chunk_offset += num_chunks

@@ -28,6 +28,15 @@ _DOCS = {
     names.POOL_CAPACITY_CHUNKS: "Chunks the CPU pool holds (one chunk = the KV of block_size tokens).",
     names.POOL_RESIDENT_CHUNKS: "Chunks of the CPU pool holding KV, stored or being stored.",
     names.POOL_EVICTED_CHUNKS: "Chunks evicted from the CPU pool to make room for new stores.",
+    names.TIER_CAPACITY_BYTES: "Bytes a secondary tier may hold (the disk tier's planned bound), by tier.",
+    names.TIER_USED_BYTES: "Bytes of chunk files a secondary tier holds or is writing, by tier.",
+    names.TIER_EVICTED_BYTES: "Bytes of least recently used chunk files the evictor deleted, by tier.",
+    names.TIER_EVICTED_CHUNKS: "Chunk files the evictor deleted, by tier.",
+    names.TIER_REFUSED_CHUNKS: "Chunk stores dropped because the tier had no idle chunk left to delete, by tier.",
+    names.TIER_LOADED_CHUNKS: "Chunks read from a secondary tier back into the CPU pool, by tier.",
+    names.TIER_BREAK_EVEN_GBPS: "Disk read rate (GB/s) below which a hit from the tier costs more than recomputing "
+    "it, as planned, by tier.",
+    names.TIER_READ_THROUGHPUT: "Throughput of each finished load from a secondary tier into the CPU pool, GB/s.",
 }
 _OURS = frozenset(names.ALL)
 
@@ -45,7 +54,8 @@ class SpillwayPromMetrics(OffloadPromMetrics):
             kwargs: dict[str, Any] = {
                 "name": name,
                 "documentation": _DOCS[name],
-                "labelnames": list(labelnames) + ([names.LABEL_DIRECTION] if name in names.BY_DIRECTION else []),
+                "labelnames": list(labelnames) + ([names.LABEL_DIRECTION] if name in names.BY_DIRECTION else [])
+                + ([names.LABEL_TIER] if name in names.BY_TIER else []),
             }
             if name in names.HISTOGRAMS:
                 kwargs["buckets"] = list(names.THROUGHPUT_BUCKETS_GBPS)

@@ -29,11 +29,23 @@ POOL_CAPACITY_CHUNKS = "spillway:kv_offload_pool_capacity_chunks"  # gauge
 POOL_RESIDENT_CHUNKS = "spillway:kv_offload_pool_resident_chunks"  # gauge: chunks holding KV
 POOL_EVICTED_CHUNKS = "spillway:kv_offload_pool_evicted_chunks"  # counter
 
+# -- secondary tiers (the node-disk "fs" tier), labelled by vLLM's tier label ----------------------------
+# Next to vLLM's own vllm:kv_offload_tiering_{chunk_hits,read_bytes,read_time,...}{tier}.
+TIER_CAPACITY_BYTES = "spillway:kv_offload_tier_capacity_bytes"  # gauge: the planned bound
+TIER_USED_BYTES = "spillway:kv_offload_tier_used_bytes"  # gauge: chunk files held (and being written)
+TIER_EVICTED_BYTES = "spillway:kv_offload_tier_evicted_bytes"  # counter: deleted by the evictor
+TIER_EVICTED_CHUNKS = "spillway:kv_offload_tier_evicted_chunks"  # counter
+TIER_REFUSED_CHUNKS = "spillway:kv_offload_tier_refused_chunks"  # counter: stores dropped, no room
+TIER_LOADED_CHUNKS = "spillway:kv_offload_tier_loaded_chunks"  # counter: chunks read back into the CPU pool
+TIER_READ_THROUGHPUT = "spillway:kv_offload_tier_read_throughput_gbps"  # histogram: tier -> CPU pool, per load
+TIER_BREAK_EVEN_GBPS = "spillway:kv_offload_tier_break_even_read_gbps"  # gauge: the planned rate that pays
+
 # -- labels -------------------------------------------------------------------------
 LABEL_DIRECTION = "direction"
 DIRECTION_LOAD = "load"  # CPU pool -> GPU
 DIRECTION_STORE = "store"  # GPU -> CPU pool
 DIRECTIONS = (DIRECTION_LOAD, DIRECTION_STORE)
+LABEL_TIER = "tier"  # vLLM's own label of its tiers: "<position>:<type>", "1:fs" for the disk tier under the pool
 
 # Histogram buckets of TRANSFER_THROUGHPUT, GB/s: host memcpy on small pages up to
 # PCIe Gen5 x16 (~64 GB/s) and NVLink-C2C hosts.
@@ -47,12 +59,19 @@ COUNTERS = (
     TRANSFER_BYTES,
     TRANSFER_SECONDS,
     POOL_EVICTED_CHUNKS,
+    TIER_EVICTED_BYTES,
+    TIER_EVICTED_CHUNKS,
+    TIER_REFUSED_CHUNKS,
+    TIER_LOADED_CHUNKS,
 )
-GAUGES = (POOL_CAPACITY_CHUNKS, POOL_RESIDENT_CHUNKS)
-HISTOGRAMS = (TRANSFER_THROUGHPUT,)
+GAUGES = (POOL_CAPACITY_CHUNKS, POOL_RESIDENT_CHUNKS, TIER_CAPACITY_BYTES, TIER_USED_BYTES, TIER_BREAK_EVEN_GBPS)
+HISTOGRAMS = (TRANSFER_THROUGHPUT, TIER_READ_THROUGHPUT)
 ALL = COUNTERS + GAUGES + HISTOGRAMS
 # Metrics labelled by direction (besides vLLM's engine labels).
 BY_DIRECTION = (TRANSFER_THROUGHPUT, TRANSFER_BYTES, TRANSFER_SECONDS)
+# Metrics labelled by tier.
+BY_TIER = (TIER_CAPACITY_BYTES, TIER_USED_BYTES, TIER_EVICTED_BYTES, TIER_EVICTED_CHUNKS, TIER_REFUSED_CHUNKS,
+           TIER_LOADED_CHUNKS, TIER_READ_THROUGHPUT, TIER_BREAK_EVEN_GBPS)
 
 
 def exported(name: str) -> str:

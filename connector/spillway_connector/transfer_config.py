@@ -25,6 +25,12 @@ EXTRA_EVICTION_POLICY = "eviction_policy"
 EXTRA_OFFLOAD_BLOCK_SIZE = "block_size"
 # Spillway's own (vLLM ignores it): a CPU hit shorter than this many tokens is recomputed, not loaded (0: never).
 EXTRA_RECOMPUTE_BELOW_TOKENS = "spillway_recompute_below_tokens"
+# Spillway's own (vLLM ignores it): the bound in bytes the connector's evictor keeps the "fs" tier under.
+EXTRA_DISK_TIER_BYTES = "spillway_disk_tier_bytes"
+# ... and the disk read rate (GB/s) below which a disk hit costs more than recompute, exported for the alerts.
+EXTRA_DISK_TIER_BREAK_EVEN_GBPS = "spillway_disk_tier_break_even_gbps"
+EXTRA_SECONDARY_TIERS = "secondary_tiers"  # vllm/v1/kv_offload/tiering/spec.py (0.32+)
+TIERING_OFFLOADING_SPEC = "TieringOffloadingSpec"  # registered in vllm/v1/kv_offload/factory.py (0.32+)
 EXTRA_SPEC_NAME = "spec_name"  # out-of-tree OffloadingSpec class ...
 EXTRA_SPEC_MODULE_PATH = "spec_module_path"  # ... and its module
 
@@ -56,3 +62,27 @@ def kv_transfer_config(cpu_bytes: int, eviction_policy: str = "lru", *, connecto
 def flag_value(config: dict[str, Any]) -> str:
     """The object as the flag's value: compact JSON with sorted keys, so equal configs render equal."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+# The "fs" secondary tier's keys (vllm/v1/kv_offload/tiering/fs/manager.py FileSystemTierManager, 0.32 and 0.33).
+FS_TIER_TYPE = "fs"
+FS_ROOT_DIR = "root_dir"
+FS_READ_THREADS = "n_read_threads"
+FS_WRITE_THREADS = "n_write_threads"
+
+
+def disk_tier_extra(root_dir: str, bound_bytes: int, read_threads: int, write_threads: int,
+                    spec_name: str = TIERING_OFFLOADING_SPEC, spec_module_path: str | None = None,
+                    break_even_gbps: float | None = None) -> dict[str, Any]:
+    """kv_connector_extra_config keys that put vLLM's fs tier under the CPU pool, bounded by the connector."""
+    extra: dict[str, Any] = {
+        EXTRA_SPEC_NAME: spec_name,
+        EXTRA_SECONDARY_TIERS: [{"type": FS_TIER_TYPE, FS_ROOT_DIR: root_dir, FS_READ_THREADS: int(read_threads),
+                                 FS_WRITE_THREADS: int(write_threads)}],
+        EXTRA_DISK_TIER_BYTES: int(bound_bytes),
+    }
+    if spec_module_path is not None:
+        extra[EXTRA_SPEC_MODULE_PATH] = spec_module_path
+    if break_even_gbps is not None:
+        extra[EXTRA_DISK_TIER_BREAK_EVEN_GBPS] = round(float(break_even_gbps), 3)
+    return extra

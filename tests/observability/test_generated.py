@@ -19,7 +19,7 @@ from obs_files import (
     recording_rules,
 )
 from spillway.core import k8s_names
-from spillway.core.vllm_api import Metric
+from spillway.core.vllm_api import Metric, TieringMetric
 from spillway.observability import __main__ as generator
 from spillway.observability import alerts, dashboards, recording
 from spillway_connector import names as connector
@@ -31,6 +31,7 @@ SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
 
 def known_series() -> set[str]:
     bare = {value for key, value in vars(Metric).items() if key.isupper()}
+    bare |= {value for key, value in vars(TieringMetric).items() if key.isupper() and value.startswith("vllm:")}
     bare |= set(connector.ALL)
     bare |= {k8s_names.METRIC_NODE_QUALIFIED_DMA_GBPS, alerts.CONTAINER_WORKING_SET, alerts.CONTAINER_LIMITS,
              alerts.POD_INFO}

@@ -105,6 +105,7 @@ class VllmServer:
     extra_args / env: appended to the command line / environment (e.g. an offloading connector's arguments).
     block_size: on CPUs without AVX-512 the CPU attention backend takes multiples of 32 only (default: 128).
     max_model_len must fit in num_gpu_blocks * block_size, or the engine refuses to start.
+    model_dir: where the model's config.json is written (default: inside the server's own temporary directory).
     """
 
     def __init__(
@@ -122,6 +123,7 @@ class VllmServer:
         prefix_caching: bool = True,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         python: str = sys.executable,
+        model_dir: Path | None = None,
     ) -> None:
         self.model_config = model
         self.model = SERVED_MODEL_NAME
@@ -129,7 +131,9 @@ class VllmServer:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout_s = startup_timeout_s
         self._workdir = Path(tempfile.mkdtemp(prefix="spillway-vllm-"))
-        self.model_dir = write_tiny_model(self._workdir / "model", model)
+        # A given model_dir outlives the server: vLLM's disk tier names its files after the model path, so a
+        # restarted engine finds them only under the same one.
+        self.model_dir = write_tiny_model(model_dir or self._workdir / "model", model)
         self.log_path = self._workdir / "server.log"
         args = [
             python, "-m", SERVER_MODULE,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import k8s_names as names
+from ..core.disk_tier import ANNOTATION_QUALIFIED_DISK_GBPS
 from ..core.errors import InvalidSpec, NoEligibleNodes, SpillwayError
 from ..core.planner import NodeFacts
 from ..core.qualification import qualification_table
@@ -37,10 +38,12 @@ class NodeSummary:
     dma_gbps: float | None
     dma_table: tuple[tuple[int, float], ...] = ()
     cpu_millis: int | None = None
+    ephemeral_storage: int | None = None  # allocatable ephemeral-storage bytes (the disk tier's auto)
+    disk_read_gbps: float | None = None  # qualified disk read rate (whether the disk tier pays)
 
     def facts(self) -> NodeFacts:
         return NodeFacts(self.allocatable_memory, self.gpus, self.name, self.dma_gbps, self.dma_table,
-                         self.cpu_millis)
+                         self.cpu_millis, self.ephemeral_storage, self.disk_read_gbps)
 
 
 def _gpu_count(status: Mapping[str, Any]) -> int:
@@ -65,6 +68,25 @@ def _cpu_millis(status: Mapping[str, Any]) -> int | None:
         return None
 
 
+def _ephemeral_storage(status: Mapping[str, Any]) -> int | None:
+    """Allocatable ephemeral storage in bytes; None when absent or unreadable (an emptyDir disk tier then refuses)."""
+    value = (status.get("allocatable") or {}).get("ephemeral-storage")
+    if value is None:
+        return None
+    try:
+        return parse_bytes(value, "node ephemeral-storage")
+    except InvalidSpec:
+        return None
+
+
+def _positive(value: Any) -> float | None:
+    try:
+        number = float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+    return number if number is not None and math.isfinite(number) and number > 0 else None
+
+
 def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
     """A Node's summary, or None when it has no GPUs or no readable allocatable memory."""
     meta = node.get("metadata") or {}
@@ -87,13 +109,15 @@ def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
     taints = tuple(t for t in ((node.get("spec") or {}).get("taints") or []) if isinstance(t, Mapping))
     table = qualification_table((meta.get("annotations") or {}).get(names.ANNOTATION_QUALIFICATION))
     return NodeSummary(str(meta.get("name", "node")), dict(meta.get("labels") or {}), taints,
-                       memory_bytes, gpus, dma_gbps, table, _cpu_millis(status))
+                       memory_bytes, gpus, dma_gbps, table, _cpu_millis(status), _ephemeral_storage(status),
+                       _positive((meta.get("annotations") or {}).get(ANNOTATION_QUALIFIED_DISK_GBPS)))
 
 
 def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None,
-                   cpu: str | None = None) -> dict:
-    """A Node object with the given allocatable memory, GPUs and CPU, if given (for `spillway render`)."""
-    allocatable = {"memory": memory, names.GPU_RESOURCE: str(gpus), **({"cpu": cpu} if cpu is not None else {})}
+                   cpu: str | None = None, ephemeral_storage: str | None = None) -> dict:
+    """A Node object with the given allocatable memory, GPUs, CPU and ephemeral storage, if given (`spillway render`)."""
+    allocatable = {"memory": memory, names.GPU_RESOURCE: str(gpus), **({"cpu": cpu} if cpu is not None else {}),
+                   **({"ephemeral-storage": ephemeral_storage} if ephemeral_storage is not None else {})}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(labels or {})},
             "status": {"capacity": dict(allocatable), "allocatable": allocatable}}
 
@@ -185,7 +209,9 @@ def eligible_nodes(nodes: Iterable[NodeSummary], spec: ModelServerSpec) -> list[
 
 def nodes_fingerprint(nodes: Iterable[NodeSummary]) -> str:
     """A short hash of the facts planning reads: it changes exactly when a re-plan could change."""
-    facts = sorted((n.name, n.allocatable_memory, n.gpus, n.dma_gbps, n.dma_table, n.cpu_millis) for n in nodes)
+    facts = sorted((n.name, n.allocatable_memory, n.gpus, n.dma_gbps, n.dma_table, n.cpu_millis)
+                   + ((n.ephemeral_storage, n.disk_read_gbps) if n.ephemeral_storage or n.disk_read_gbps else ())
+                   for n in nodes)
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
 
 

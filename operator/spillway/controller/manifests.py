@@ -18,7 +18,7 @@ from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 from ..core.planner import Plan, plan, replica_share_bytes, with_engine
 from ..core.quantity import format_bytes, to_quantity
-from . import hardening
+from . import disk_objects, hardening
 from .facts import Eligibility, NodeSummary, describe, eligibility
 from .objects import labels, owner_reference, selector, with_hash
 from .routing_objects import routed
@@ -142,8 +142,9 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
     memory = to_quantity(pod.memory_limit_bytes, "Mi")
     gpus = str(pod.gpus)
     requests = {**spec.resources.get("requests", {}), "memory": to_quantity(pod.memory_request_bytes, "Mi"),
-                names.GPU_RESOURCE: gpus}
-    limits = {**spec.resources.get("limits", {}), "memory": memory, names.GPU_RESOURCE: gpus}
+                names.GPU_RESOURCE: gpus, **disk_objects.ephemeral_storage(result)}
+    limits = {**spec.resources.get("limits", {}), "memory": memory, names.GPU_RESOURCE: gpus,
+              **disk_objects.ephemeral_storage(result)}
     out: dict[str, Any] = {
         "name": names.CONTAINER_VLLM,
         "image": spec.image,
@@ -151,7 +152,8 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
         "env": vllm_env(spec, result),
         "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": api.SERVER_PORT, "protocol": "TCP"}],
         "resources": {"requests": requests, "limits": limits},
-        "volumeMounts": [{"name": names.VOLUME_SHM, "mountPath": api.SHM_DIR}, *hardening.writable_volumes(spec)[1]],
+        "volumeMounts": [{"name": names.VOLUME_SHM, "mountPath": api.SHM_DIR}, *hardening.writable_volumes(spec)[1],
+                         *disk_objects.mounts(result)],
         "securityContext": hardening.container_security_context(spec),
         "startupProbe": _probe(10, math.ceil(pod.startup_seconds / 10)),
         "readinessProbe": _probe(5, 3),
@@ -176,7 +178,7 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
         # plan, whose pages count against the container's memory limit.
         "volumes": [{"name": names.VOLUME_SHM, "emptyDir": {"medium": "Memory",
                                                             "sizeLimit": to_quantity(pod.shm_bytes, "Mi")}},
-                    *hardening.writable_volumes(spec)[0]],
+                    *hardening.writable_volumes(spec)[0], *disk_objects.volumes(spec, result)],
         "securityContext": hardening.pod_security_context(),
         # vLLM never calls the Kubernetes API: no ServiceAccount token in its pods.
         "automountServiceAccountToken": False,

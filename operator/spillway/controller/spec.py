@@ -18,6 +18,7 @@ from ..core.geometry import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPE_BYTES
 from ..core.model_source import ModelSource
 from ..core.options import Connector, EvictionPolicy, Layout, choices
 from ..core.planner import OffloadRequest, ServingRequest
+from .disk_spec import parse_disk
 from .engine_flags import flag_values, geometry_flag, human_readable_int, planned_flag
 from .routing_spec import RoutingSpec, check_events_args, parse_routing
 from .spec_checks import OFFLOAD_FIELDS, SPEC_FIELDS, check_affinity, check_tolerations, known_fields
@@ -151,6 +152,7 @@ def _offload(spec: Mapping[str, Any]) -> OffloadRequest:
         layout=Layout(_str(off, "layout", where, Layout.CONTIGUOUS, choices(Layout))),
         offload_block_size=_int(off, "blockSize", where, None, 1),
         connector=Connector(_str(off, "connector", where, Connector.SPILLWAY, choices(Connector))),
+        disk=parse_disk(off.get("disk"), _int(spec, "replicas", "spec", 1, 0), _resources(spec)),
     )
 
 

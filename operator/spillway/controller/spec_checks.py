@@ -22,7 +22,7 @@ SPEC_FIELDS = frozenset({
     "resources", "nodeSelector", "tolerations", "affinity", "extraArgs", "env", "offload", "apiKeySecretRef",
     "networkPolicy", "routing",
 })
-OFFLOAD_FIELDS = frozenset({"enabled", "size", "evictionPolicy", "layout", "blockSize", "connector"})
+OFFLOAD_FIELDS = frozenset({"enabled", "size", "evictionPolicy", "layout", "blockSize", "connector", "disk"})
 
 
 def known_fields(obj: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:

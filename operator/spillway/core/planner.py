@@ -27,6 +27,7 @@ from typing import Any
 
 from spillway_connector.versions import UnsupportedVLLMVersion, require_supported
 
+from . import disk_tier
 from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
 from .footprint import Footprint, footprint, largest_pool, pinned_tensors
@@ -89,6 +90,8 @@ class NodeFacts:
     dma_gbps: float | None = None  # qualified CPU->GPU copy rate (the node annotation, 8 MiB copies), if known
     dma_table: tuple[tuple[int, float], ...] = ()  # (block bytes, CPU->GPU GB/s) from the full qualification
     cpu_millis: int | None = None  # allocatable CPU in millicores, if known
+    ephemeral_storage: int | None = None  # allocatable ephemeral-storage bytes, if known (the disk tier's auto)
+    disk_read_gbps: float | None = None  # qualified disk -> CPU pool read rate (the annotation), if known
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class OffloadRequest:
     layout: Layout = Layout.CONTIGUOUS
     offload_block_size: int | None = None  # tokens per offloaded chunk; a multiple of block_size
     connector: Connector = Connector.SPILLWAY
+    disk: disk_tier.DiskTierRequest = field(default_factory=disk_tier.DiskTierRequest)  # the disk tier under the pool
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,7 @@ class Plan:
     transfer: TransferPlan | None = None
     groups: KVGroups | None = None
     engine: EnginePlan = NO_NODE_ENGINE
+    disk: disk_tier.DiskTierPlan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         layout = self.layout
@@ -206,7 +211,7 @@ class Plan:
                 "host_copies": self.groups.copies,
                 "groups": [{**asdict(g), "window_chunks": self.groups.window_chunks(g)} for g in self.groups.groups],
             }
-        for name in ("node", "pool", "pod", "transfer", "engine"):
+        for name in ("node", "pool", "pod", "transfer", "engine", "disk"):
             part = getattr(self, name)
             if part is not None:
                 out[name] = asdict(part)
@@ -395,21 +400,23 @@ def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
         raise InvalidSpec(f"offload block size {chunk} must be a positive multiple of the block size {block_size}{hint}")
 
 
-def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None) -> list[str]:
+def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None,
+                disk: disk_tier.DiskTierPlan | None = None) -> list[str]:
     args = [api.FLAG_TENSOR_PARALLEL_SIZE, str(layout.tensor_parallel_size), api.FLAG_BLOCK_SIZE, str(layout.block_size)]
     if layout.kv_cache_dtype != layout.geometry.dtype:
         args += [api.FLAG_KV_CACHE_DTYPE, layout.kv_cache_dtype]
     if pool is None:
         return args
     simple_native = offload.eviction_policy == EvictionPolicy.LRU and offload.offload_block_size is None
-    if offload.connector == Connector.NATIVE and simple_native:
+    if offload.connector == Connector.NATIVE and simple_native and disk is None:
         return args + [api.FLAG_KV_OFFLOADING_BACKEND, api.NATIVE_BACKEND, api.FLAG_KV_OFFLOADING_SIZE, repr(pool.gib)]
     connector = api.SPILLWAY_CONNECTOR if offload.connector == Connector.SPILLWAY else api.OFFLOADING_CONNECTOR
     # Every hit is loaded, however short: with CUDA graphs a from-CPU first token beat recompute from 512 tokens up
     # on vLLM 0.33 (1.11x; 1K 1.56x), and 0.33's sync_load_budget_bytes stayed within that spread, so neither it nor
     # the connector's recompute floor is set (bench/results/h200-2026-12-01-r7/README.md, docs/planning.md).
     config = api.kv_transfer_config(pool.bytes, offload.eviction_policy, connector=connector,
-                                    offload_block_size=offload.offload_block_size)
+                                    offload_block_size=offload.offload_block_size,
+                                    extra=disk_tier.extra_config(disk) if disk is not None else None)
     return args + [api.FLAG_KV_TRANSFER_CONFIG, api.flag_value(config)]
 
 
@@ -444,9 +451,11 @@ def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | N
 def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), node: NodeFacts | None = None) -> Plan:
     """Plan one replica of `geometry` on `node` (geometry only when node is None)."""
     _validate_offload(request.offload, request.block_size)
+    disk_tier.check_request(request.offload.disk, request.offload.enabled, request.offload.connector,
+                            _version_tuple(request.vllm_version))
     layout = kv_layout(geometry, request.tensor_parallel_size, request.block_size, request.kv_cache_dtype)
     groups = model_groups(geometry, request)
-    node_plan = pool = pod = None
+    node_plan = pool = pod = disk = None
     engine = NO_NODE_ENGINE
     if node is not None:
         multimodal = is_multimodal(geometry)
@@ -456,16 +465,24 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
                             * shape.chunk_bytes)
         if request.offload.enabled:
             pool = _pool_plan(shape, node_plan, request.offload)
+        if pool is not None and request.offload.disk.enabled:
+            disk = disk_tier.plan_disk_tier(request.offload.disk, pool.chunk_bytes, pool.tokens // pool.chunks,
+                                            node.ephemeral_storage, node.name, node_plan.replicas_per_node,
+                                            request.offload.disk.replicas, groups.release)
+            reload = _transfer_plan(layout, request, node)  # a disk hit is read into the pool, then reloaded
+            disk = disk_tier.judge(disk, geometry.config, request.tensor_parallel_size, geometry.max_model_len,
+                                   node.disk_read_gbps, reload.reload_tokens_per_s if reload else None)
         pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
                         request.tensor_parallel_size)
-    env = engine_env(request)
-    args = engine_args(layout, request.offload, pool)
+    env = {**engine_env(request), **(disk_tier.engine_env() if disk_tier.active(disk) else {})}
+    args = engine_args(layout, request.offload, pool, disk_tier.active(disk))
     if pool is not None and any(g.kind == MAMBA for g in groups.groups):
         args.append(api.FLAG_ENABLE_PREFIX_CACHING)  # vLLM: "Hybrid models (e.g. Mamba+Attention) need it"
     args += api_server_args(engine)
     transfer = _transfer_plan(layout, request, node) if pool is not None else None
     warnings = _warnings(layout, node_plan, node, pool, request, transfer)
-    return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine)
+    warnings += disk_tier.warning(disk)
+    return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine, disk)
 
 
 def api_servers(cpu_millis: int | None, replicas_per_node: int, node_name: str = "the node") -> EnginePlan:

@@ -182,3 +182,16 @@ class OffloadConfigInfoLabel:
     BLOCKS_PER_CHUNK = "cpu_blocks_per_chunk"
     SIZE_BYTES = "cpu_kv_cache_size_bytes"
     SIZE_TOKENS = "cpu_kv_cache_size_tokens"  # KV tokens the pool holds for requests of max_model_len
+
+
+class TieringMetric:
+    """vLLM's tiered-offloading metrics, labelled by tier "<position>:<type>" (vllm/v1/kv_offload/tiering/spec.py
+    and metrics.py, 0.32 and 0.33): "0:primary" is the CPU pool, "1:fs" the disk tier under it."""
+
+    LABEL = "tier"
+    PRIMARY = "0:primary"
+    CHUNK_QUERIES = "vllm:kv_offload_tiering_chunk_queries"
+    CHUNK_HITS = "vllm:kv_offload_tiering_chunk_hits"
+    READ_BYTES = "vllm:kv_offload_tiering_read_bytes"
+    READ_TIME = "vllm:kv_offload_tiering_read_time"
+    WRITE_BYTES = "vllm:kv_offload_tiering_write_bytes"

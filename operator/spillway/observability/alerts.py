@@ -40,6 +40,8 @@ class Config:
     preemptions_per_s: float = 0.1  # a storm: 6 a minute or more
     reloads_fraction_of_preemptions: float = 0.1
     memory_limit_fraction: float = 0.9
+    disk_min_evicted_chunks_per_s: float = 1.0  # "evicting at all": below this churn the ratio means little
+    disk_read_fraction_of_break_even: float = 1.0  # reads below the planned break-even rate (times this)
     runbook_url_pattern: str = RUNBOOK_URL_PATTERN  # {anchor}: the alert's section
 
     def runbook_url(self, alert_name: str) -> str:
@@ -237,6 +239,60 @@ def modelserver_not_planned(t: Config) -> Alert:
     )
 
 
+def disk_tier_churns(t: Config) -> Alert:
+    tier_key = (*POD_KEY, "tier")
+    expr = (f"{rec.TIER_EVICTED_CHUNKS_RATE} > {t.disk_min_evicted_chunks_per_s:g}\n"
+            f"and {_on(*tier_key)}\n{rec.TIER_EVICTED_CHUNKS_RATE} > {_on(*tier_key)} {rec.TIER_HIT_CHUNKS_RATE}")
+    return Alert(
+        name="SpillwayDiskTierEvictsFasterThanHit",
+        expr=expr,
+        duration="30m",
+        severity="warning",
+        summary="Disk tier of {{ $labels.namespace }}/{{ $labels.pod }} deletes chunks faster than it serves them",
+        description=(
+            "{{ $labels.pod }} ({{ $labels.model_name }}) deleted {{ printf \"%.1f\" $value }} chunk files per second "
+            "from its disk tier ({{ $labels.tier }}) for 30 minutes, more than it found there: most of what it writes "
+            "is evicted before any request reads it back, so the tier costs disk writes and buys few hits."
+        ),
+        runbook=(
+            "1. Dashboard row 'Disk tier': occupancy at the bound with evictions above hits means the working set "
+            "is larger than the tier, or has no reuse at this depth.\n"
+            "2. A larger tier (spec.offload.disk.size, or a hostPath/PVC volume with more capacity) helps when the "
+            "hit rate rises with size; `spillway loadtest` with a working set beyond the pool shows it.\n"
+            "3. If prompts rarely repeat beyond the CPU pool's reach, the tier cannot pay: set "
+            "spec.offload.disk.enabled: false and save the disk writes."
+        ),
+    )
+
+
+def disk_tier_reads_too_slow(t: Config) -> Alert:
+    tier_key = (*POD_KEY, "tier")
+    break_even = f"max {by(*tier_key)} ({connector.TIER_BREAK_EVEN_GBPS})"
+    expr = (f"{rec.TIER_READ_GBPS}\n< {_on(*tier_key)}\n"
+            f"{t.disk_read_fraction_of_break_even:g} * {break_even}")
+    return Alert(
+        name="SpillwayDiskTierReadsTooSlow",
+        expr=expr,
+        duration="15m",
+        severity="warning",
+        summary="Disk tier of {{ $labels.namespace }}/{{ $labels.pod }} reads slower than recompute pays for",
+        description=(
+            "{{ $labels.pod }} ({{ $labels.model_name }}) reads its disk tier ({{ $labels.tier }}) at "
+            "{{ printf \"%.2f\" $value }} GB/s, below the rate the planner found a disk hit needs to beat "
+            "recomputing the prefix: requests served from disk now wait longer than a prefill would take."
+        ),
+        runbook=(
+            "1. Dashboard row 'Disk tier': read GB/s against the break-even line. A drop under load means the "
+            "disk is shared (other pods' ephemeral storage, image pulls) or its queue is full of the tier's "
+            "own writes.\n"
+            "2. Re-qualify the node: `spillway qualify --disk /var/lib/spillway/kv-tier --annotate-node NODE` "
+            "inside the pod; with the new figure the operator re-plans and leaves the tier off where it does not "
+            "pay.\n"
+            "3. Move the tier to a faster volume (a local NVMe hostPath or storage class) or disable it."
+        ),
+    )
+
+
 def alerts(t: Config = DEFAULT) -> list[Alert]:
     return [
         allocation_failures(t),
@@ -245,4 +301,6 @@ def alerts(t: Config = DEFAULT) -> list[Alert]:
         preemption_storm_without_reloads(t),
         pool_near_memory_limit(t),
         modelserver_not_planned(t),
+        disk_tier_churns(t),
+        disk_tier_reads_too_slow(t),
     ]

@@ -21,7 +21,7 @@ from spillway_connector import names as connector
 from spillway.core.vllm_api import CacheHitSource, Metric, OffloadConfigInfoLabel
 
 from . import recording as rec
-from .promql import DIRECTION, MODEL, NAMESPACE, POD, POD_KEY, by, counter, eq, one_of, selector
+from .promql import DIRECTION, MODEL, NAMESPACE, POD, POD_KEY, bucket, by, counter, eq, one_of, selector
 
 DATASOURCE_VAR = "datasource"
 NAMESPACE_VAR, MODEL_VAR, POD_VAR = "namespace", "model", "pod"
@@ -246,7 +246,63 @@ def offload_rows() -> tuple[RowSpec, ...]:
                 _pool_plan(),
             ),
         ),
+        _disk_tier_row(),
         _routing_row(),
+    )
+
+
+def _disk_tier_row() -> RowSpec:
+    """One row for the secondary tiers under the pool, a series per pod and tier (vLLM's label, "1:fs")."""
+    tier_key = by(*POD_KEY, "tier")
+    legend = "{{pod}} {{tier}}"
+    return RowSpec(
+        "Disk tier",
+        "The node-disk tier under the CPU pool (spec.offload.disk): every chunk the pool stores is written there, a "
+        "chunk the pool dropped is read back from it. Size and occupancy against the bound the connector's evictor "
+        "keeps, its hit rate, its read rate against the rate the planner found a disk hit needs to beat "
+        "recompute, and evictions against hits (alerts SpillwayDiskTierEvictsFasterThanHit, "
+        "SpillwayDiskTierReadsTooSlow). Empty without the tier.",
+        (
+            PanelSpec(
+                "Size and occupancy",
+                "Bytes of chunk files held (the connector's tier_used_bytes) and the bound (tier_capacity_bytes).",
+                "bytes",
+                (
+                    Query(f"max {tier_key} ({f(connector.TIER_USED_BYTES)})", legend + " held"),
+                    Query(f"max {tier_key} ({f(connector.TIER_CAPACITY_BYTES)})", legend + " bound"),
+                ),
+            ),
+            PanelSpec(
+                "Hit rate",
+                "Chunks found on disk / chunks looked up there (vllm:kv_offload_tiering_chunk_hits / _queries): "
+                "the share of what the CPU pool missed that the disk still held.",
+                "percentunit",
+                (Query(f(rec.TIER_HIT_RATIO), legend),),
+            ),
+            PanelSpec(
+                "Read rate",
+                "Disk -> CPU pool GB/s while reading (vLLM's read_bytes / read_time), the p50 of each load (the "
+                "connector's tier_read_throughput_gbps), and the planned break-even rate below which a disk hit "
+                "costs more than recomputing it.",
+                "GBs",
+                (
+                    Query(f(rec.TIER_READ_GBPS), legend + " mean"),
+                    Query(f"histogram_quantile(0.5, sum {by(*POD_KEY, 'tier', 'le')} "
+                          f"(rate({f(bucket(connector.TIER_READ_THROUGHPUT))}[{RATE_INTERVAL}])))", legend + " p50"),
+                    Query(f"max {tier_key} ({f(connector.TIER_BREAK_EVEN_GBPS)})", legend + " break-even"),
+                ),
+            ),
+            PanelSpec(
+                "Evictions and hits",
+                "Chunk files per second the evictor deleted, chunks per second found on disk, and bytes per "
+                "second written to it. Evictions above hits for long: most of what is written is never read back.",
+                "ops",
+                (
+                    Query(f(rec.TIER_EVICTED_CHUNKS_RATE), legend + " evicted"),
+                    Query(f(rec.TIER_HIT_CHUNKS_RATE), legend + " hits"),
+                ),
+            ),
+        ),
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from spillway_connector import names as connector
 
-from spillway.core.vllm_api import CacheHitSource, Metric
+from spillway.core.vllm_api import CacheHitSource, Metric, TieringMetric
 
 from .promql import BY_POD, DIRECTION, POD_KEY, WINDOW, by, counter, quantile, rate_sum
 
@@ -50,6 +50,14 @@ PROMPT_TOKENS_RATE = _level("prompt_tokens", f"rate{WINDOW}")
 GENERATION_TOKENS_RATE = _level("generation_tokens", f"rate{WINDOW}")
 TTFT_P50 = _level("time_to_first_token_seconds", f"p50_{WINDOW}")
 TTFT_P99 = _level("time_to_first_token_seconds", f"p99_{WINDOW}")
+# Secondary tiers (the disk tier), by vLLM's tier label.
+TIER_USED_RATIO = _level("kv_offload_tier_used", "ratio")
+TIER_HIT_CHUNKS_RATE = _level("kv_offload_tier_hit_chunks", f"rate{WINDOW}")
+TIER_HIT_RATIO = _level("kv_offload_tier_hit_ratio", f"rate{WINDOW}")
+TIER_EVICTED_CHUNKS_RATE = _level("kv_offload_tier_evicted_chunks", f"rate{WINDOW}")
+TIER_EVICTED_BYTES_RATE = _level("kv_offload_tier_evicted_bytes", f"rate{WINDOW}")
+TIER_WRITE_BYTES_RATE = _level("kv_offload_tier_write_bytes", f"rate{WINDOW}")
+TIER_READ_GBPS = _level("kv_offload_tier_read_gbps", f"mean{WINDOW}")
 
 _VLLM_BYTES = {LOAD: Metric.OFFLOAD_LOAD_BYTES, STORE: Metric.OFFLOAD_STORE_BYTES}
 _VLLM_SECONDS = {LOAD: Metric.OFFLOAD_LOAD_TIME, STORE: Metric.OFFLOAD_STORE_TIME}
@@ -84,6 +92,32 @@ def _per_direction() -> list[Recorded]:
             f"Per-transfer copy throughput, {int(q * 100)}th percentile, GB/s, by direction.",
         ))
     return rules
+
+
+def _tiers() -> list[Recorded]:
+    tier_key = by(*POD_KEY, TieringMetric.LABEL)
+    secondary = f'{TieringMetric.LABEL}!="{TieringMetric.PRIMARY}"'
+
+    def tier_rate(metric: str) -> str:
+        return rate_sum(f"{counter(metric)}{{{secondary}}}", tier_key)
+
+    return [
+        Recorded(TIER_USED_RATIO, _ratio(f"sum {tier_key} ({connector.TIER_USED_BYTES})",
+                                         f"sum {tier_key} ({connector.TIER_CAPACITY_BYTES})"),
+                 "Fraction of a secondary tier's bound its chunk files hold, by tier."),
+        Recorded(TIER_HIT_CHUNKS_RATE, tier_rate(TieringMetric.CHUNK_HITS),
+                 "Chunks per second found in a secondary tier (and promoted to the CPU pool), by tier."),
+        Recorded(TIER_HIT_RATIO, _ratio(tier_rate(TieringMetric.CHUNK_HITS), tier_rate(TieringMetric.CHUNK_QUERIES)),
+                 "A secondary tier's hit rate: chunks found / chunks looked up there, by tier."),
+        Recorded(TIER_EVICTED_CHUNKS_RATE, rate_sum(counter(connector.TIER_EVICTED_CHUNKS), tier_key),
+                 "Chunk files per second the connector's evictor deleted, by tier."),
+        Recorded(TIER_EVICTED_BYTES_RATE, rate_sum(counter(connector.TIER_EVICTED_BYTES), tier_key),
+                 "Bytes per second the connector's evictor deleted, by tier."),
+        Recorded(TIER_WRITE_BYTES_RATE, tier_rate(TieringMetric.WRITE_BYTES),
+                 "Bytes per second written from the CPU pool to a secondary tier, by tier."),
+        Recorded(TIER_READ_GBPS, _ratio(tier_rate(TieringMetric.READ_BYTES), tier_rate(TieringMetric.READ_TIME))
+                 + " / 1e9", "Mean read throughput from a secondary tier into the CPU pool while reading, GB/s."),
+    ]
 
 
 def rules() -> list[Recorded]:
@@ -140,6 +174,7 @@ def rules() -> list[Recorded]:
         ),
         Recorded(TTFT_P50, quantile(0.5, Metric.TTFT), "Time to first token, median, seconds."),
         Recorded(TTFT_P99, quantile(0.99, Metric.TTFT), "Time to first token, 99th percentile, seconds."),
+        *_tiers(),
     ]
 
 

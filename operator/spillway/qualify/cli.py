@@ -40,6 +40,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plan-block-size", default=str(PLAN_BLOCK_BYTES),
                    help="block size whose CPU->GPU rate is annotated (default: Llama-3.1-8B's block at the "
                         "planner's default block size, 8 MiB)")
+    p.add_argument("--disk", metavar="DIR", help="instead: measure the disk read rate into the CPU pool under DIR "
+                   "(the disk tier's volume), the way vLLM's fs tier reads")
+    p.add_argument("--disk-chunk-size", default="2Mi", help="bytes per chunk file (--disk)")
+    p.add_argument("--disk-chunks", type=int, default=256, help="chunk files written and read back (--disk)")
+    p.add_argument("--disk-threads", type=int, default=None, help="reader threads (--disk; default: the plan's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="write the full result as JSON ('-' for stdout)")
     p.add_argument("--annotate-node", metavar="NODE", help="patch this Node's annotations (in-cluster)")
@@ -82,7 +87,33 @@ def render(args: argparse.Namespace) -> str:
     return yaml.safe_dump_all(objs, sort_keys=False)
 
 
+def run_disk(args: argparse.Namespace) -> int:
+    from ..core.disk_tier import ANNOTATION_QUALIFIED_DISK_GBPS, READ_THREADS
+    from .disk import measure_disk_read
+
+    rate = measure_disk_read(args.disk, parse_bytes(args.disk_chunk_size, "--disk-chunk-size"), args.disk_chunks,
+                             args.disk_threads or READ_THREADS)
+    print(f"disk -> CPU pool at {rate.chunk_bytes} B chunks, {rate.threads} threads "
+          f"({'O_DIRECT' if rate.o_direct else 'buffered'}): {rate.gbps} GB/s")
+    if args.json:
+        text = json.dumps(rate.as_dict(), indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    if args.annotate_node:
+        from .node import ApiServer, patch_node
+
+        patch_node(args.annotate_node, {"metadata": {"annotations": {ANNOTATION_QUALIFIED_DISK_GBPS: str(rate.gbps)}}},
+                   ApiServer.in_cluster())
+        print(f"annotated node {args.annotate_node}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.disk:
+        return run_disk(args)
     if args.render:
         sys.stdout.write(render(args))
         return 0

@@ -1,0 +1,330 @@
+"""The node-disk tier under the CPU pool: its size, its volume, the pod's ephemeral storage and vLLM's fs tier.
+
+Pure: (disk request, node facts, the pool's chunk) -> DiskTierPlan, and the plan's kv_connector_extra_config.
+
+vLLM 0.32+ runs a TieringOffloadingSpec: the CPU pool is its primary tier and every chunk stored there is also
+written to each secondary tier (write-through); a chunk missing from the pool is looked up on disk and
+promoted back into the pool before the GPU loads it (vllm/v1/kv_offload/tiering/manager.py). Its "fs" tier
+writes one file per chunk and never deletes one; the connector's evictor (spillway_connector.disk_evictor)
+keeps the files under `bound_bytes`, the number this module plans.
+
+Sizes:
+    emptyDir (the node's ephemeral storage):
+        share     = (allocatable ephemeral-storage - node reserve) / replicas per node
+        tier      = auto: share - OTHER_EPHEMERAL_BYTES; a fraction: of the share; a quantity: exactly
+        the pod   = ephemeral-storage request = limit = share (the tier and, beside it, the weights vLLM
+                    downloads to the home emptyDir, logs and /tmp); the tier's emptyDir sizeLimit holds the
+                    bound plus TIER_SLACK_BYTES, which the evictor never lets it reach, so the kubelet has
+                    no reason to evict the pod for the tier
+    a generic ephemeral volume, a hostPath or a PVC the administrator names (`capacity` says its size):
+        share     = capacity / replicas per node (a PVC: / all replicas, which share it)
+        tier      = as above, without the allowance (nothing else lives there)
+    bound       = tier - TIER_SLACK_BYTES, whole chunks: what the evictor keeps the files under
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from spillway_connector.transfer_config import TIERING_OFFLOADING_SPEC, disk_tier_extra
+
+from . import vllm_api as api
+from .errors import InvalidSpec, SpillwayError
+from .options import Connector
+from .quantity import GiB, MiB, format_bytes, parse_bytes
+
+
+class DiskTierDoesNotFit(SpillwayError):
+    reason = "DiskTierDoesNotFit"
+
+
+# Volume kinds of spec.offload.disk.volume.
+EMPTY_DIR = "emptyDir"
+EPHEMERAL = "ephemeral"
+HOST_PATH = "hostPath"
+PVC = "persistentVolumeClaim"
+VOLUME_KINDS = (EMPTY_DIR, EPHEMERAL, HOST_PATH, PVC)
+
+SPILLWAY_CONNECTOR_CHOICE = Connector.SPILLWAY
+
+# The node's disk read rate into the pool (GB/s), as `spillway qualify --disk` measures and annotates it.
+ANNOTATION_QUALIFIED_DISK_GBPS = "spillway.dev/qualified-disk-read-gbps"
+
+VOLUME_NAME = "kv-disk-tier"
+MOUNT_PATH = "/var/lib/spillway/kv-tier"  # the fs tier's root_dir
+TIERING_SINCE = (0, 32)  # vllm/v1/kv_offload/tiering/ (fs tier) ships from 0.32
+
+# Beside the tier on the node's ephemeral storage: the weights vLLM downloads into the pod's home emptyDir, its
+# logs and /tmp. 8B bf16 weights are 16 GB, 70B 141 GB: an `auto` tier leaves this much of the replica's share
+# to them, a given size must leave it too (set a smaller tier for larger weights, or mount them from a volume).
+OTHER_EPHEMERAL_BYTES = 160 * GiB
+# Files being written (a temporary file per chunk before its rename), directories and config.json: room above
+# the evictor's bound inside the tier's volume.
+TIER_SLACK_BYTES = 1 * GiB
+NODE_EPHEMERAL_RESERVE_FRACTION = 0.05  # images, logs and the kubelet's own files on the node's disk
+MIN_TIER_CHUNKS = 16
+
+# Thread counts of vLLM's fs tier (its default is 16 each). Reads are on the TTFT path: each thread holds one
+# O_DIRECT chunk read in flight (the C extension releases the GIL), so the thread count is the queue depth the
+# disk sees; NVMe drives need 8-32 outstanding reads of 1-8 MiB to reach their sequential rate, so reads keep
+# vLLM's 16. Writes are every store of the CPU pool again (write-through), off the request path: 8 leave the
+# device's queue to the reads. Not measured on the H200 node yet: `spillway qualify --disk` measures the read side.
+READ_THREADS = 16
+WRITE_THREADS = 8
+
+
+@dataclass(frozen=True)
+class DiskVolume:
+    kind: str = EMPTY_DIR
+    capacity: str | None = None  # the volume's size, for auto: required for hostPath, ephemeral and PVC
+    storage_class: str | None = None  # ephemeral: the StorageClass of each pod's claim
+    host_path: str | None = None
+    claim_name: str | None = None
+
+
+@dataclass(frozen=True)
+class DiskTierRequest:
+    enabled: bool = False
+    size: str = "auto"  # "auto", a fraction "0.5" of the replica's share, or a quantity "500Gi"
+    volume: DiskVolume = field(default_factory=DiskVolume)
+    replicas: int = 1  # the ModelServer's replicas: a PVC tier is shared by all of them
+
+
+@dataclass(frozen=True)
+class DiskTierPlan:
+    tier_bytes: int  # the volume's part for this replica (the emptyDir sizeLimit, the ephemeral claim)
+    bound_bytes: int  # what the evictor keeps the chunk files under
+    chunks: int  # chunk files the bound holds
+    tokens: int
+    chunk_bytes: int
+    share_bytes: int  # this replica's share of the node's ephemeral storage or of the named volume
+    requested: str
+    volume: str
+    root_dir: str
+    ephemeral_request_bytes: int | None  # the pod's ephemeral-storage request = limit (emptyDir only)
+    read_threads: int
+    write_threads: int
+    why: str
+    active: bool = True  # False: planned, but a disk hit would not beat recompute: nothing of it is rendered
+    pays: bool | None = None  # None: the node's disk read rate (or the model's prefill rate) is unknown
+    break_even_gbps: float | None = None
+    read_gbps: float | None = None
+    verdict: str = ""
+
+
+def _parse_size(size: str) -> tuple[str, float | int | None]:
+    text = str(size).strip()
+    if text == "auto":
+        return "auto", None
+    if "." in text and text.replace(".", "", 1).isdigit():
+        try:
+            fraction = float(Decimal(text))
+        except InvalidOperation:  # pragma: no cover - guarded above
+            raise InvalidSpec(f"offload.disk.size {size!r} is not a number") from None
+        if not 0 < fraction <= 1:
+            raise InvalidSpec(f"offload.disk.size fraction must be in (0, 1], got {text}")
+        return "fraction", fraction
+    return "bytes", parse_bytes(text, "offload.disk.size")
+
+
+def check_request(request: DiskTierRequest, offload_enabled: bool, connector: str, release: tuple[int, int]) -> None:
+    """What the spec alone can refuse."""
+    if not request.enabled:
+        return
+    if not offload_enabled:
+        raise InvalidSpec("offload.disk needs the CPU pool above it: offload.enabled is false")
+    if connector != SPILLWAY_CONNECTOR_CHOICE:
+        raise InvalidSpec(f"offload.disk needs offload.connector {SPILLWAY_CONNECTOR_CHOICE}: its evictor keeps the "
+                          f"tier under its size (vLLM's fs tier never deletes a file), got {connector!r}")
+    check_release(release)
+    check_volume(request.volume)
+    _parse_size(request.size)
+
+
+def engine_env() -> dict[str, str]:
+    """The chunk files are named by vLLM's block hashes, a chain seeded from PYTHONHASHSEED when the prefix-cache
+    hash is not a cryptographic one (vllm/v1/core/kv_cache_utils.py NONE_HASH): a fixed seed keeps the names of a
+    prefix the same after a restart, so a restarted engine finds its chunks."""
+    return {api.ENV_PYTHONHASHSEED: api.PYTHONHASHSEED_VALUE}
+
+
+def check_release(release: tuple[int, int]) -> None:
+    if release < TIERING_SINCE:
+        raise InvalidSpec(f"offload.disk needs vLLM's tiered offloading (vLLM {TIERING_SINCE[0]}.{TIERING_SINCE[1]} "
+                          f"or newer), but the plan is for vLLM {release[0]}.{release[1]}")
+
+
+def check_volume(volume: DiskVolume) -> None:
+    """What no node fact can tell: the volume named completely."""
+    if volume.kind not in VOLUME_KINDS:
+        raise InvalidSpec(f"offload.disk.volume must be one of {', '.join(VOLUME_KINDS)}, got {volume.kind!r}")
+    if volume.kind == HOST_PATH and not (volume.host_path or "").startswith("/"):
+        raise InvalidSpec(f"offload.disk.volume.hostPath.path must be an absolute path, got {volume.host_path!r}")
+    if volume.kind == PVC and not volume.claim_name:
+        raise InvalidSpec("offload.disk.volume.persistentVolumeClaim.claimName is required")
+    if volume.kind == EPHEMERAL and not volume.capacity:
+        raise InvalidSpec("offload.disk.volume.ephemeral.capacity is required: the size each pod's claim "
+                          "may take of its storage class")
+
+
+def node_ephemeral_reserve(allocatable: int) -> int:
+    return int(allocatable * NODE_EPHEMERAL_RESERVE_FRACTION)
+
+
+def _share(request: DiskTierRequest, node_ephemeral: int | None, node_name: str, replicas_per_node: int,
+           replicas: int) -> tuple[int, int, str]:
+    """(this replica's share, the allowance left beside the tier, where the share comes from)."""
+    volume = request.volume
+    if volume.kind == EMPTY_DIR:
+        if node_ephemeral is None:
+            raise DiskTierDoesNotFit(f"node {node_name} reports no allocatable ephemeral-storage: an emptyDir disk "
+                                     "tier cannot be sized there (name a hostPath or PVC with its capacity)")
+        usable = node_ephemeral - node_ephemeral_reserve(node_ephemeral)
+        return (usable // replicas_per_node, OTHER_EPHEMERAL_BYTES,
+                (f"{format_bytes(node_ephemeral)} allocatable ephemeral storage on {node_name}, less "
+                 f"{NODE_EPHEMERAL_RESERVE_FRACTION:.0%}, / {replicas_per_node} replicas"))
+    if volume.capacity is None:
+        raise InvalidSpec(f"offload.disk.volume.{volume.kind}.capacity is required to size the tier "
+                          "(the operator cannot see how large the volume is)")
+    capacity = parse_bytes(volume.capacity, f"offload.disk.volume.{volume.kind}.capacity")
+    sharing = replicas if volume.kind == PVC else replicas_per_node
+    what = "all replicas share the claim" if volume.kind == PVC else "replicas per node"
+    return capacity // max(1, sharing), 0, f"{format_bytes(capacity)} {volume.kind} / {sharing} ({what})"
+
+
+def plan_disk_tier(request: DiskTierRequest, chunk_bytes: int, chunk_tokens: int, node_ephemeral: int | None,
+                   node_name: str, replicas_per_node: int, replicas: int, release: tuple[int, int]) -> DiskTierPlan:
+    """The tier of one replica on the node; raises DiskTierDoesNotFit with the numbers when it cannot be."""
+    check_release(release)
+    check_volume(request.volume)
+    share, other, source = _share(request, node_ephemeral, node_name, replicas_per_node, replicas)
+    kind, value = _parse_size(request.size)
+    room = share - other
+    if kind == "auto":
+        tier = room
+    elif kind == "fraction":
+        tier = int(share * value)
+    else:
+        tier = int(value)
+    if tier > room:
+        beside = f" and {format_bytes(other)} for the weights, logs and /tmp beside it" if other else ""
+        raise DiskTierDoesNotFit(f"offload.disk.size {request.size} ({format_bytes(tier)}) exceeds the replica's "
+                                 f"share of {format_bytes(share)} ({source}){beside}: at most "
+                                 f"{format_bytes(max(room, 0))}")
+    chunks = (tier - TIER_SLACK_BYTES) // chunk_bytes if chunk_bytes > 0 else 0
+    if chunks < MIN_TIER_CHUNKS:
+        raise DiskTierDoesNotFit(f"offload.disk tier of {format_bytes(max(tier, 0))} ({source}) holds {max(chunks, 0)} "
+                                 f"chunks of {format_bytes(chunk_bytes)} after {format_bytes(TIER_SLACK_BYTES)} for "
+                                 f"files in flight; it needs at least {MIN_TIER_CHUNKS}")
+    ephemeral = share if request.volume.kind == EMPTY_DIR else None
+    why = (f"{format_bytes(tier)} of {format_bytes(share)} ({source}); the evictor keeps {chunks:,} chunk files "
+           f"({format_bytes(chunks * chunk_bytes)}) under it")
+    return DiskTierPlan(tier, chunks * chunk_bytes, chunks, chunks * chunk_tokens, chunk_bytes, share,
+                        str(request.size), request.volume.kind, MOUNT_PATH, ephemeral, READ_THREADS, WRITE_THREADS,
+                        why)
+
+
+def extra_config(plan: DiskTierPlan) -> dict[str, Any]:
+    """kv_connector_extra_config keys of the tier: vLLM's TieringOffloadingSpec with its fs tier at the volume,
+    and the connector's bound."""
+    return disk_tier_extra(plan.root_dir, plan.bound_bytes, plan.read_threads, plan.write_threads,
+                           spec_name=TIERING_OFFLOADING_SPEC, break_even_gbps=plan.break_even_gbps)
+
+
+def volume(request: DiskTierRequest, plan: DiskTierPlan) -> dict[str, Any]:
+    """The pod's volume for the tier."""
+    v = request.volume
+    size = _mi(plan.tier_bytes)
+    if v.kind == EMPTY_DIR:
+        return {"name": VOLUME_NAME, "emptyDir": {"sizeLimit": size}}
+    if v.kind == EPHEMERAL:
+        claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+        if v.storage_class:
+            claim["storageClassName"] = v.storage_class
+        return {"name": VOLUME_NAME, "ephemeral": {"volumeClaimTemplate": {"spec": claim}}}
+    if v.kind == HOST_PATH:
+        return {"name": VOLUME_NAME, "hostPath": {"path": v.host_path, "type": "DirectoryOrCreate"}}
+    return {"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": v.claim_name}}
+
+
+def mount() -> dict[str, Any]:
+    return {"name": VOLUME_NAME, "mountPath": MOUNT_PATH}
+
+
+def _mi(n: int) -> str:
+    return f"{-(-n // MiB)}Mi"
+
+
+# -- does it pay -----------------------------------------------------------------------------------------------
+# The prompt lengths a disk hit is judged at: where the CPU pool runs out first and recompute costs most.
+JUDGED_LENGTHS = (8_192, 32_768, 131_072)
+
+
+@dataclass(frozen=True)
+class DiskVerdict:
+    pays: bool | None  # None: the node's disk read rate is not qualified, so the tier runs as asked
+    break_even_gbps: float | None  # the disk read rate (1e9 B/s) at which a disk hit costs what recompute does
+    why: str
+
+
+def disk_load_seconds(tokens: int, bytes_per_token: float, read_gbps: float, reload_tokens_per_s: float | None) -> float:
+    """A disk hit of `tokens`: read into the CPU pool, then the pool's copy to the GPU (the tier's two steps)."""
+    seconds = tokens * bytes_per_token / (read_gbps * 1e9)
+    return seconds + (tokens / reload_tokens_per_s if reload_tokens_per_s else 0.0)
+
+
+def disk_pays(read_gbps: float | None, bytes_per_token: float, recompute_tokens_per_s: float | None,
+              reload_tokens_per_s: float | None, max_model_len: int) -> DiskVerdict:
+    """Whether loading a prefix from the node's disk beats recomputing it, at the judged lengths the model serves.
+
+    Both sides are linear in the tokens here (a read of their KV bytes plus the pool's reload, against the
+    replica's prefill rate, routing.recompute_tokens_per_s), which leaves out attention's quadratic share of a
+    long prefill: a disk hit that pays here pays more at 128K, one that loses here may still win there."""
+    lengths = [n for n in JUDGED_LENGTHS if n <= max_model_len] or [max_model_len]
+    if not recompute_tokens_per_s or bytes_per_token <= 0:
+        return DiskVerdict(None, None, "the model's prefill rate is unknown: the tier runs as asked")
+    recompute_s_per_token = 1.0 / recompute_tokens_per_s
+    reload_s_per_token = 1.0 / reload_tokens_per_s if reload_tokens_per_s else 0.0
+    room = recompute_s_per_token - reload_s_per_token
+    break_even = bytes_per_token / room / 1e9 if room > 0 else None
+    need = (f"a disk hit pays from {break_even:.2f} GB/s of disk reads" if break_even is not None
+            else "the pool's own reload is already slower than recompute: no disk rate pays")
+    if read_gbps is None:
+        return DiskVerdict(None, break_even, f"the node's disk read rate is not qualified (spillway qualify --disk); "
+                                             f"{need}: the tier runs as asked")
+    parts = []
+    for n in lengths:
+        load = disk_load_seconds(n, bytes_per_token, read_gbps, reload_tokens_per_s)
+        parts.append(f"{n // 1024}K tokens: {load * 1e3:,.0f} ms from disk vs {n * recompute_s_per_token * 1e3:,.0f} "
+                     "ms recompute")
+    pays = break_even is not None and read_gbps > break_even
+    verdict = "pays" if pays else "does not pay"
+    return DiskVerdict(pays, break_even, f"disk reads {read_gbps:.2f} GB/s, {need}: the tier {verdict} "
+                                         f"({'; '.join(parts)})")
+
+
+
+def judge(plan: DiskTierPlan, config: Any, tensor_parallel_size: int, max_model_len: int | None,
+          read_gbps: float | None, reload_tokens_per_s: float | None) -> DiskTierPlan:
+    """The tier with its verdict: active where a disk hit beats recompute or nobody can tell, inactive (planned,
+    its numbers kept, nothing of it rendered) where it does not."""
+    from .routing import recompute_tokens_per_s
+
+    bytes_per_token = plan.chunk_bytes / (plan.tokens // plan.chunks)
+    verdict = disk_pays(read_gbps, bytes_per_token, recompute_tokens_per_s(config, tensor_parallel_size),
+                        reload_tokens_per_s, max_model_len or JUDGED_LENGTHS[-1])
+    return dataclasses.replace(plan, active=verdict.pays is not False, pays=verdict.pays,
+                               break_even_gbps=verdict.break_even_gbps, read_gbps=read_gbps,
+                               verdict=verdict.why)
+
+
+def warning(plan: DiskTierPlan | None) -> list[str]:
+    if plan is None or plan.pays is True:
+        return []
+    return [f"disk tier {'left off' if not plan.active else 'unjudged'}: {plan.verdict}"]
+
+
+def active(plan: DiskTierPlan | None) -> DiskTierPlan | None:
+    return plan if plan is not None and plan.active else None

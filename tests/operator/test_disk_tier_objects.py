@@ -1,0 +1,116 @@
+"""spec.offload.disk through the CRD, the spec parser and `spillway render`: the volume, the pod's ephemeral
+storage and vLLM's tiering spec; bad input as one line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from spillway.controller.facts import nodes_fingerprint, summarize_node
+from spillway.controller.manifests import desired
+from spillway.controller.spec import parse_spec
+from spillway.core import disk_tier as dt
+from spillway.core.errors import InvalidSpec, SpillwayError
+from support.crd_schema import admit
+from support.ms_examples import gpu_node, modelserver
+
+
+def disk_node(name: str = "gpu-a", ephemeral: str | None = "28Ti") -> dict:
+    node = gpu_node(name, "2Ti", 8)
+    if ephemeral is not None:
+        node["status"]["allocatable"]["ephemeral-storage"] = ephemeral
+    return node
+
+
+def render(tmp_path, body: dict, *args: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "ms.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return subprocess.run([sys.executable, "-m", "spillway.cli", "render", "-f", str(path), "--node-memory", "2Ti",
+                           "--gpus-per-node", "8", *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def pod(objects) -> dict:
+    return next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+
+def test_render_shows_the_volume_the_ephemeral_storage_and_the_tiering_spec(tmp_path):
+    body = modelserver(offload={"disk": {"enabled": True}})
+    done = render(tmp_path, body, "--node-ephemeral-storage", "28Ti")
+    assert done.returncode == 0, done.stderr
+    spec = pod(yaml.safe_load_all(done.stdout))
+    container = spec["containers"][0]
+    volume = next(v for v in spec["volumes"] if v["name"] == dt.VOLUME_NAME)
+    assert volume == {"name": dt.VOLUME_NAME, "emptyDir": {"sizeLimit": "3322676Mi"}}
+    assert {"name": dt.VOLUME_NAME, "mountPath": dt.MOUNT_PATH} in container["volumeMounts"]
+    resources = container["resources"]
+    assert resources["requests"]["ephemeral-storage"] == resources["limits"]["ephemeral-storage"] == "3486516Mi"
+    config = json.loads(container["args"][container["args"].index("--kv-transfer-config") + 1])
+    extra = config["kv_connector_extra_config"]
+    assert extra["spec_name"] == "TieringOffloadingSpec"
+    assert extra["secondary_tiers"][0]["root_dir"] == dt.MOUNT_PATH
+    assert 0 < extra["spillway_disk_tier_bytes"] < 3322676 * 2**20  # the bound stays inside the sizeLimit
+    assert {"name": "PYTHONHASHSEED", "value": "0"} in container["env"]
+    # the operator renders the same from a Node that reports its ephemeral storage
+    operator = desired(body, [summarize_node(disk_node())]).objects
+    assert pod(json.loads(json.dumps(operator))) == spec
+
+
+def test_named_volumes_render_as_themselves(tmp_path):
+    cases = {
+        "hostPath": ({"path": "/mnt/nvme/kv", "capacity": "8Ti"},
+                     {"hostPath": {"path": "/mnt/nvme/kv", "type": "DirectoryOrCreate"}}),
+        "persistentVolumeClaim": ({"claimName": "kv-shared", "capacity": "10Ti"},
+                                  {"persistentVolumeClaim": {"claimName": "kv-shared"}}),
+        "ephemeral": ({"storageClassName": "local-nvme", "capacity": "8Ti"},
+                      {"ephemeral": {"volumeClaimTemplate": {"spec": {
+                          "accessModes": ["ReadWriteOnce"], "storageClassName": "local-nvme",
+                          "resources": {"requests": {"storage": "1048576Mi"}}}}}}),
+    }
+    for kind, (given, rendered) in cases.items():
+        body = modelserver(offload={"disk": {"enabled": True, "volume": {kind: given}}})
+        assert admit(body)[1] == [], kind
+        spec = pod(desired(body, [summarize_node(disk_node(ephemeral=None))]).objects)
+        assert next(v for v in spec["volumes"] if v["name"] == dt.VOLUME_NAME) == {"name": dt.VOLUME_NAME, **rendered}
+        assert "ephemeral-storage" not in spec["containers"][0]["resources"]["requests"], kind
+
+
+@pytest.mark.parametrize(("disk", "where"), [
+    ({"enabled": "yes"}, "enabled"),
+    ({"size": "1.5"}, "size"),
+    ({"size": "lots"}, "size"),
+    ({"volume": {"emptyDir": {}, "hostPath": {"path": "/x"}}}, "volume"),
+    ({"volume": {"hostPath": {"path": "relative"}}}, "path"),
+    ({"volume": {"persistentVolumeClaim": {}}}, "claimName"),
+    ({"spare": 1}, "spare"),
+])
+def test_the_schema_and_the_operator_both_refuse_bad_disk_fields(disk, where):
+    body = modelserver(offload={"disk": {"enabled": True, **disk}})
+    errors = admit(body)[1]
+    assert errors and any(where in e for e in errors), errors
+    with pytest.raises(SpillwayError) as error:
+        desired(body, [summarize_node(disk_node())])
+    assert len(str(error.value).splitlines()) == 1
+
+
+def test_what_only_the_node_or_the_release_can_refuse_is_a_condition_reason():
+    with pytest.raises(dt.DiskTierDoesNotFit, match="reports no allocatable ephemeral-storage") as error:
+        desired(modelserver(offload={"disk": {"enabled": True}}), [summarize_node(disk_node(ephemeral=None))])
+    assert error.value.reason == "DiskTierDoesNotFit"
+    with pytest.raises(dt.DiskTierDoesNotFit, match="exceeds the replica's share"):
+        desired(modelserver(offload={"disk": {"enabled": True, "size": "5Ti"}}), [summarize_node(disk_node())])
+    with pytest.raises(InvalidSpec, match="vLLM 0.32 or newer"):
+        desired(modelserver(vllmVersion="0.26.0", offload={"disk": {"enabled": True}}), [summarize_node(disk_node())])
+    with pytest.raises(InvalidSpec, match="Spillway plans it"):
+        parse_spec(modelserver(offload={"disk": {"enabled": True}},
+                               resources={"limits": {"ephemeral-storage": "1Ti"}})["spec"])
+
+
+def test_off_by_default_and_the_facts_read_ephemeral_storage():
+    assert parse_spec(modelserver()["spec"]).request.offload.disk.enabled is False
+    summary = summarize_node(disk_node())
+    assert summary.ephemeral_storage == 28 * 2**40 and summary.facts().ephemeral_storage == 28 * 2**40
+    bare = summarize_node(disk_node(ephemeral=None))
+    assert nodes_fingerprint([summary]) != nodes_fingerprint([bare])
+    assert summarize_node(disk_node(ephemeral="plenty")).ephemeral_storage is None
