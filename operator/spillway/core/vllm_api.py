@@ -172,7 +172,8 @@ class CacheHitSource:
     HOST = "host"  # the CPU pool (OffloadingConnector's CPU manager)
     DISK = "disk"
     P2P = "p2p"  # another vLLM instance
-    OFFLOADED = (HOST, DISK, P2P)  # the tiers outside the GPU (the fourth, "device", is its prefix cache)
+    DEVICE = "device"  # the GPU prefix cache
+    OFFLOADED = (HOST, DISK, P2P)  # the tiers outside the GPU
 
 
 class OffloadConfigInfoLabel:
