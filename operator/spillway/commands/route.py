@@ -67,7 +67,7 @@ def router_args(ips: Sequence[str], *, model: str, block_size: int, host_tier_cr
     """vllm-router's arguments for these worker pods (no secret among them)."""
     urls = [worker_url(ip) for ip in ips]
     args = [R.FLAG_HOST, "0.0.0.0", R.FLAG_PORT, str(port), R.FLAG_POLICY, R.POLICY_KV_AWARE,
-            R.FLAG_WORKER_URLS, *urls]
+            *R.KV_AWARE_SETTINGS, R.FLAG_WORKER_URLS, *urls]
     for ip, url in zip(ips, urls):
         args += [R.FLAG_KV_EVENT_SOURCE, f"{url}=tcp://{_host(ip)}:{events_port}"]
     args += [R.FLAG_KV_EVENT_BLOCK_SIZE, str(block_size), R.FLAG_KV_EVENT_MODEL, model,

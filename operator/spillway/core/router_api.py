@@ -27,6 +27,13 @@ POLICY_ROUND_ROBIN = "round_robin"
 POLICY_KV_AWARE = "kv_aware"
 POLICY_CACHE_AWARE = "cache_aware"
 
+# The kv_aware settings `spillway route` runs: chosen from bench/results/routing-cpu-2026-12-02 (docs/routing.md,
+# "Choosing the router's settings"). A temperature above 0 samples among workers of equal cost instead of
+# always taking the first, so a new prefix no longer lands where the others are; at 0.1 a cached prefix still
+# wins over an uncached one.
+ROUTER_TEMPERATURE = "0.1"
+KV_AWARE_SETTINGS = (FLAG_ROUTER_TEMPERATURE, ROUTER_TEMPERATURE)
+
 # -- endpoints --------------------------------------------------------------------------------------------
 ROUTER_HEALTH_PATH = "/health"
 ROUTER_METRICS_PATH = "/metrics"

@@ -140,6 +140,8 @@ def totals(replicas: list[dict]) -> dict[str, Any]:
         "cpu_hit_rate": cpu / prompt if cpu is not None and prompt else None,
         "gpu_hit_rate": gpu / prompt if gpu is not None and prompt else None,
         "request_balance": min(requests) / max(requests) if requests and max(requests) > 0 else None,
+        # the busiest replica's requests over an even share: 1.0 is even, N means one replica took them all
+        "max_share": max(requests) * len(requests) / sum(requests) if requests and sum(requests) > 0 else None,
     }
 
 
@@ -319,7 +321,7 @@ def table(result: dict[str, Any]) -> str:
     if labels:
         lines.append("labels: " + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
     header = ["route", "CPU hit", "GPU hit", "prompt tok/s", "TTFT p50 ms", "TTFT p90 ms", "errors",
-              "requests per replica", "CPU hit per replica"]
+              "busiest/even", "requests per replica", "CPU hit per replica"]
     rows = []
     for r in result.get("routes", []):
         ttft = r.get("ttft_s") or {}
@@ -327,7 +329,7 @@ def table(result: dict[str, Any]) -> str:
             r["name"], _pct(r.get("cpu_hit_rate")), _pct(r.get("gpu_hit_rate")),
             _num(r.get("prompt_tokens_per_s"), "{:.0f}"),
             _num(ttft.get("p50") and ttft["p50"] * 1e3, "{:.1f}"), _num(ttft.get("p90") and ttft["p90"] * 1e3, "{:.1f}"),
-            str(r.get("errors")),
+            str(r.get("errors")), _num(totals(r.get("replicas", []))["max_share"], "{:.2f}x"),
             "/".join(_num(x.get("requests"), "{:.0f}") for x in r.get("replicas", [])),
             "/".join(_pct(x.get("cpu_hit_rate")) for x in r.get("replicas", [])),
         ])
