@@ -9,7 +9,8 @@ fresh router and its own never-seen prompts through `spillway loadtest prefix-gr
   (every prefix is new when it first arrives), at 1 and at 3 in flight;
 - "groups": the routing test's first workload, 12 prefixes of 6 blocks x 4 prompts, warm-up, 1 in flight.
 
-    .venv/bin/python bench/routing_policies.py [--out DIR] [--policies NAME ...]   (about 10 minutes on 2 cores)
+    .venv/bin/python bench/routing_policies.py [--out DIR] [--policies NAME ...] [--workloads tenants groups]
+    (about 12 minutes on 2 cores; bench/results/routing-cpu-2026-12-02 was measured with --out there)
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,11 +69,13 @@ def run(replicas, name: str, workload: dict, concurrency: int, out: Path) -> dic
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "routing-cpu-2026-12-02")
+    p.add_argument("--out", type=Path, help="where the JSON goes (default: a new temporary directory)")
     p.add_argument("--policies", nargs="*", default=list(POLICIES))
     p.add_argument("--workloads", nargs="*", default=["tenants", "groups"])
     args = p.parse_args()
+    args.out = args.out or Path(tempfile.mkdtemp(prefix="routing-policies-"))
     args.out.mkdir(parents=True, exist_ok=True)
+    print(f"results in {args.out}", flush=True)
     rows = []
     with start_replicas() as replicas:
         for name in args.policies:
