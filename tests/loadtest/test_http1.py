@@ -86,6 +86,22 @@ def test_content_length_reply_keeps_the_connection_and_writes_the_request_exactl
     assert b"Authorization: Bearer t" in head and b"Content-Length: 18" in head and body == b'{"prompt":[1,2,3]}'
 
 
+def test_a_request_s_own_headers_reach_the_server_with_the_pool_s():
+    """`prefix-groups --tenant-session` names each prompt's tenant this way (a router's session key)."""
+    async def main():
+        async with Server(lambda h, b: [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"]) as srv:
+            pool = Http1Pool(srv.url, limit=1, headers={"Authorization": "Bearer t"})
+            await pool.send(pool.request("/v1/completions", b"{}", {"x-session-id": "tenant-3"}))
+            await pool.send(pool.request("/v1/completions", b"{}"))
+            pool.close()
+            return srv
+
+    srv = run(main())
+    keyed, plain = (r.split(b"\r\n\r\n")[0].split(b"\r\n") for r in srv.requests)
+    assert b"x-session-id: tenant-3" in keyed and b"Authorization: Bearer t" in keyed
+    assert not any(line.startswith(b"x-session-id") for line in plain)
+
+
 def test_chunked_stream_times_the_first_choice_not_the_first_byte():
     events = [b'data: {"id":"x","choices":[],"usage":null}\n\n',  # no choice yet
               b'data: {"choices":[{"index":0,"text":"a"}]}\n\n',

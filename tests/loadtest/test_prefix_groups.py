@@ -44,7 +44,8 @@ def test_replica_figures_come_from_the_counters():
     one = pg.replica_figures("http://a", before, after)
     assert one["cpu_hit_rate"] == 300 / 500 and one["gpu_hit_rate"] == 50 / 500 and one["requests"] == 4
     other = {**one, "url": "http://b", "requests": 2, "prompt_tokens": 500, "cpu_hit_tokens": 0, "gpu_hit_tokens": 0}
-    assert pg.totals([one, other]) == {"cpu_hit_rate": 0.3, "gpu_hit_rate": 0.05, "request_balance": 0.5}
+    assert pg.totals([one, other]) == {"cpu_hit_rate": 0.3, "gpu_hit_rate": 0.05, "request_balance": 0.5,
+                                       "max_share": 4 * 2 / 6}
 
 
 def test_router_counters_are_recorded_as_deltas():

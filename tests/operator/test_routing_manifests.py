@@ -9,7 +9,7 @@ import sys
 import kubernetes_validate
 import pytest
 import yaml
-from spillway.commands.route import Supervisor, resolve_ips, router_args
+from spillway.commands.route import resolve_ips, router_args
 from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired, selector
 from spillway.controller.routing_objects import routing_warnings
@@ -160,48 +160,12 @@ def test_replicas_are_found_by_dns():
 
 
 def test_router_args_give_each_pod_its_event_source():
-    args = router_args(["10.0.0.2", "fd00::3"], model="m", block_size=16, host_tier_credit=0.9, api_key="k")
+    args = router_args(["10.0.0.2", "fd00::3"], model="m", block_size=16, host_tier_credit=0.9)
     assert args[args.index(R.FLAG_POLICY) + 1] == R.POLICY_KV_AWARE
     sources = [args[i + 1] for i, a in enumerate(args) if a == R.FLAG_KV_EVENT_SOURCE]
     assert sources == [f"http://10.0.0.2:8000=tcp://10.0.0.2:{routing.KV_EVENTS_PORT}",
                        f"http://[fd00::3]:8000=tcp://[fd00::3]:{routing.KV_EVENTS_PORT}"]
-    assert args[args.index(R.FLAG_KV_PENALTY_HOST) + 1] == "0.9" and args[args.index(R.FLAG_API_KEY) + 1] == "k"
-
-
-def test_the_supervisor_restarts_the_router_when_the_ready_pods_change():
-    """A real child process stands in for vllm-router: it records its arguments and runs until stopped."""
-    answers = [["10.0.0.1"], ["10.0.0.1"], ["10.0.0.1", "10.0.0.2"], OSError("resolver down"), []]
-    log: list[str] = []
-
-    def discover():
-        item = answers.pop(0)
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def build(ips):
-        return [sys.executable, "-c", "import time; time.sleep(60)", *ips]
-
-    supervisor = Supervisor(discover, build, log=log.append)
-    try:
-        _steps(supervisor, build, log)
-    finally:
-        supervisor.stop_router()
-
-
-def _steps(supervisor, build, log):
-    supervisor.step()
-    first = supervisor.proc
-    assert first.args == build(["10.0.0.1"])
-    supervisor.step()  # unchanged: the same process
-    assert supervisor.proc is first and first.poll() is None
-    supervisor.step()  # a second pod became ready: restarted with both
-    assert first.poll() is not None and supervisor.proc.args == build(["10.0.0.1", "10.0.0.2"])
-    second = supervisor.proc
-    supervisor.step()  # the resolver fails: the router keeps running
-    assert supervisor.proc is second and second.poll() is None and "cannot resolve" in log[-1]
-    supervisor.step()  # no ready pod: no router
-    assert supervisor.proc is None and second.poll() is not None and "no ready vLLM pod" in log[-1]
+    assert args[args.index(R.FLAG_KV_PENALTY_HOST) + 1] == "0.9" and "--api-key" not in args
 
 
 def test_spillway_render_shows_the_router_and_the_publishing_pods(tmp_path):

@@ -72,6 +72,13 @@ class VllmRouter:
     def url(self, path: str) -> str:
         return self.base_url + path
 
+    def workers(self) -> list[str]:
+        """The worker URLs the router routes to now (its /list_workers)."""
+        import json
+
+        with urllib.request.urlopen(self.url(R.ROUTER_LIST_WORKERS_PATH), timeout=10) as response:
+            return list(json.loads(response.read())["urls"])
+
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=30) as response:
             return response.read().decode()

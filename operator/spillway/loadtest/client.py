@@ -173,9 +173,9 @@ class OpenAIClient:
         """A request body, encoded ahead of a timed phase so that encoding stays out of the timing."""
         return json.dumps(self.payload(prompt, max_tokens, stream), separators=(",", ":")).encode()
 
-    def wire(self, body: bytes) -> bytes:
+    def wire(self, body: bytes, headers: dict[str, str] | None = None) -> bytes:
         """The whole completion request as sent (head and body), built ahead of a timed phase."""
-        return self._pool.request(COMPLETIONS_PATH, body)
+        return self._pool.request(COMPLETIONS_PATH, body, headers)
 
     async def warm(self, connections: int) -> None:
         """Open the connections a phase will use before its clock starts."""
@@ -200,12 +200,13 @@ class OpenAIClient:
         return _completion(reply, stream)
 
     async def send_phase(self, bodies: list[bytes], concurrency: int, progress: Progress,
-                         stream: bool = False) -> tuple[list[Completion], float]:
+                         stream: bool = False, headers: list[dict[str, str] | None] | None = None,
+                         ) -> tuple[list[Completion], float]:
         """Send bodies over `concurrency` connections; (results in order, seconds from first send to last reply).
 
         The clock covers sending and replies only: requests are wire-encoded and the phase's connections
         opened before it starts, and a worker's loop does nothing else per request."""
-        requests = [self.wire(body) for body in bodies]
+        requests = [self.wire(body, h) for body, h in zip(bodies, headers or [None] * len(bodies))]
         workers_n = min(concurrency, len(requests))
         await self.warm(workers_n)
         results: list[Completion] = [None] * len(requests)  # type: ignore[list-item]

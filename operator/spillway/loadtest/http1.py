@@ -196,9 +196,10 @@ class Http1Pool:
         self._limit = limit
         self._open: set[_Connection] = set()
 
-    def request(self, path: str, body: bytes) -> bytes:
+    def request(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
         """The whole request (head and body) as written on the wire; build it before a timed phase."""
-        return (f"POST {self.prefix}{path} HTTP/1.1\r\n{self._head}{len(body)}\r\n\r\n").encode() + body
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        return (f"POST {self.prefix}{path} HTTP/1.1\r\n{extra}{self._head}{len(body)}\r\n\r\n").encode() + body
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()

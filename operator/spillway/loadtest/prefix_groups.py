@@ -39,6 +39,7 @@ SCHEMA = "spillway.loadtest.prefix-groups/v1"
 EXPERIMENT = "prefix-groups"
 ROUTER_METRIC_PREFIX = "vllm_router_"  # vllm-router's own metrics; recorded as counter deltas
 ERROR_SAMPLES = 5
+SESSION_HEADER = "x-session-id"  # the session key vllm-router's affinity, sticky and hashing policies read first
 REPLICA_COUNTERS = (Metric.EXTERNAL_HITS, Metric.EXTERNAL_QUERIES, Metric.PREFIX_HITS, Metric.PREFIX_QUERIES,
                     Metric.PROMPT_TOKENS, Metric.REQUEST_SUCCESS)
 
@@ -52,6 +53,7 @@ class PrefixGroupsPlan:
     output_tokens: int = 1
     concurrency: int = 8
     warmup: bool = True
+    tenant_session: bool = False  # each prompt names its group in an x-session-id header (a router's session key)
     id_range: int = DEFAULT_ID_RANGE
     seed: int | None = None  # None: drawn when the run starts
     settle_s: float = 1.0  # pause after the warm-up: offload stores and KV events are asynchronous
@@ -140,6 +142,8 @@ def totals(replicas: list[dict]) -> dict[str, Any]:
         "cpu_hit_rate": cpu / prompt if cpu is not None and prompt else None,
         "gpu_hit_rate": gpu / prompt if gpu is not None and prompt else None,
         "request_balance": min(requests) / max(requests) if requests and max(requests) > 0 else None,
+        # the busiest replica's requests over an even share: 1.0 is even, N means one replica took them all
+        "max_share": max(requests) * len(requests) / sum(requests) if requests and sum(requests) > 0 else None,
     }
 
 
@@ -188,25 +192,29 @@ async def run_route(route: Route, plan: PrefixGroupsPlan, replicas: list[str], *
                 question = prompts.token_ids(plan.question_len, EXPERIMENT, route.name, g, i, "question")
                 return client.body(prefix(g) + question, plan.output_tokens, stream)
 
-            async def send(label: str, bodies: list[bytes], stream: bool,
+            def session(g: int) -> dict[str, str] | None:
+                return {SESSION_HEADER: f"tenant-{g}"} if plan.tenant_session else None
+
+            async def send(label: str, requests: list[tuple[int, int]], stream: bool,
                            concurrency: int = plan.concurrency) -> tuple[list[Completion], float]:
-                return await client.send_phase(bodies, concurrency, Progress(label, len(bodies), progress), stream)
+                bodies = [body(g, i, stream) for g, i in requests]  # encoded before the clock starts
+                return await client.send_phase(bodies, concurrency, Progress(label, len(bodies), progress), stream,
+                                               [session(g) for g, _ in requests])
 
             warmup: dict[str, Any] = {"requests": 0, "errors": 0}
             if plan.warmup:
                 # All tenants arrive at once: a load-aware router spreads them over the replicas.
                 results, elapsed = await send(f"{route.name} warm-up",
-                                              [body(g, -1, False) for g in range(plan.groups)], False,
+                                              [(g, -1) for g in range(plan.groups)], False,
                                               concurrency=plan.groups)
                 warmup = {"requests": len(results), "errors": sum(not r.ok for r in results),
                           "elapsed_s": elapsed, "error_samples": _errors(results)}
                 await asyncio.sleep(plan.settle_s)
             order = [(g, i) for g in range(plan.groups) for i in range(plan.prompts_per_group)]
             random.Random(repr((plan.seed, EXPERIMENT, route.name, "order"))).shuffle(order)
-            bodies = [body(g, i, True) for g, i in order]  # encoded before the clock starts
             before = await _scrape(replica_clients)
             router_before = await router.metrics_text() if router else None
-            results, elapsed = await send(f"{route.name} timed", bodies, True)
+            results, elapsed = await send(f"{route.name} timed", order, True)
             after = await _scrape(replica_clients)
             router_after = await router.metrics_text() if router else None
         finally:
@@ -319,7 +327,7 @@ def table(result: dict[str, Any]) -> str:
     if labels:
         lines.append("labels: " + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
     header = ["route", "CPU hit", "GPU hit", "prompt tok/s", "TTFT p50 ms", "TTFT p90 ms", "errors",
-              "requests per replica", "CPU hit per replica"]
+              "busiest/even", "requests per replica", "CPU hit per replica"]
     rows = []
     for r in result.get("routes", []):
         ttft = r.get("ttft_s") or {}
@@ -327,7 +335,7 @@ def table(result: dict[str, Any]) -> str:
             r["name"], _pct(r.get("cpu_hit_rate")), _pct(r.get("gpu_hit_rate")),
             _num(r.get("prompt_tokens_per_s"), "{:.0f}"),
             _num(ttft.get("p50") and ttft["p50"] * 1e3, "{:.1f}"), _num(ttft.get("p90") and ttft["p90"] * 1e3, "{:.1f}"),
-            str(r.get("errors")),
+            str(r.get("errors")), _num(totals(r.get("replicas", []))["max_share"], "{:.2f}x"),
             "/".join(_num(x.get("requests"), "{:.0f}") for x in r.get("replicas", [])),
             "/".join(_pct(x.get("cpu_hit_rate")) for x in r.get("replicas", [])),
         ])
@@ -413,6 +421,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--output-tokens", type=int, default=defaults.output_tokens)
     g.add_argument("--concurrency", type=int, default=defaults.concurrency)
     g.add_argument("--no-warmup", action="store_true", help="start timing with cold pools")
+    g.add_argument("--tenant-session", action="store_true",
+                   help=f"each prompt names its group in an {SESSION_HEADER} header, as a multi-tenant client may "
+                        "(routers with session affinity key on it)")
     g.add_argument("--id-range", type=int, default=defaults.id_range, help="token ids drawn from [10, 10+N)")
     g.add_argument("--seed", type=int, help="prompt seed (default: random)")
     g.add_argument("--settle-s", type=float, default=defaults.settle_s)
@@ -435,7 +446,8 @@ def plan_from_args(args: argparse.Namespace) -> PrefixGroupsPlan:
     return PrefixGroupsPlan(
         groups=args.groups, prompts_per_group=args.prompts_per_group, prefix_len=args.prefix_len,
         question_len=args.question_len, output_tokens=args.output_tokens, concurrency=args.concurrency,
-        warmup=not args.no_warmup, id_range=args.id_range, seed=args.seed, settle_s=args.settle_s,
+        warmup=not args.no_warmup, tenant_session=args.tenant_session, id_range=args.id_range, seed=args.seed,
+        settle_s=args.settle_s,
         max_error_rate=args.max_error_rate, request_timeout_s=args.request_timeout_s,
     ).validate()
 

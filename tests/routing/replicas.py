@@ -1,0 +1,119 @@
+"""The routing tests' three real vLLM CPU replicas and their workloads, shared by the tests and
+bench/routing_policies.py.
+
+Sizes make locality measurable on two cores: the engines run without GPU prefix caching, so every prefix hit
+is a CPU-pool hit and every KV event a router indexes is CPU-medium; each prompt's own part is shorter than a
+block, so only prefixes are offloaded.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from spillway.core import router_api as R
+from spillway.core import routing
+from spillway.core import vllm_api as V
+from spillway_connector.host_backend import cpu_offload_args
+from support import TinyLlama, VllmServer, require_vllm
+from support.tools import require_binary
+from support.vllm_router import VllmRouter
+from support.vllm_server import free_port
+
+BLOCK = 32  # the CPU attention kernel takes multiples of 32
+GPU_BLOCKS = 20  # two 272-token prompts at a time (max_num_seqs 2)
+MAX_MODEL_LEN = (GPU_BLOCKS - 1) * BLOCK
+POOL_CHUNKS = 38  # per replica: kv-aware's share of either workload fits, round robin's copies of all do not
+REPLICAS = 3
+MODEL = TinyLlama()
+QUESTION_LEN = 16
+
+# 6 tenants' prefixes of 8 blocks x 8 prompts, random order, no warm-up: every prefix is new when it arrives.
+TENANTS = {"name": "tenants", "groups": 6, "prompts_per_group": 8, "prefix_blocks": 8, "warmup": False}
+# 12 prefixes of 6 blocks x 4 prompts after a warm-up that sends one prompt per prefix at once.
+GROUPS_WORKLOAD = {"name": "groups", "groups": 12, "prompts_per_group": 4, "prefix_blocks": 6, "warmup": True}
+for _w in (TENANTS, GROUPS_WORKLOAD):
+    _w["args"] = ["--groups", str(_w["groups"]), "--prompts-per-group", str(_w["prompts_per_group"]),
+                  "--prefix-len", str(_w["prefix_blocks"] * BLOCK), "--question-len", str(QUESTION_LEN),
+                  *([] if _w["warmup"] else ["--no-warmup"])]
+
+
+def best_cpu_hit(workload: dict) -> float:
+    """The CPU-pool hit rate of a router that always finds the prefix: a prefix's first prompt (the warm-up's,
+    where there is one) misses, every later one reads the whole prefix from the pool."""
+    prefix = workload["prefix_blocks"] * BLOCK
+    prompts = workload["prompts_per_group"]
+    hitting = prompts if workload["warmup"] else prompts - 1
+    return hitting * prefix / (prompts * (prefix + QUESTION_LEN))
+
+
+def replica() -> VllmServer:
+    port = free_port()
+    server = VllmServer(
+        model=MODEL, num_gpu_blocks=GPU_BLOCKS, block_size=BLOCK, max_model_len=MAX_MODEL_LEN, max_num_seqs=2,
+        prefix_caching=False,
+        extra_args=[*cpu_offload_args(POOL_CHUNKS * BLOCK * MODEL.kv_bytes_per_token,
+                                      extra={V.EXTRA_SELF_DESCRIBING_KV_EVENTS: True}),
+                    V.FLAG_KV_EVENTS_CONFIG, routing.kv_events_flag_value(port)],
+        env={V.ENV_PYTHONHASHSEED: V.PYTHONHASHSEED_VALUE},
+    )
+    server.kv_events_endpoint = f"tcp://127.0.0.1:{port}"  # the publisher binds tcp://*:port
+    return server
+
+
+@contextlib.contextmanager
+def start_replicas(count: int = REPLICAS) -> Iterator[list[VllmServer]]:
+    require_vllm()
+    servers = [replica() for _ in range(count)]
+    try:
+        for server in servers:  # all start at once, from this thread (they stop when their launcher ends)
+            server.launch()
+        for server in servers:
+            server.wait_started()
+        yield servers
+    finally:
+        for server in servers:
+            server.close()
+
+
+# Scaled from 2 to 3 replicas between two passes of the same prompts (route name and seed): 6 prefixes of 6
+# blocks x 4 prompts, warm-up included.
+SCALE = {"name": "scale", "groups": 6, "prompts_per_group": 4, "prefix_blocks": 6, "warmup": True}
+SCALE["args"] = ["--groups", "6", "--prompts-per-group", "4", "--prefix-len", str(6 * BLOCK),
+                 "--question-len", str(QUESTION_LEN)]
+
+
+def prefix_groups_command(routes: dict[str, VllmRouter], replicas: list[VllmServer], workload: dict,
+                          concurrency: int, output: Path, seed: int = 1) -> list[str]:
+    """`spillway loadtest prefix-groups run` through each named router, figures from every replica."""
+    cmd = [sys.executable, "-m", "spillway.cli", "loadtest", "prefix-groups", "run"]
+    for name, router in routes.items():
+        cmd += ["--route", f"{name}={router.base_url}", "--router-metrics", f"{name}={router.metrics_url}"]
+    return [*cmd, *[a for s in replicas for a in ("--replica", s.base_url)], *workload["args"],
+            "--concurrency", str(concurrency), "--seed", str(seed), "--progress", "none", "--no-plot",
+            "--output", str(output)]
+
+
+def run_prefix_groups(routes: dict[str, VllmRouter], replicas: list[VllmServer], workload: dict,
+                      concurrency: int, output: Path, seed: int = 1) -> dict:
+    """The result JSON, with the command's stdout (the report table) under "stdout"."""
+    done = subprocess.run(prefix_groups_command(routes, replicas, workload, concurrency, output, seed),
+                          check=False, capture_output=True, text=True, timeout=900)
+    logs = "\n".join(f"{name} router:\n{r.log_tail()}" for name, r in routes.items())
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{logs}"
+    result = json.loads(output.read_text())
+    result["stdout"] = done.stdout
+    return result
+
+
+def router(replicas: list[VllmServer], policy: str, extra: Sequence[str] = ()) -> VllmRouter:
+    """vllm-router over these replicas; kv_aware with each replica's KV event source."""
+    kv = policy == R.POLICY_KV_AWARE
+    return VllmRouter([s.base_url for s in replicas], policy=policy, binary=require_binary(R.ROUTER_COMMAND),
+                      event_sources={s.base_url: s.kv_events_endpoint for s in replicas} if kv else None,
+                      block_size=BLOCK if kv else None, model=replicas[0].model if kv else None, extra_args=extra)
