@@ -7,6 +7,7 @@ generated from tests/planner/coverage/truth.json); every other one is refused wi
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ class ModelGeometry:
     # given field by field, every layer full attention.
     config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     max_model_len: int | None = None  # vLLM's default: the config's max_position_embeddings
-    facts: ModelFacts | None = field(default=None, compare=False, repr=False)
+    facts: ModelFacts | None = field(default=None, repr=False)  # compared: two models differ by their facts
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k not in ("config", "facts")}
@@ -86,6 +87,7 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> Mode
                          facts.max_model_len, facts)
 
 
+@functools.lru_cache(maxsize=256)
 def kv_layout(
     geometry: ModelGeometry,
     tensor_parallel_size: int = 1,

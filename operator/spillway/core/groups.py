@@ -203,6 +203,11 @@ def _layer_caches(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[Laye
     return tuple(out)
 
 
+def clear_group_caches() -> None:
+    _layer_caches.cache_clear()
+    _kv_groups.cache_clear()
+
+
 def kv_groups(config: Mapping[str, Any] | ModelFacts, release: tuple[int, int], tensor_parallel_size: int = 1,
               block_size: int = 16, kv_cache_dtype: str = "auto", name: str = "model",
               kernel_block: int = GPU_KERNEL_BLOCK) -> KVGroups:

@@ -10,7 +10,7 @@ layers. `read_facts` does that reading once; everything else works on the frozen
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ModelGeometryUnknown
@@ -102,6 +102,14 @@ class ModelFacts:
     mamba_chunk: int  # ModelConfig.get_mamba_chunk_size (0.26 aligns hybrid blocks to it)
     max_model_len: int | None
     multimodal: bool
+
+    def __hash__(self) -> int:
+        # hashed once: the planner's memoized steps key on the facts, whose per-layer tuple is long
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
 
     @property
     def attention_layers(self) -> int:

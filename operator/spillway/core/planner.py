@@ -32,7 +32,7 @@ from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
 from .footprint import MAX_PIN_CALL_BYTES, Footprint, footprint, largest_pin_call, largest_pool, pinned_tensors, pins
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
-from .groups import FULL, MAMBA, MLA, CacheGroup, KVGroups, host_copies, kv_groups
+from .groups import FULL, MAMBA, MLA, CacheGroup, KVGroups, clear_group_caches, host_copies, kv_groups
 from .options import Attention, Connector, EvictionPolicy, Layout, choices
 from .quantity import GiB, MiB, format_bytes, parse_bytes
 from .rates import interpolate_log2
@@ -241,6 +241,7 @@ def replica_share_bytes(node: NodeFacts, request: ServingRequest) -> int:
     return (node.allocatable_memory - node_reserve(node.allocatable_memory)) // max(1, replicas)
 
 
+@functools.lru_cache(maxsize=256)
 def _node_plan(node: NodeFacts, request: ServingRequest, multimodal: bool) -> tuple[NodePlan, EnginePlan]:
     tp = request.tensor_parallel_size
     if node.gpus < 1:
@@ -299,6 +300,7 @@ class _PoolShape:
         return largest_pool(self.groups.release, budget, self.chunk_bytes, self.ranks, self.tensors)
 
 
+@functools.lru_cache(maxsize=256)
 def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingRequest) -> _PoolShape:
     offload = request.offload
     block = groups.block_size
@@ -318,6 +320,7 @@ def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingReque
                       tensors, geometry.max_model_len or DEFAULT_MAX_MODEL_LEN)
 
 
+@functools.lru_cache(maxsize=256)
 def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> PoolPlan:
     kind, value = _parse_size(offload.size)
     budget = node.share_bytes - node.fixed_bytes  # what the pool's footprint may cost
@@ -369,11 +372,14 @@ def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> Po
                     str(offload.size), cost.charged_bytes, cost.shm_bytes, cost.rule, f"{release[0]}.{release[1]}")
 
 
+_CHOICES = {kind: choices(kind) for kind in (EvictionPolicy, Layout, Connector)}
+
+
 def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
     for what, value, kind in (("eviction policy", offload.eviction_policy, EvictionPolicy),
                               ("layout", offload.layout, Layout), ("connector", offload.connector, Connector)):
-        if value not in choices(kind):
-            raise InvalidSpec(f"{what} must be one of {', '.join(choices(kind))}, got {value!r}")
+        if value not in _CHOICES[kind]:
+            raise InvalidSpec(f"{what} must be one of {', '.join(_CHOICES[kind])}, got {value!r}")
     chunk = offload.offload_block_size
     if block_size < 1:
         raise InvalidSpec(f"block size must be >= 1 token, got {block_size}")
@@ -385,6 +391,15 @@ def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
 
 
 def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None) -> list[str]:
+    return list(_engine_args(layout, offload, pool))
+
+
+@functools.lru_cache(maxsize=256)
+def _engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None) -> tuple[str, ...]:
+    return tuple(_build_engine_args(layout, offload, pool))
+
+
+def _build_engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None) -> list[str]:
     args = [api.FLAG_TENSOR_PARALLEL_SIZE, str(layout.tensor_parallel_size), api.FLAG_BLOCK_SIZE, str(layout.block_size)]
     if layout.kv_cache_dtype != layout.geometry.dtype:
         args += [api.FLAG_KV_CACHE_DTYPE, layout.kv_cache_dtype]
@@ -428,8 +443,17 @@ def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | N
     return out
 
 
+def clear_caches() -> None:
+    """Forget every memoized step (the benchmark's cold plans; nothing else needs it: each step is pure)."""
+    for step in (_node_plan, _pool_shape, _pool_plan, _pod_plan, _engine_args, api_servers, kv_layout,
+                 clear_group_caches):
+        getattr(step, "cache_clear", step)()
+
+
 def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), node: NodeFacts | None = None) -> Plan:
-    """Plan one replica of `geometry` on `node` (geometry only when node is None)."""
+    """Plan one replica of `geometry` on `node` (geometry only when node is None). Its steps are pure and
+    memoized: the operator re-plans an unchanged spec on every reconcile, and no search runs twice on the same
+    inputs."""
     _validate_offload(request.offload, request.block_size)
     layout = kv_layout(geometry, request.tensor_parallel_size, request.block_size, request.kv_cache_dtype)
     groups = model_groups(geometry, request)
@@ -455,6 +479,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine)
 
 
+@functools.lru_cache(maxsize=256)
 def api_servers(cpu_millis: int | None, replicas_per_node: int, node_name: str = "the node") -> EnginePlan:
     """How many API servers one replica runs on its share of the node's CPU (CORES_PER_API_SERVER)."""
     if cpu_millis is None:
@@ -488,6 +513,7 @@ def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
     return replace(p, args=args + api_server_args(engine), engine=engine, pod=pod)
 
 
+@functools.lru_cache(maxsize=256)
 def _pod_plan(pool: PoolPlan | None, reserve: int, gpus: int) -> PodPlan:
     """The pod around a pool: Guaranteed memory for the pool's footprint, /dev/shm's extra and the process."""
     footprint = pool.footprint_bytes if pool else 0

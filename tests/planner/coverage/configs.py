@@ -20,6 +20,9 @@ GENERIC_TEXT = {
     "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
     "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1,
     "eos_token_id": 2, "pad_token_id": 0, "initializer_range": 0.02, "head_dim": 128,
+    # names remote-code Llama variants read beside the standard ones (their config classes' defaults)
+    "embedding_dropout": 0.0, "attention_dropout": 0.0, "hidden_dropout": 0.0, "activation_function": "silu",
+    "use_mup": False, "attention_bias": False, "mlp_bias": False,
 }
 
 # Fields the released checkpoints' config.json files carry beyond their config class's defaults, without which
