@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -36,6 +37,12 @@ def _weight_bytes(config: dict) -> int:
     hidden = text.get("hidden_size") or text.get("n_embd") or 4096
     layers = text.get("num_hidden_layers") or text.get("n_layer") or 32
     return 2 * (12 * hidden * hidden * layers + 2 * hidden * (text.get("vocab_size") or 32000))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class CaseTimeout(Exception):
@@ -67,7 +74,8 @@ def main() -> None:
     cases = json.loads(Path(source).read_text())
     import torch
     from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
-    from vllm.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import (destroy_model_parallel, init_distributed_environment,
+                                                 initialize_model_parallel)
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.attention import Attention
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
@@ -108,9 +116,11 @@ def main() -> None:
                 with set_current_vllm_config(vllm_config):
                     if not started:
                         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                                     distributed_init_method="tcp://127.0.0.1:29547")
-                        initialize_model_parallel(1, 1)
+                                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
                         started = True
+                    # the groups follow the model (an expert-parallel group exists only for MoE models)
+                    destroy_model_parallel()
+                    initialize_model_parallel(1, 1)
                     try:
                         with torch.device("meta"):
                             initialize_model(vllm_config=vllm_config)
