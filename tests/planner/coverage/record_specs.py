@@ -74,8 +74,11 @@ def main() -> None:
     cases = json.loads(Path(source).read_text())
     import torch
     from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
-    from vllm.distributed.parallel_state import (destroy_model_parallel, init_distributed_environment,
-                                                 initialize_model_parallel)
+    from vllm.distributed.parallel_state import (
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.attention import Attention
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
