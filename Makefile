@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 CHECKOV_STAMP := $(VENV)/checkov/.setup-stamp
 
-.PHONY: setup demo test test-fast bench images lint generate vllm-src clean
+.PHONY: setup demo test test-fast bench images lint generate vllm-src coverage-truth clean
 # Podman's runtime settings for machines like CI's, where root cannot raise rlimits past 20000 open files and
 # crun refuses the cgroup setup: `make images` and the image tests run with them unless told otherwise.
 export CONTAINERS_CONF ?= $(CURDIR)/images/containers.conf
@@ -90,6 +90,12 @@ images:
 # tests/test_generated_files.py fails when a committed one is stale.
 generate: setup
 	$(BIN)/python operator/tools/generate.py
+
+# vLLM 0.33's own KV-cache answer for every architecture of its registry (tests/planner/coverage/truth.json), then
+# the planner's table (docs/coverage.md, operator/spillway/core/vllm_coverage.py). Minutes: it builds ~250 models.
+coverage-truth: setup vllm-src
+	$(TEST_ENV) PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/connector $(BIN)/python tests/planner/coverage/generate.py
+	PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/connector $(BIN)/python tests/planner/coverage/render.py
 
 clean:
 	rm -rf $(VENV)

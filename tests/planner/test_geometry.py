@@ -85,8 +85,20 @@ def test_block_size_scales_block_bytes():
 
 
 @pytest.mark.parametrize("cfg,message", [
-    ({"architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 2,
+    ({"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "num_hidden_layers": 2,
       "num_attention_heads": 4}, "does not model"),
+    ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 0, "hidden_size": 64}, "KV heads must be a positive integer, got 0"),
+    ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": -8}, "head_dim must be a positive integer"),
+    ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 3,
+      "hidden_size": 64}, "not a multiple of 3 heads"),
+    ({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 4,
+      "num_attention_heads": 4, "head_dim": 32, "sliding_window": 512,
+      "layer_types": ["sliding_attention", "full_attention"]}, "2 entries for 4 layers"),
+    ({"architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "num_hidden_layers": 4,
+      "num_attention_heads": 4, "head_dim": 32, "sliding_window": 0, "sliding_window_pattern": 4},
+     "sliding_window"),
     ({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 2,
       "num_attention_heads": 4, "head_dim": 32, "layer_types": ["sliding_attention", "cross_attention"],
       "sliding_window": 512}, "not layer kinds"),
@@ -94,7 +106,7 @@ def test_block_size_scales_block_bytes():
       "num_attention_heads": 4, "hidden_size": 64, "layer_types": ["full_attention", "linear_attention"]},
      "linear_num_key_heads"),
     ({"architectures": ["SomethingNewForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
-      "hidden_size": 64}, "not one Spillway can size"),
+      "hidden_size": 64}, "not in vLLM 0.33's text-generation or multimodal registry"),
     ({"num_hidden_layers": 2}, "architectures"),
     ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 0, "num_attention_heads": 4}, "num_hidden_layers"),
 ])

@@ -5,7 +5,7 @@ import pytest
 from spillway.adapters.model_config import catalog_config
 from spillway.core.errors import ModelGeometryUnknown
 from spillway.core.geometry import geometry_from_config
-from spillway.core.groups import FULL, SLIDING, LayerCache, group_layers, kv_groups
+from spillway.core.groups import FULL, MAMBA, SLIDING, LayerCache, group_layers, kv_groups
 
 
 def test_buckets_under_one_and_a_half_times_the_smallest_take_the_largest_size():
@@ -35,8 +35,29 @@ def test_tokens_held_count_each_groups_window_once_per_request():
     assert groups.chunks_per_request(100) == 7 + 7  # short requests: every chunk still in the window
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v32", "jamba", "minimax_m1"])
+@pytest.mark.parametrize("model_type", ["zamba2", "gemma4_text", "iquest_loopcoder"])
 def test_caches_spillway_does_not_model_are_refused_by_name(model_type):
     config = {"architectures": ["X"], "model_type": model_type, "num_hidden_layers": 4, "num_attention_heads": 4}
     with pytest.raises(ModelGeometryUnknown, match=f"{model_type}.*does not model"):
         geometry_from_config(config)
+
+
+def test_cohere2_keeps_three_sliding_layers_to_one_full_with_vllms_window_plus_one():
+    groups = kv_groups(catalog_config("CohereLabs/c4ai-command-a-03-2025"), (0, 33), 8, 64)
+    assert [(g.kind, g.layers, g.window) for g in groups.groups] == [(SLIDING, 16, 4097)] * 3 + [(FULL, 16, None)]
+
+
+def test_deepseek_v32_adds_an_indexer_cache_to_every_mla_layer():
+    config = {**catalog_config("deepseek-ai/DeepSeek-V3.1"), "model_type": "deepseek_v32",
+              "architectures": ["DeepseekV32ForCausalLM"], "index_head_dim": 128}
+    (group,) = kv_groups(config, (0, 33), 8, 64).groups
+    # one group of 61 latents (576 x 2 B) and 61 indexer keys (128 fp8 B + 4 B of scale) per token
+    assert (group.layers, group.page_bytes, group.uniform_type) == (122, 64 * 61 * (576 * 2 + 132), True)
+
+
+def test_falcon_h1_keeps_attention_and_mamba_in_every_layer():
+    config = {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "num_hidden_layers": 4,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "hidden_size": 512,
+              "mamba_n_heads": 16, "mamba_d_head": 32, "mamba_d_state": 16, "mamba_n_groups": 1, "mamba_d_conv": 4}
+    kinds = [g.kind for g in kv_groups(config, (0, 33), 1, 64).groups]
+    assert kinds.count(FULL) == 1 and kinds.count(MAMBA) == 1

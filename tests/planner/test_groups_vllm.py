@@ -149,3 +149,22 @@ def test_mla_host_copies_follow_the_release(name, source_truth):
     _compare(name, groups, truth)
     assert truth["offload"]["replicated_layout"] == (release >= (0, 32))
     assert groups.copies == (1 if release >= (0, 32) else 2)
+
+
+def test_the_coverage_recorder_builds_the_specs_a_real_engine_builds(engine_truth, tmp_path):
+    """tests/planner/coverage/record_specs.py (the model on the meta device, no engine) against the engines
+    above: every family's per-layer KV-cache specs alike, so coverage/truth.json holds what an engine would.
+    One extra process, no extra engine start."""
+    cases = {config["architectures"][0]: config for config in FAMILIES.values()}
+    source, target = tmp_path / "cases.json", tmp_path / "specs.jsonl"
+    source.write_text(json.dumps(cases))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE / "coverage" / "absent"), str(REPO / "connector"),
+                                                       str(REPO / "operator")]))
+    result = subprocess.run([sys.executable, str(HERE / "coverage" / "record_specs.py"), str(source), str(target)],
+                            env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    recorded = {r["arch"]: r for r in map(json.loads, target.read_text().splitlines())}
+    for name, config in FAMILIES.items():
+        record, engine = recorded[config["architectures"][0]], engine_truth[name]
+        assert "error" not in record, f"{name}: {record['error']}"
+        assert list(record["layer_specs"].values()) == list(engine["layer_specs"].values()), name

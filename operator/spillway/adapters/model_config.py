@@ -38,13 +38,23 @@ def _catalog() -> dict[str, dict[str, Any]]:
     return json.loads(resources.files("spillway").joinpath("catalog/index.json").read_text())
 
 
+@functools.lru_cache(maxsize=1)
+def catalog_aliases() -> dict[str, dict[str, Any]]:
+    """Re-release id -> {"base": catalog id, "differs": fields its config.json changes} (catalog/aliases.json)."""
+    entries = json.loads(resources.files("spillway").joinpath("catalog/aliases.json").read_text())
+    return {k: v for k, v in entries.items() if not k.startswith("_")}
+
+
 def catalog_ids() -> list[str]:
-    return sorted(_catalog())
+    return sorted([*_catalog(), *catalog_aliases()])
 
 
 @functools.lru_cache(maxsize=1)
 def _catalog_by_lower_id() -> dict[str, dict[str, Any]]:
-    return {k.lower(): v for k, v in _catalog().items()}
+    out = {k.lower(): v for k, v in _catalog().items()}
+    for alias, entry in catalog_aliases().items():
+        out[alias.lower()] = {**_catalog()[entry["base"]], **entry["differs"]}  # exact ids only: no pattern
+    return out
 
 
 def catalog_config(model_id: str) -> dict[str, Any] | None:

@@ -32,6 +32,12 @@ PINNED_POOL_OVERHEAD = 256 * MiB
 # 16 MiB rounding slack.
 MMAP_POOL_OVERHEAD = 16 * MiB
 PAGE_TABLE_FRACTION = 8 / 4096  # one 8-byte page-table entry per 4 KiB page, per mapping process
+# One host registration of 512 GiB or more fails with cudaErrorMemoryAllocation however much memory is free
+# (the driver's per-call page table; 549.7e9 B pinned, 549.9e9 B failed: vllm#51080). vLLM registers the pool in
+# row-aligned chunks of at most 64 GiB since vllm#51081 (0.32 and 0.33: pin_mmap_region in
+# vllm/v1/kv_offload/cpu/gpu_worker.py); 0.26 pins each pool tensor in one call (torch pin_memory).
+MAX_PIN_CALL_BYTES = 512 * GiB
+CHUNKED_PINNING_SINCE = (0, 32)
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,15 @@ def next_power_of_two(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def _charged(release: tuple[int, int], pool_bytes: int, ranks: int, tensors: tuple[int, ...]) -> int:
+    """footprint(...).charged_bytes without its description (the searches call it many times)."""
+    tables = int(pool_bytes * PAGE_TABLE_FRACTION * ranks)
+    if release < (0, 32):
+        return max(ranks * n * next_power_of_two(-(-pool_bytes // (ranks * n))) for n in tensors) + tables + \
+            PINNED_POOL_OVERHEAD
+    return pool_bytes + tables + MMAP_POOL_OVERHEAD
+
+
 def footprint(release: tuple[int, int], pool_bytes: int, ranks: int, tensors: tuple[int, ...]) -> Footprint:
     """The pool's cost for `pool_bytes` (all ranks' rows), `ranks` mapping processes, `tensors` per rank."""
     tables = int(pool_bytes * PAGE_TABLE_FRACTION * ranks)
@@ -83,14 +98,39 @@ def footprint(release: tuple[int, int], pool_bytes: int, ranks: int, tensors: tu
     return Footprint(pool_bytes, charged, pool_bytes + MMAP_POOL_OVERHEAD, 1, rule)
 
 
+def largest_pin_call(release: tuple[int, int], pool_bytes: int, ranks: int, tensors: tuple[int, ...]) -> int:
+    """The largest single host registration the pool takes: 0.26's largest pinned tensor (rounded up to a power
+    of two by PyTorch's pinned allocator), 0; with chunked registration (0.32+)."""
+    if release >= CHUNKED_PINNING_SINCE or pool_bytes <= 0:
+        return 0
+    return next_power_of_two(-(-pool_bytes // (ranks * min(tensors))))
+
+
+def pins(release: tuple[int, int], pool_bytes: int, ranks: int, tensors: tuple[int, ...]) -> bool:
+    return largest_pin_call(release, pool_bytes, ranks, tensors) < MAX_PIN_CALL_BYTES
+
+
 def largest_pool(release: tuple[int, int], budget: int, chunk_bytes: int, ranks: int,
                  tensors: tuple[int, ...]) -> int:
-    """The most chunks whose footprint fits `budget` bytes. The footprint only grows with the chunks, so the
-    largest count fills 0.26's power-of-two tensors to the brim: the rounding is paid for, never wasted."""
+    """The most chunks whose footprint fits `budget` bytes and that the release can pin. The footprint only grows
+    with the chunks, so the largest count fills 0.26's power-of-two tensors to the brim: the rounding is paid for,
+    never wasted."""
     low, high = 0, max(budget, 0) // chunk_bytes
+    if release >= CHUNKED_PINNING_SINCE:
+        # the region costs itself, its page tables and a fixed slack: linear, so solved, then checked exactly
+        per_chunk = chunk_bytes * (1 + PAGE_TABLE_FRACTION * ranks)
+        chunks = max(0, min(high, int((budget - MMAP_POOL_OVERHEAD) // per_chunk)))
+        while chunks > 0 and _charged(release, chunks * chunk_bytes, ranks, tensors) > budget:
+            chunks -= 1
+        while chunks < high and _charged(release, (chunks + 1) * chunk_bytes, ranks, tensors) <= budget:
+            chunks += 1
+        return chunks
+    if release < CHUNKED_PINNING_SINCE:
+        # each tensor's power of two stays under the per-call ceiling: at most half of it per tensor
+        high = min(high, (MAX_PIN_CALL_BYTES // 2) * ranks * min(tensors) // chunk_bytes)
     while low < high:
         mid = (low + high + 1) // 2
-        if footprint(release, mid * chunk_bytes, ranks, tensors).charged_bytes <= budget:
+        if _charged(release, mid * chunk_bytes, ranks, tensors) <= budget:
             low = mid
         else:
             high = mid - 1

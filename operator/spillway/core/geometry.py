@@ -1,19 +1,21 @@
 """Model geometry: how many bytes of KV cache one token and one block take.
 
-Computed from the mapping of a Hugging Face `config.json`; reading that file, the bundled
-catalog or the hub is spillway.adapters' job. Models whose KV cache is not one uniform
-full-attention cache (sliding-window, hybrid attention/SSM) are refused with a clear
-message rather than sized wrongly.
+Computed from the facts core.model_facts reads from a Hugging Face `config.json` (the one reading the KV-cache
+groups use too); reading that file, the bundled catalog or the hub is spillway.adapters' job. An architecture is
+sized only where vLLM 0.33's own answer for it is recorded and the planner agrees with it (core/vllm_coverage.py,
+generated from tests/planner/coverage/truth.json); every other one is refused with the reason.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import InvalidSpec, ModelGeometryUnknown
-from .groups import kv_heads_and_head_dim, layer_caches, positive_int, text_config
+from .model_facts import ModelFacts, read_facts, text_config
 from .options import Attention
+from .vllm_coverage import REFUSED, SIZED
 
 # Tokens per GPU KV block; vLLM's own default is 16. 64-token blocks (8 MiB cross-layer copies for Llama-3.1-8B
 # instead of 2 MiB, a quarter of the offload keys) measured 1.21x the prompt throughput of 16-token blocks at 100%
@@ -22,29 +24,6 @@ from .options import Attention
 # grain of a hit: vLLM matches a cached prefix in whole blocks, so a prefix loses up to 63 tokens instead of 15.
 DEFAULT_BLOCK_SIZE = 64
 
-# Architectures whose attention is standard (MHA/GQA) with separate K and V on every layer.
-STANDARD_ARCHITECTURES = frozenset({
-    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
-    "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-    "Phi3ForCausalLM", "GraniteForCausalLM", "GraniteMoeForCausalLM", "OlmoForCausalLM",
-    "Olmo2ForCausalLM", "InternLM2ForCausalLM", "ExaoneForCausalLM", "GemmaForCausalLM",
-    "DeepseekForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM", "SmolLM3ForCausalLM",
-    # sliding-window, chunked-local and Mamba hybrids: their KV-cache groups come from groups.py
-    "GptOssForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-    "Llama4ForCausalLM", "Llama4ForConditionalGeneration", "Qwen3NextForCausalLM",
-    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM",
-    "Qwen3_5MoeForCausalLM", "GraniteMoeHybridForCausalLM",
-    "NemotronHForCausalLM",
-})
-# Multi-head latent attention: one compressed latent (+ rope key) per token per layer.
-MLA_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM"})
-# Families with recurrent or sparse layers whose state Spillway does not model (yet): refused by name.
-UNMODELLED_MODEL_TYPES = frozenset({
-    "jamba", "mamba", "mamba2", "falcon_h1", "zamba2", "bamba", "minimax", "minimax_m1", "plamo2", "lfm2",
-    "deepseek_v32",
-})
-
-TORCH_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2}
 KV_CACHE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
@@ -60,12 +39,14 @@ class ModelGeometry:
     num_attention_heads: int
     head_dim: int  # standard: K (= V) head size; mla: kv_lora_rank + qk_rope_head_dim
     dtype: str  # the model's own dtype (what `--kv-cache-dtype auto` stores)
-    # The config.json facts vLLM's KV-cache groups follow from (groups.py); None: every layer full attention.
+    # The text config.json (a multimodal wrapper's language model) and the facts read from it; None: a geometry
+    # given field by field, every layer full attention.
     config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     max_model_len: int | None = None  # vLLM's default: the config's max_position_embeddings
+    facts: ModelFacts | None = field(default=None, repr=False)  # compared: two models differ by their facts
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "config"}
+        return {k: v for k, v in asdict(self).items() if k not in ("config", "facts")}
 
 
 @dataclass(frozen=True)
@@ -88,55 +69,25 @@ class KVLayout:
         return 1 if self.geometry.attention == Attention.MLA else 2
 
 
-def _refuse_unmodelled(config: Mapping[str, Any], name: str) -> None:
-    model_type = str(config.get("model_type", ""))
-    if model_type in UNMODELLED_MODEL_TYPES:
-        raise ModelGeometryUnknown(
-            f"{name}: model_type {model_type!r} keeps a recurrent or sparse-index cache Spillway does not model; "
-            "Spillway cannot size its KV pool exactly"
-        )
-
-
 def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> ModelGeometry:
     """Parse a Hugging Face config.json mapping into ModelGeometry, or raise ModelGeometryUnknown."""
-    if not isinstance(config, Mapping):
-        raise ModelGeometryUnknown(f"{name}: config.json must be a JSON object")
-    config = text_config(config)
-    architectures = config.get("architectures") or []
-    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
-    if architecture is None:
-        raise ModelGeometryUnknown(f"{name}: config.json has no 'architectures' entry")
-    if not isinstance(architecture, str):
-        raise ModelGeometryUnknown(f"{name}: config.json 'architectures' must list class names (strings), "
-                                   f"got {architectures!r}"[:300])
-    _refuse_unmodelled(config, name)
-    num_layers = positive_int(config, "num_hidden_layers", name)
-    heads = positive_int(config, "num_attention_heads", name)
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    if dtype not in TORCH_DTYPE_BYTES:
-        raise ModelGeometryUnknown(f"{name}: unsupported dtype {dtype!r} (known: {sorted(TORCH_DTYPE_BYTES)})")
-    if dtype == "float32":
-        dtype = "bfloat16"  # vLLM serves float32 checkpoints in 16-bit by default
-    if architecture in MLA_ARCHITECTURES:
-        latent = positive_int(config, "kv_lora_rank", name) + positive_int(config, "qk_rope_head_dim", name)
-        return ModelGeometry(name, architecture, num_layers, Attention.MLA, 1, heads, latent, dtype,
-                             dict(config), _max_model_len(config))
-    if architecture not in STANDARD_ARCHITECTURES:
+    facts = read_facts(config, name)
+    architecture = facts.architecture
+    if architecture in REFUSED:
+        raise ModelGeometryUnknown(f"{name}: architecture {architecture!r} is refused: {REFUSED[architecture]}")
+    if architecture not in SIZED:
         raise ModelGeometryUnknown(
-            f"{name}: architecture {architecture!r} is not one Spillway can size "
-            f"(standard: {len(STANDARD_ARCHITECTURES)} known, MLA: {sorted(MLA_ARCHITECTURES)})"
-        )
-    kv_heads, head_dim = kv_heads_and_head_dim(config, heads, name)
-    layer_caches(config, 1, "auto", name)  # a layer kind or recurrent state it cannot size fails here, by name
-    return ModelGeometry(name, architecture, num_layers, Attention.STANDARD, kv_heads, heads, head_dim, dtype,
-                         dict(config), _max_model_len(config))
+            f"{name}: architecture {architecture!r} is not in vLLM 0.33's text-generation or multimodal registry, "
+            "so no vLLM answer checks its size; Spillway cannot size its KV pool exactly")
+    if not facts.attention_layers:
+        raise ModelGeometryUnknown(f"{name}: a model of recurrent layers only has no attention KV to offload")
+    attention = Attention.MLA if facts.mla else Attention.STANDARD
+    return ModelGeometry(name, architecture, facts.num_layers, attention, facts.num_kv_heads,
+                         facts.num_attention_heads, facts.head_dim, facts.dtype, dict(text_config(config)[0]),
+                         facts.max_model_len, facts)
 
 
-def _max_model_len(config: Mapping[str, Any]) -> int | None:
-    value = config.get("max_position_embeddings")
-    return value if isinstance(value, int) and value > 0 else None
-
-
+@functools.lru_cache(maxsize=256)
 def kv_layout(
     geometry: ModelGeometry,
     tensor_parallel_size: int = 1,

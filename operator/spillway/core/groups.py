@@ -24,25 +24,21 @@ prefix, group). This module repeats those rules from a model's config facts, pur
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidSpec, ModelGeometryUnknown
+from .model_facts import CHUNKED, DTYPE_BYTES, FULL, INDEXER, MAMBA, MLA, SLIDING, MambaShape, ModelFacts, read_facts
 
-FULL = "full_attention"
-SLIDING = "sliding_window"
-CHUNKED = "chunked_local"
-MAMBA = "mamba"
-MLA = "mla"
-ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, MLA)
+ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, MLA, INDEXER)
 
 HOST_PAGE_BYTES = 4096  # 0.32/0.33 CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE (x86-64 Linux)
 # vllm/model_executor/models/config.py and platforms/interface.py: the smallest kernel block of the
 # GPU attention backends (FlashAttention/FlashInfer/Triton accept multiples of 16 tokens).
 GPU_KERNEL_BLOCK = 16
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
 @dataclass(frozen=True)
@@ -64,10 +60,13 @@ class CacheGroup:
     page_bytes: int  # one layer, one block, one rank (after vLLM's page unification)
     block_size: int  # tokens per block
     window: int | None = None
+    # vLLM's UniformTypeKVCacheSpecs: layers of one kind but different pages in one group; page_bytes is then the
+    # whole group's (the sum of its layers' pages), as vLLM's spec reports it
+    uniform_type: bool = False
 
     @property
     def block_bytes(self) -> int:
-        return self.layers * self.page_bytes
+        return self.page_bytes if self.uniform_type else self.layers * self.page_bytes
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ class KVGroups:
 
     @property
     def is_hybrid(self) -> bool:
-        return len(self.groups) > 1 or self.groups[0].kind != FULL and self.groups[0].kind != MLA
+        return len(self.groups) > 1 or self.groups[0].kind not in (FULL, MLA)
 
     def alignment(self) -> int:
         return 1 if self.release < (0, 32) else HOST_PAGE_BYTES
@@ -137,204 +136,118 @@ class KVGroups:
 
 # -- config facts -> per-layer caches ---------------------------------------------------------------
 
-def _get(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    value = config.get(key)
-    return default if value is None else value
-
-
-def positive_int(config: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
-    value = config.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ModelGeometryUnknown(f"{name}: config.json field {key!r} must be a positive integer, got {value!r}")
-    return value
-
-
-def kv_heads_and_head_dim(config: Mapping[str, Any], heads: int, name: str) -> tuple[int, int]:
-    """Standard attention's KV heads and head size as vLLM reads a config: without num_key_value_heads every
-    attention head has its own KV, without head_dim a head is hidden_size / heads wide."""
-    kv_heads = config.get("num_key_value_heads") or heads
-    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads <= 0:
-        raise ModelGeometryUnknown(f"{name}: num_key_value_heads must be a positive integer, got {kv_heads!r}")
-    head_dim = config.get("head_dim")
-    if head_dim is None:
-        hidden = positive_int(config, "hidden_size", name)
-        if hidden % heads:
-            raise ModelGeometryUnknown(f"{name}: hidden_size {hidden} is not a multiple of {heads} heads")
-        return kv_heads, hidden // heads
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
-        raise ModelGeometryUnknown(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
-    return kv_heads, head_dim
-
-
 def _split(total: int, tp: int, what: str, name: str) -> int:
     if total % tp:
         raise InvalidSpec(f"{name}: {total} {what} do not split over tensor parallel size {tp}")
     return total // tp
 
 
-def layer_types(config: Mapping[str, Any], num_layers: int, name: str) -> list[str]:
-    """The kind of each decoder layer, as the model's vLLM implementation assigns it."""
-    model_type = str(config.get("model_type", ""))
-    listed = config.get("layer_types")
-    if isinstance(listed, list) and listed:
-        if len(listed) != num_layers:
-            raise ModelGeometryUnknown(f"{name}: layer_types has {len(listed)} entries for {num_layers} layers")
-        kinds = {"full_attention": FULL, "attention": FULL, "sliding_attention": SLIDING,
-                 "linear_attention": MAMBA, "mamba": MAMBA, "chunked_attention": CHUNKED}
-        unknown = sorted({str(t) for t in listed if t not in kinds})
-        if unknown:
-            raise ModelGeometryUnknown(f"{name}: layer_types {unknown} are not layer kinds Spillway can size")
-        return [kinds[t] for t in listed]
-    pattern = config.get("hybrid_override_pattern")  # Nemotron-H: M = Mamba2, * = attention, - / E = MLP only
-    if isinstance(pattern, str) and pattern:
-        if len(pattern) != num_layers:
-            raise ModelGeometryUnknown(f"{name}: hybrid_override_pattern has {len(pattern)} layers, not {num_layers}")
-        return [{"M": MAMBA, "*": FULL}.get(ch, "") for ch in pattern]
-    if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"):
-        interval = positive_int(config, "full_attention_interval", name, 4)
-        return [FULL if (i + 1) % interval == 0 else MAMBA for i in range(num_layers)]
-    if model_type in ("llama4", "llama4_text") and config.get("attention_chunk_size"):
-        # vLLM's Llama4 attention: layers with RoPE are chunked-local, every 4th (no_rope_layers 0) is global NoPE.
-        interval = config.get("no_rope_layer_interval") or 4
-        no_rope = config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
-        return [CHUNKED if no_rope[i] else FULL for i in range(num_layers)]
-    window = config.get("sliding_window")
-    if model_type in ("gemma3", "gemma3_text") and window:
-        period = positive_int(config, "sliding_window_pattern", name, 6)
-        return [FULL if (i + 1) % period == 0 else SLIDING for i in range(num_layers)]
-    if model_type in ("gemma2", "gpt_oss") and window:
-        return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
-    if window and config.get("use_sliding_window", True) is not False:
-        return [SLIDING] * num_layers  # Mistral v0.1-style: every layer keeps a window
-    return [FULL] * num_layers
-
-
-def mamba_state_bytes(config: Mapping[str, Any], tp: int, model_dtype_bytes: int, ssm_dtype_bytes: int,
-                      name: str) -> int:
+def mamba_state_bytes(shape: MambaShape, tp: int, model_dtype_bytes: int, ssm_dtype_bytes: int, name: str) -> int:
     """One layer's recurrent state on one rank (vllm/model_executor/layers/mamba/mamba_utils.py,
-    MambaStateShapeCalculator): the conv state in the model's dtype, the SSM state in the SSM dtype."""
-    model_type = str(config.get("model_type", ""))
-    if model_type.startswith(("qwen3_next", "qwen3_5")):
-        # gated_delta_net_state_shape
-        k_heads, v_heads = positive_int(config, "linear_num_key_heads", name), positive_int(config, "linear_num_value_heads", name)
-        k_dim, v_dim = positive_int(config, "linear_key_head_dim", name), positive_int(config, "linear_value_head_dim", name)
-        kernel = positive_int(config, "linear_conv_kernel_dim", name, 4)
-        conv = _split(k_dim * k_heads * 2 + v_dim * v_heads, tp, "linear-attention channels", name) * (kernel - 1)
-        ssm = _split(v_heads, tp, "linear-attention value heads", name) * v_dim * k_dim
-        return conv * model_dtype_bytes + ssm * ssm_dtype_bytes
-    if model_type in ("granitemoehybrid", "nemotron_h", "bamba", "falcon_h1"):
-        # mamba2_state_shape
-        prefix = {"nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
-                  "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv")}
-        keys = prefix.get(model_type, ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups",
-                                       "mamba_d_conv"))
-        # NemotronH configs also spell n_groups/conv_kernel the Mamba way (mamba_n_groups, mamba_d_conv)
-        aliases = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv"}
-        heads, head_dim, state, groups, kernel = (
-            positive_int(config, k if config.get(k) is not None or k not in aliases else aliases[k], name) for k in keys)
-        groups += 0 if groups % tp == 0 else tp - groups
-        intermediate = heads * head_dim
-        conv = _split(intermediate + 2 * groups * state, tp, "Mamba channels", name) * (kernel - 1)
-        ssm = _split(heads, tp, "Mamba heads", name) * head_dim * state
-        return conv * model_dtype_bytes + ssm * ssm_dtype_bytes
-    raise ModelGeometryUnknown(f"{name}: model_type {model_type!r} has recurrent layers Spillway cannot size")
+    MambaStateShapeCalculator): the conv state in the model's dtype, the temporal state in the SSM dtype."""
+    if shape.kind == "gdn":  # gated_delta_net_state_shape
+        conv = _split(shape.k_dim * shape.k_heads * 2 + shape.v_dim * shape.v_heads, tp,
+                      "linear-attention channels", name) * (shape.conv_kernel - 1)
+        ssm = _split(shape.v_heads, tp, "linear-attention value heads", name) * shape.v_dim * shape.k_dim
+    elif shape.kind == "mamba1":  # mamba1_state_shape
+        inner = _split(shape.intermediate, tp, "Mamba channels", name)
+        conv, ssm = inner * (shape.conv_kernel - 1), inner * shape.state
+    else:  # mamba2_state_shape: groups are replicated to follow their heads' shards
+        groups = shape.groups + (0 if shape.groups % tp == 0 else tp - shape.groups)
+        conv = _split(shape.intermediate + 2 * groups * shape.state, tp, "Mamba channels", name) * (shape.conv_kernel - 1)
+        ssm = _split(shape.heads, tp, "Mamba heads", name) * shape.head_dim * shape.state
+    return conv * model_dtype_bytes + ssm * ssm_dtype_bytes
 
 
-def attention_token_bytes(kind: str, kv_heads: int, head_dim: int, tp: int, dtype_bytes: int) -> int:
-    if kind == MLA:
-        return head_dim * dtype_bytes  # one latent (kv_lora_rank + qk_rope_head_dim), replicated on every rank
-    return 2 * max(1, kv_heads // tp) * head_dim * dtype_bytes
+def _facts(config: Mapping[str, Any] | ModelFacts, name: str) -> ModelFacts:
+    return config if isinstance(config, ModelFacts) else read_facts(config, name)
 
 
-MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
-
-
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's config of a multimodal wrapper (Gemma 3, Llama 4), else the config itself."""
-    inner = config.get("text_config")
-    if isinstance(inner, Mapping) and "num_hidden_layers" not in config:
-        return {**inner, "architectures": config.get("architectures"),
-                "torch_dtype": inner.get("torch_dtype") or config.get("torch_dtype")}
-    return config
-
-
-def layer_caches(config: Mapping[str, Any], tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto",
+def layer_caches(config: Mapping[str, Any] | ModelFacts, tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto",
                  name: str = "model") -> list[LayerCache]:
-    """Each decoder layer's cache on one rank, from a config.json mapping (text_config already merged)."""
-    tp = tensor_parallel_size
-    num_layers = positive_int(config, "num_hidden_layers", name)
-    heads = positive_int(config, "num_attention_heads", name)
-    model_dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    model_dtype = "bfloat16" if model_dtype == "float32" else model_dtype  # vLLM serves fp32 checkpoints in 16 bit
-    if model_dtype not in DTYPE_BYTES:
-        raise ModelGeometryUnknown(f"{name}: unsupported dtype {model_dtype!r}")
-    cache_dtype = model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+    """Each cache of each decoder layer on one rank, in vLLM's layer order."""
+    return list(_layer_caches(_facts(config, name), tensor_parallel_size, kv_cache_dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_caches(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[LayerCache, ...]:
+    name = facts.name
+    cache_dtype = facts.dtype if kv_cache_dtype == "auto" else kv_cache_dtype
     if cache_dtype not in DTYPE_BYTES or cache_dtype == "float32":
         raise InvalidSpec(f"kv cache dtype {kv_cache_dtype!r} unknown (auto, bfloat16, float16, fp8)")
     dtype_bytes = DTYPE_BYTES[cache_dtype]
-    model_type = str(config.get("model_type", ""))
-    kinds = layer_types(config, num_layers, name)
-    if model_type in MLA_MODEL_TYPES or config.get("kv_lora_rank"):
-        latent = positive_int(config, "kv_lora_rank", name) + positive_int(config, "qk_rope_head_dim", name)
-        token = attention_token_bytes(MLA, 1, latent, tp, dtype_bytes)
-        return [LayerCache(MLA, token) for _ in range(num_layers)]
-    kv_heads, head_dim = kv_heads_and_head_dim(config, heads, name)
-    if kv_heads % tp and tp % kv_heads:
-        raise InvalidSpec(f"{name}: {kv_heads} KV heads neither split over nor replicate across "
-                          f"tensor parallel size {tp}")
-    token = attention_token_bytes(FULL, kv_heads, head_dim, tp, dtype_bytes)
-    chunk = config.get("attention_chunk_size")
+    if facts.mla:
+        token = facts.head_dim * dtype_bytes  # one latent (kv_lora_rank + qk_rope_head_dim), on every rank
+    else:
+        kv_heads = facts.num_kv_heads
+        if kv_heads % tp and tp % kv_heads:
+            raise InvalidSpec(f"{name}: {kv_heads} KV heads neither split over nor replicate across "
+                              f"tensor parallel size {tp}")
+        token = max(1, kv_heads // tp) * (facts.head_dim + facts.v_head_dim) * dtype_bytes
     state = 0
-    if MAMBA in kinds:
-        # vllm/model_executor/models/config.py: a config's mamba_ssm_dtype wins; NemotronH defaults to float32
-        default = (config.get("mamba_ssm_cache_dtype") or "float32") if model_type == "nemotron_h" else model_dtype
-        ssm_dtype = str(config.get("mamba_ssm_dtype") or default)
-        state = mamba_state_bytes(config, tp, DTYPE_BYTES[model_dtype], DTYPE_BYTES.get(ssm_dtype, 4), name)
+    if facts.mamba is not None:
+        model_bytes = DTYPE_BYTES[facts.dtype]
+        state = mamba_state_bytes(facts.mamba, tp, model_bytes, DTYPE_BYTES.get(facts.ssm_dtype or facts.dtype, 4),
+                                  name)
     out = []
-    for kind in kinds:
-        if kind == SLIDING:
-            out.append(LayerCache(SLIDING, token, positive_int(config, "sliding_window", name)))
-        elif kind == CHUNKED:
-            out.append(LayerCache(CHUNKED, token, int(chunk)))
-        elif kind == MAMBA:
-            out.append(LayerCache(MAMBA, 0, None, state))
-        elif kind == FULL:
-            out.append(LayerCache(FULL, token))
-        else:
-            out.append(LayerCache(""))  # an MLP-only layer (Nemotron-H "-"): no cache
-    return out
+    for kinds in facts.kinds:
+        for kind in kinds:
+            if kind in (SLIDING, CHUNKED):
+                out.append(LayerCache(kind, token, facts.window))
+            elif kind == MAMBA:
+                out.append(LayerCache(MAMBA, 0, None, state))
+            else:
+                out.append(LayerCache(kind, token))
+            if kind == MLA and facts.indexer_bytes:
+                out.append(LayerCache(INDEXER, facts.indexer_bytes))  # uint8 keys: the cache dtype does not apply
+    return tuple(out)
 
 
-def kv_groups(config: Mapping[str, Any], release: tuple[int, int], tensor_parallel_size: int = 1,
+def clear_group_caches() -> None:
+    _layer_caches.cache_clear()
+    _kv_groups.cache_clear()
+
+
+def kv_groups(config: Mapping[str, Any] | ModelFacts, release: tuple[int, int], tensor_parallel_size: int = 1,
               block_size: int = 16, kv_cache_dtype: str = "auto", name: str = "model",
               kernel_block: int = GPU_KERNEL_BLOCK) -> KVGroups:
     """The model's KV-cache groups on `release`, or ModelGeometryUnknown with vLLM's reason."""
-    config = text_config(config)
-    layers = layer_caches(config, tensor_parallel_size, kv_cache_dtype, name)
-    groups = group_layers(layers, block_size, kernel_block, _state_chunk(config, release))
+    return _kv_groups(_facts(config, name), release, tensor_parallel_size, block_size, kv_cache_dtype, kernel_block)
+
+
+@functools.lru_cache(maxsize=256)
+def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size: int, kv_cache_dtype: str,
+               kernel_block: int) -> KVGroups:
+    layers = _layer_caches(facts, tp, kv_cache_dtype)
+    groups = group_layers(layers, block_size, kernel_block, _state_chunk(facts, release), facts.name)
     refusal = release_refusal(release, groups)
     if refusal:
-        raise ModelGeometryUnknown(f"{name}: {refusal}")
-    mla = groups[0].kind == MLA
-    kv_heads = config.get("num_key_value_heads") or config.get("num_attention_heads") or 1
-    replicated = mla or (tensor_parallel_size > 1 and kv_heads < tensor_parallel_size)
-    return KVGroups(release, groups, host_copies(release, mla, tensor_parallel_size), replicated)
+        raise ModelGeometryUnknown(f"{facts.name}: {refusal}")
+    mla = facts.mla
+    replicated = mla or (tp > 1 and facts.num_kv_heads < tp)
+    return KVGroups(release, groups, host_copies(release, mla, tp), replicated)
 
 
 # -- grouping ---------------------------------------------------------------------------------------
 
 def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: int = GPU_KERNEL_BLOCK,
-                 state_chunk: int | None = None) -> tuple[CacheGroup, ...]:
+                 state_chunk: int | None = None, name: str = "model") -> tuple[CacheGroup, ...]:
     """vLLM's grouping of per-layer caches into KV-cache groups, pages unified."""
     cached = [layer for layer in layers if layer.kind]
     if not cached:
-        raise ModelGeometryUnknown("the model has no layer with a KV cache")
+        raise ModelGeometryUnknown(f"{name}: the model has no layer with a KV cache")
     attention = [layer for layer in cached if layer.kind in ATTENTION_KINDS]
     if not attention:
-        raise ModelGeometryUnknown("a model of recurrent layers only has no attention KV to offload")
+        raise ModelGeometryUnknown(f"{name}: a model of recurrent layers only has no attention KV to offload")
     token_bytes = {layer.token_bytes for layer in attention}
     if len(token_bytes) > 1:
-        raise ModelGeometryUnknown(f"attention layers of different page sizes per token {sorted(token_bytes)}")
+        # 0.33 UniformTypeKVCacheSpecs.from_specs: every layer the same kind of attention (MLA and its indexer
+        # cache alike) with different pages: one group of them all
+        if len(cached) == len(attention) and len({_type_key(layer) for layer in cached}) == 1:
+            page = sum(block_size * layer.token_bytes for layer in cached)
+            return (CacheGroup(cached[0].kind, len(cached), page, block_size, cached[0].window, True),)
+        raise ModelGeometryUnknown(f"{name}: attention layers of different page sizes per token "
+                                   f"{sorted(token_bytes)}")
     per_token = token_bytes.pop()
     states = {layer.state_bytes for layer in cached if layer.kind == MAMBA}
     if states:
@@ -363,16 +276,21 @@ def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: in
     return tuple(groups)
 
 
+def _type_key(layer: LayerCache) -> tuple[str, int | None]:
+    kind = MLA if layer.kind == INDEXER else layer.kind  # the indexer's spec is an MLAAttentionSpec
+    return kind, layer.window
+
+
 # Mamba2 families with SupportsMambaPrefixCaching in vLLM 0.26 (vllm/model_executor/models/*.py): there, prefix
 # caching selects mamba_cache_mode "all", whose blocks are whole multiples of the Mamba chunk
 # (vllm/platforms/interface.py, _align_hybrid_block_size); 0.32 and 0.33 select "align" for every model.
 MAMBA_PREFIX_CACHING_0_26 = frozenset({"granitemoehybrid", "nemotron_h", "falcon_h1", "bamba", "zamba2"})
 
 
-def _state_chunk(config: Mapping[str, Any], release: tuple[int, int]) -> int | None:
-    if release >= (0, 32) or str(config.get("model_type", "")) not in MAMBA_PREFIX_CACHING_0_26:
+def _state_chunk(facts: ModelFacts, release: tuple[int, int]) -> int | None:
+    if release >= (0, 32) or facts.model_type not in MAMBA_PREFIX_CACHING_0_26:
         return None
-    return int(config.get("mamba_chunk_size") or config.get("chunk_size") or 2048)  # ModelConfig.get_mamba_chunk_size
+    return facts.mamba_chunk
 
 
 def host_copies(release: tuple[int, int], mla: bool, tensor_parallel_size: int) -> int:

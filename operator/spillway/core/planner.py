@@ -19,6 +19,7 @@ from allocatable memory, and the sum of the pods' limits never exceeds allocatab
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -30,9 +31,9 @@ from spillway_connector.versions import UnsupportedVLLMVersion, require_supporte
 from . import disk_tier
 from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
-from .footprint import Footprint, footprint, largest_pool, pinned_tensors
+from .footprint import MAX_PIN_CALL_BYTES, Footprint, footprint, largest_pin_call, largest_pool, pinned_tensors, pins
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
-from .groups import FULL, MAMBA, MLA, CacheGroup, KVGroups, host_copies, kv_groups
+from .groups import FULL, MAMBA, MLA, CacheGroup, KVGroups, clear_group_caches, host_copies, kv_groups
 from .options import Attention, Connector, EvictionPolicy, Layout, choices
 from .quantity import GiB, MiB, format_bytes, parse_bytes
 from .rates import interpolate_log2
@@ -40,44 +41,25 @@ from .rates import interpolate_log2
 SHM_EXTRA_BYTES = 1 * GiB
 PROCESS_RESERVE_BASE = 8 * GiB
 PROCESS_RESERVE_PER_RANK = 6 * GiB
-# Each API server beyond vLLM's first is another process: 0.6 GiB RSS measured for one
-# (bench/results/cpu-api-server-2026-12-01), reserved at 1 GiB; a model with a vision or audio tower also gets
-# its own multimodal processor cache in each (mm_processor_cache_gb, 4 GiB by default: vllm/config/multimodal.py).
+# Each API server beyond the first is another process (0.6 GiB RSS measured, reserved at 1 GiB), with its own
+# multimodal processor cache for vision/audio models (vllm/config/multimodal.py): docs/planning.md#api-servers.
 PROCESS_RESERVE_PER_EXTRA_API_SERVER = 1 * GiB
 MM_PROCESSOR_CACHE_BYTES = 4 * GiB
-MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config")
-# Hugging Face's class name for a language model with a vision or audio tower (Gemma 3, Llama 4, Qwen-VL, ...),
-# whose config the geometry keeps only the language model's part of (groups.text_config).
-MULTIMODAL_ARCHITECTURE_SUFFIX = "ForConditionalGeneration"
 NODE_RESERVE_MIN = 4 * GiB
 NODE_RESERVE_FRACTION = 0.05
 DEFAULT_MAX_MODEL_LEN = 131072  # the request length tokens_held assumes when the config names none
 SMALL_BLOCK_WARNING = 1 * MiB  # below this DMA runs well under the link's speed
 SLOW_LINK_GBPS = 10.0  # a qualified rate under this rarely beats recomputing the prefill
 ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the share
-# API servers (vLLM --api-server-count) tokenize prompts and serve HTTP beside the one engine core. At a 100%
-# CPU hit rate the engine waits on them: bench/results/h200-2026-12-01-r3/README.md (H200, 16 cores, vLLM 0.26,
-# Llama-3.1-8B, 64 GiB pool, 800 x 512-token prompts) measured 183.6K prompt tok/s with 2 API servers
-# (182.5-189.2K) and 215.4K with 4 (208.9-222.2K), both with the image's scheduler patch; unpatched, 162.6K with 4
-# against 153.1K with one (bench/results/h200-2026-12-01); patched, with 256-token chunks, 233.5K with 4 against
-# 178.0K with one (bench/results/h200-2026-12-01-r4). 0% hits were unchanged (43.9K with 4 vs 42.3-43.8K with
-# 1). So one API server per 4 cores of a replica's share (each also needs the engine core and workers beside it),
-# up to the 4 measured best on 16 cores.
+# One API server per 4 cores of a replica's share, at most the 4 measured best on 16 cores (215.4K vs 183.6K prompt
+# tok/s at 100% CPU hits): docs/planning.md#api-servers, bench/results/h200-2026-12-01-r3/README.md.
 CORES_PER_API_SERVER = 4
 MAX_API_SERVERS = 4
-# --max-num-batched-tokens is left to vLLM (8192 on an H200): 4096 and 16384 gained nothing beyond the spread at
-# 100% CPU hit (237.3K and 241.8K prompt tok/s against 269.0K, passes 205-310K) or 50% (within 3%):
-# bench/results/h200-2026-12-01-r6/README.md. A fully hit request computes one token, so the step's budget binds
-# only past 8192 requests; at 50% hit 8192 tokens is already 32 requests' misses a step.
+# --max-num-batched-tokens is left to vLLM: 4096 and 16384 gained nothing
+# (docs/planning.md#batched-tokens-vllms-default-measured).
 
-# The startup probe's budget (a probe that gives up restarts the pod into the same wait, a crash loop): the
-# download, load and CUDA graphs of a large model, plus the pool, which vLLM sets up before it serves /health.
-# On the H200 (vLLM 0.26, 64 GiB pinned) the first offload engine of a fresh machine started 38-76 s after a
-# no-offload engine of the same lease did (171-181 s against 87-133 s: `startup_s` in
-# bench/results/h200-2026-12-01*/serve_bench-call*.json), 0.84 GiB/s at the slowest; the budget allows half of
-# that, so a 1.5 TiB pool on a one-GPU node gets 61 more minutes instead of a restart at 30. vLLM 0.33, mapping
-# 64 GiB from /dev/shm, started 39-60 s after its no-offload engine (95-116 s against 56 s; 1.1-1.6 GiB/s:
-# bench/results/h200-2026-12-01-r6/serve_bench-call4.json, v33-call3.json), inside the same budget.
+# The startup probe's budget: a large model's load plus the pool, which vLLM sets up before /health, at half the
+# slowest measured rate (0.84 GiB/s): docs/planning.md#memory-of-one-replica, bench/results/h200-2026-12-01*.
 ENGINE_START_SECONDS = 1800
 POOL_SETUP_BYTES_PER_S = 0.42 * GiB
 
@@ -228,8 +210,7 @@ def process_reserve(tensor_parallel_size: int, api_servers: int = 1, multimodal:
 
 
 def is_multimodal(geometry: ModelGeometry) -> bool:
-    return (geometry.architecture.endswith(MULTIMODAL_ARCHITECTURE_SUFFIX)
-            or any(key in (geometry.config or {}) for key in MULTIMODAL_CONFIG_KEYS))
+    return geometry.facts is not None and geometry.facts.multimodal
 
 
 def node_reserve(allocatable: int) -> int:
@@ -265,6 +246,7 @@ def replica_share_bytes(node: NodeFacts, request: ServingRequest) -> int:
     return (node.allocatable_memory - node_reserve(node.allocatable_memory)) // max(1, replicas)
 
 
+@functools.lru_cache(maxsize=256)
 def _node_plan(node: NodeFacts, request: ServingRequest, multimodal: bool) -> tuple[NodePlan, EnginePlan]:
     tp = request.tensor_parallel_size
     if node.gpus < 1:
@@ -297,8 +279,8 @@ def model_groups(geometry: ModelGeometry, request: ServingRequest) -> KVGroups:
     """The model's KV-cache groups on the request's vLLM release (groups.py)."""
     release = _version_tuple(request.vllm_version)
     tp = request.tensor_parallel_size
-    if geometry.config is not None:
-        return kv_groups(geometry.config, release, tp, request.block_size, request.kv_cache_dtype, geometry.name)
+    if geometry.facts is not None:
+        return kv_groups(geometry.facts, release, tp, request.block_size, request.kv_cache_dtype, geometry.name)
     # A geometry given field by field: every layer full attention (or MLA).
     layout = kv_layout(geometry, tp, request.block_size, request.kv_cache_dtype)
     mla = geometry.attention == Attention.MLA
@@ -323,6 +305,7 @@ class _PoolShape:
         return largest_pool(self.groups.release, budget, self.chunk_bytes, self.ranks, self.tensors)
 
 
+@functools.lru_cache(maxsize=256)
 def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingRequest) -> _PoolShape:
     offload = request.offload
     block = groups.block_size
@@ -342,12 +325,13 @@ def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingReque
                       tensors, geometry.max_model_len or DEFAULT_MAX_MODEL_LEN)
 
 
+@functools.lru_cache(maxsize=256)
 def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> PoolPlan:
     kind, value = _parse_size(offload.size)
     budget = node.share_bytes - node.fixed_bytes  # what the pool's footprint may cost
     chunk = shape.chunk_bytes
     if kind == "auto":
-        chunks = shape.largest(budget)
+        chunks = node.max_pool_bytes // chunk  # the node's largest pool: searched once, in plan()
     elif kind == "fraction":
         # The pod (pool footprint + process) takes this fraction of the replica's share.
         room = int(value * node.share_bytes) - node.fixed_bytes
@@ -361,9 +345,17 @@ def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> Po
         chunks = shape.largest(room)
     else:
         chunks = int(value) // chunk
+        release = shape.groups.release
+        if not pins(release, chunks * chunk, shape.ranks, shape.tensors):
+            call = largest_pin_call(release, chunks * chunk, shape.ranks, shape.tensors)
+            raise PoolDoesNotFit(
+                f"offload size {offload.size} needs one pinned allocation of {format_bytes(call)} per rank on vLLM "
+                f"{release[0]}.{release[1]}, which registers each pool tensor in one call; a registration of "
+                f"{format_bytes(MAX_PIN_CALL_BYTES)} or more fails (vllm#51080, fixed by chunked registration in "
+                f"vLLM 0.32): ask for less, more tensor-parallel ranks, or vLLM 0.32+")
         cost = shape.footprint(chunks)
         if cost.charged_bytes > budget:
-            largest = shape.largest(budget) * chunk
+            largest = node.max_pool_bytes
             raise PoolDoesNotFit(
                 f"offload size {offload.size} costs {format_bytes(cost.charged_bytes)} of host memory ({cost.rule}) "
                 f"plus {format_bytes(node.fixed_bytes)} for the vLLM process, but one replica's share of node "
@@ -385,11 +377,14 @@ def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> Po
                     str(offload.size), cost.charged_bytes, cost.shm_bytes, cost.rule, f"{release[0]}.{release[1]}")
 
 
+_CHOICES = {kind: choices(kind) for kind in (EvictionPolicy, Layout, Connector)}
+
+
 def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
     for what, value, kind in (("eviction policy", offload.eviction_policy, EvictionPolicy),
                               ("layout", offload.layout, Layout), ("connector", offload.connector, Connector)):
-        if value not in choices(kind):
-            raise InvalidSpec(f"{what} must be one of {', '.join(choices(kind))}, got {value!r}")
+        if value not in _CHOICES[kind]:
+            raise InvalidSpec(f"{what} must be one of {', '.join(_CHOICES[kind])}, got {value!r}")
     chunk = offload.offload_block_size
     if block_size < 1:
         raise InvalidSpec(f"block size must be >= 1 token, got {block_size}")
@@ -402,6 +397,17 @@ def _validate_offload(offload: OffloadRequest, block_size: int) -> None:
 
 def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None,
                 disk: disk_tier.DiskTierPlan | None = None) -> list[str]:
+    return list(_engine_args(layout, offload, pool, disk))
+
+
+@functools.lru_cache(maxsize=256)
+def _engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None,
+                 disk: disk_tier.DiskTierPlan | None) -> tuple[str, ...]:
+    return tuple(_build_engine_args(layout, offload, pool, disk))
+
+
+def _build_engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None,
+                       disk: disk_tier.DiskTierPlan | None) -> list[str]:
     args = [api.FLAG_TENSOR_PARALLEL_SIZE, str(layout.tensor_parallel_size), api.FLAG_BLOCK_SIZE, str(layout.block_size)]
     if layout.kv_cache_dtype != layout.geometry.dtype:
         args += [api.FLAG_KV_CACHE_DTYPE, layout.kv_cache_dtype]
@@ -411,9 +417,7 @@ def engine_args(layout: KVLayout, offload: OffloadRequest, pool: PoolPlan | None
     if offload.connector == Connector.NATIVE and simple_native and disk is None:
         return args + [api.FLAG_KV_OFFLOADING_BACKEND, api.NATIVE_BACKEND, api.FLAG_KV_OFFLOADING_SIZE, repr(pool.gib)]
     connector = api.SPILLWAY_CONNECTOR if offload.connector == Connector.SPILLWAY else api.OFFLOADING_CONNECTOR
-    # Every hit is loaded, however short: with CUDA graphs a from-CPU first token beat recompute from 512 tokens up
-    # on vLLM 0.33 (1.11x; 1K 1.56x), and 0.33's sync_load_budget_bytes stayed within that spread, so neither it nor
-    # the connector's recompute floor is set (bench/results/h200-2026-12-01-r7/README.md, docs/planning.md).
+    # Every hit is loaded, however short: no recompute floor (docs/planning.md#short-prompts-loaded-measured).
     config = api.kv_transfer_config(pool.bytes, offload.eviction_policy, connector=connector,
                                     offload_block_size=offload.offload_block_size,
                                     extra=disk_tier.extra_config(disk) if disk is not None else None)
@@ -448,8 +452,17 @@ def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | N
     return out
 
 
+def clear_caches() -> None:
+    """Forget every memoized step (the benchmark's cold plans; nothing else needs it: each step is pure)."""
+    for step in (_node_plan, _pool_shape, _pool_plan, _pod_plan, _engine_args, api_servers, kv_layout,
+                 clear_group_caches):
+        getattr(step, "cache_clear", step)()
+
+
 def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), node: NodeFacts | None = None) -> Plan:
-    """Plan one replica of `geometry` on `node` (geometry only when node is None)."""
+    """Plan one replica of `geometry` on `node` (geometry only when node is None). Its steps are pure and
+    memoized: the operator re-plans an unchanged spec on every reconcile, and no search runs twice on the same
+    inputs."""
     _validate_offload(request.offload, request.block_size)
     disk_tier.check_request(request.offload.disk, request.offload.enabled, request.offload.connector,
                             _version_tuple(request.vllm_version))
@@ -485,6 +498,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine, disk)
 
 
+@functools.lru_cache(maxsize=256)
 def api_servers(cpu_millis: int | None, replicas_per_node: int, node_name: str = "the node") -> EnginePlan:
     """How many API servers one replica runs on its share of the node's CPU (CORES_PER_API_SERVER)."""
     if cpu_millis is None:
@@ -518,6 +532,7 @@ def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
     return replace(p, args=args + api_server_args(engine), engine=engine, pod=pod)
 
 
+@functools.lru_cache(maxsize=256)
 def _pod_plan(pool: PoolPlan | None, reserve: int, gpus: int) -> PodPlan:
     """The pod around a pool: Guaranteed memory for the pool's footprint, /dev/shm's extra and the process."""
     footprint = pool.footprint_bytes if pool else 0
@@ -556,6 +571,7 @@ def _transfer_plan(layout: KVLayout, request: ServingRequest, node: NodeFacts | 
     return TransferPlan(gbps, unit, layout.block_bytes / rate * 1e6, rate * layout.block_size / layout.block_bytes)
 
 
+@functools.lru_cache(maxsize=64)
 def _version_tuple(version: str) -> tuple[int, int]:
     try:
         return require_supported(version)

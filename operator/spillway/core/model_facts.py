@@ -1,0 +1,315 @@
+"""The one reading of a model's config.json: what the geometry and the KV-cache groups both follow from.
+
+vLLM decides each decoder layer's KV cache from its config the way its model code reads it: the attention
+geometry as vllm/transformers_utils/model_arch_config_convertor.py derives it (head size, KV heads and their
+aliases), each layer's kind from `layer_types` and the patterns models carry instead (sliding-window periods,
+Jamba's attention period and offset, Nemotron-H's override pattern, Falcon-H1's attention and Mamba in every
+layer), MLA latents and DeepSeek-V3.2's indexer cache, and the recurrent state of Mamba and linear-attention
+layers. `read_facts` does that reading once; everything else works on the frozen, hashable result.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ModelGeometryUnknown
+
+FULL = "full_attention"
+SLIDING = "sliding_window"
+CHUNKED = "chunked_local"
+MAMBA = "mamba"
+MLA = "mla"
+INDEXER = "indexer"  # DeepSeek-V3.2's sparse-attention indexer keys: an MLA-shaped cache of uint8
+NONE = ""  # a layer without a cache (an MLP-only layer)
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1, "fp8_e4m3": 1,
+               "fp8_e5m2": 1}
+# vllm/transformers_utils/config.py CONFIG_FIELD_ALIASES["total_num_kv_heads"], in vLLM's order of lookup.
+KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
+LAYER_TYPE_KINDS = {
+    "full_attention": FULL, "attention": FULL, "global": FULL, "global_attention": FULL, "full": FULL,
+    "sliding_attention": SLIDING, "sliding_window": SLIDING, "local": SLIDING, "local_attention": SLIDING,
+    "chunked_attention": CHUNKED,
+    "linear_attention": MAMBA, "mamba": MAMBA, "mamba2": MAMBA,
+}
+# vllm/model_executor/models/commandr.py, cohere2_moe.py: Cohere's sliding layers see [pos - window, pos], so vLLM
+# passes sliding_window + 1.
+WINDOW_OFFSET = {"cohere2": 1, "cohere2_moe": 1}
+# Multimodal wrappers keep the language model's config under one of these keys (vLLM's hf_text_config;
+# "llm_config": vllm/transformers_utils/config.py _CONFIG_ATTRS_MAPPING).
+TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
+MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config", "vision_tower_config", "visual")
+# vllm/transformers_utils/model_arch_config_convertor.py is_deepseek_mla: the model types whose kv_lora_rank is an
+# MLA latent (MiniCPM3 also has one, but vLLM gives it full attention)
+MLA_MODEL_TYPES = frozenset({
+    "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v41", "dots3_note", "deepseek_mtp",
+    "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2",
+    "kimi_linear", "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid",
+    "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp",
+})
+# Transformers configs keep their own names in config.json; their attribute_map gives vLLM the standard ones.
+ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_attention_heads": ("n_head",),
+           "hidden_size": ("n_embd", "d_model"), "max_position_embeddings": ("n_positions", "max_sequence_length")}
+# Model types whose vLLM model code builds caches the config fields above do not describe; refused by name until
+# the planner models them (each reason says what vLLM does differently).
+UNMODELLED = {
+    "gemma4": "global layers of another head size than the sliding ones (global_head_dim)",
+    "gemma4_text": "global layers of another head size than the sliding ones (global_head_dim)",
+    "hy_v4": "MLA on some layers only, with a compressed-attention schedule",
+    "deepseek_v4": "compressed sparse attention (compress_ratios)",
+    "iquest_loopcoder": "a full and a sliding-window cache in every layer (loop attention)",
+    "zamba2": "shared attention blocks between Mamba layers (layers_block_type 'hybrid')",
+    "minicpm3": "full attention over K of qk_nope + qk_rope and V padded to it",
+}
+
+
+@dataclass(frozen=True)
+class MambaShape:
+    """One recurrent layer's state, before tensor parallelism (vllm/model_executor/layers/mamba/mamba_utils.py
+    MambaStateShapeCalculator): `kind` names the calculator, the numbers are its arguments."""
+
+    kind: str  # "mamba1", "mamba2", "gdn"
+    intermediate: int = 0
+    groups: int = 0
+    heads: int = 0
+    head_dim: int = 0
+    state: int = 0
+    conv_kernel: int = 0
+    k_heads: int = 0
+    v_heads: int = 0
+    k_dim: int = 0
+    v_dim: int = 0
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    name: str
+    architecture: str
+    model_type: str
+    dtype: str  # the dtype vLLM serves the model in ("auto": 16 bit for float32 checkpoints)
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int  # standard attention; MLA: 1 (the latent)
+    head_dim: int  # standard: K head size; MLA: kv_lora_rank + qk_rope_head_dim
+    v_head_dim: int
+    mla: bool
+    kinds: tuple[tuple[str, ...], ...]  # per decoder layer, each cache it keeps (Falcon-H1: attention and Mamba)
+    window: int | None  # sliding window / attention chunk, in tokens, as vLLM passes it
+    indexer_bytes: int  # DeepSeek-V3.2: bytes per token of one layer's indexer cache (0: none)
+    mamba: MambaShape | None
+    ssm_dtype: str | None  # the Mamba temporal state's dtype when the config names one
+    mamba_chunk: int  # ModelConfig.get_mamba_chunk_size (0.26 aligns hybrid blocks to it)
+    max_model_len: int | None
+    multimodal: bool
+
+    def __hash__(self) -> int:
+        # hashed once: the planner's memoized steps key on the facts, whose per-layer tuple is long
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    @property
+    def attention_layers(self) -> int:
+        return sum(1 for kinds in self.kinds if any(k in (FULL, SLIDING, CHUNKED, MLA) for k in kinds))
+
+
+def _int(config: Mapping[str, Any], key: str, name: str, default: int | None = None) -> int:
+    value = config.get(key)
+    value = default if value is None else value
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelGeometryUnknown(f"{name}: config.json field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _first(config: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    return next((config[k] for k in keys if config.get(k) is not None), None)
+
+
+def text_config(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
+    """The language model's config of a multimodal wrapper (nested as Qwen2.5-Omni's thinker's is), with the
+    wrapper's architectures and dtype, and whether the config describes a multimodal model."""
+    multimodal = any(key in config for key in MULTIMODAL_CONFIG_KEYS)
+    for key in TEXT_CONFIG_KEYS:
+        inner = config.get(key)
+        if isinstance(inner, Mapping) and inner and "num_hidden_layers" not in config:
+            merged = {**inner, "architectures": config.get("architectures")}
+            if config.get("mamba_ssm_dtype") is not None:  # the state dtype a user sets on the whole model
+                merged["mamba_ssm_dtype"] = config["mamba_ssm_dtype"]
+            if merged.get("dtype") is None and merged.get("torch_dtype") is None:
+                merged["dtype"] = config.get("dtype") or config.get("torch_dtype")
+            deeper, _ = text_config(merged)
+            return deeper, True
+    return _aliased(config), multimodal
+
+
+def _aliased(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    missing = {key: _first(config, names) for key, names in ALIASES.items() if config.get(key) is None}
+    found = {key: value for key, value in missing.items() if value is not None}
+    return {**config, **found} if found else config
+
+
+def _dtype(config: Mapping[str, Any], name: str) -> str:
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16").removeprefix("torch.")
+    if dtype not in DTYPE_BYTES or dtype.startswith("fp8"):
+        raise ModelGeometryUnknown(f"{name}: unsupported dtype {dtype!r}")
+    # vLLM's dtype "auto" serves float32 checkpoints in 16 bit (vllm/config/model.py _get_and_verify_dtype)
+    return {"float32": "bfloat16", "float": "bfloat16", "half": "float16"}.get(dtype, dtype)
+
+
+def _attention_geometry(config: Mapping[str, Any], heads: int, name: str) -> tuple[int, int]:
+    kv = _first(config, KV_HEAD_KEYS)
+    if config.get("multi_query") and not config.get("new_decoder_architecture"):  # Falcon-7B: one KV head
+        kv = 1
+    if kv is None:
+        kv = heads
+    if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
+        raise ModelGeometryUnknown(f"{name}: KV heads must be a positive integer, got {kv!r} "
+                                   f"(config.json {', '.join(KV_HEAD_KEYS)})")
+    head_dim = config.get("head_dim")
+    if head_dim is None or head_dim == 0:
+        head_dim = config.get("hidden_size_per_head")
+    if head_dim is None:
+        hidden = _int(config, "hidden_size", name)
+        if hidden % heads:
+            raise ModelGeometryUnknown(f"{name}: hidden_size {hidden} is not a multiple of {heads} heads")
+        head_dim = hidden // heads
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
+        raise ModelGeometryUnknown(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
+    return kv, head_dim
+
+
+def _listed_kinds(config: Mapping[str, Any], num_layers: int, name: str) -> list[str] | None:
+    for key in ("layer_types", "layers_block_type", "layer_type"):
+        listed = config.get(key)
+        if isinstance(listed, list) and listed:
+            if len(listed) < num_layers:
+                raise ModelGeometryUnknown(f"{name}: {key} has {len(listed)} entries for {num_layers} layers")
+            unknown = sorted({str(t) for t in listed[:num_layers] if str(t) not in LAYER_TYPE_KINDS})
+            if unknown:
+                raise ModelGeometryUnknown(f"{name}: {key} {unknown} are not layer kinds Spillway can size")
+            return [LAYER_TYPE_KINDS[str(t)] for t in listed[:num_layers]]
+    pattern = config.get("hybrid_override_pattern")  # Nemotron-H: M = Mamba2, * = attention, - / E = MLP only
+    if isinstance(pattern, str) and pattern:
+        if len(pattern) != num_layers:
+            raise ModelGeometryUnknown(f"{name}: hybrid_override_pattern has {len(pattern)} layers, not {num_layers}")
+        return [{"M": MAMBA, "*": FULL}.get(ch, NONE) for ch in pattern]
+    return None
+
+
+def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, name: str) -> list[tuple[str, ...]]:
+    if model_type == "falcon_h1":  # vllm/model_executor/models/falcon_h1.py: attention and Mamba2 side by side
+        return [(FULL, MAMBA)] * num_layers
+    if model_type == "jamba":  # vllm/model_executor/models/jamba.py: attention where i % period == offset
+        period, offset = _int(config, "attn_layer_period", name, 8), config.get("attn_layer_offset", 4)
+        return [(FULL,) if i % period == offset else (MAMBA,) for i in range(num_layers)]
+    if model_type in ("mamba", "mamba2"):
+        return [(MAMBA,)] * num_layers
+    listed = _listed_kinds(config, num_layers, name)
+    if listed is not None:
+        return [(kind,) if kind else () for kind in listed]
+    if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"):
+        interval = _int(config, "full_attention_interval", name, 4)
+        return [(FULL,) if (i + 1) % interval == 0 else (MAMBA,) for i in range(num_layers)]
+    if model_type in ("llama4", "llama4_text") and config.get("attention_chunk_size"):
+        # vLLM's Llama4 attention: layers with RoPE are chunked-local, every 4th (no_rope_layers 0) is global NoPE.
+        interval = config.get("no_rope_layer_interval") or 4
+        no_rope = config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
+        return [(CHUNKED,) if no_rope[i] else (FULL,) for i in range(num_layers)]
+    window = config.get("sliding_window")
+    if window is not None and config.get("sliding_window_pattern") and model_type.startswith(("gemma3", "cohere2")):
+        _int(config, "sliding_window", name)  # a pattern of windows of no tokens is no geometry
+        period = _int(config, "sliding_window_pattern", name)
+        return [(FULL,) if (i + 1) % period == 0 else (SLIDING,) for i in range(num_layers)]
+    if model_type in ("gemma2", "gpt_oss") and window:
+        return [(SLIDING,) if i % 2 == 0 else (FULL,) for i in range(num_layers)]
+    if window and config.get("use_sliding_window", True) is not False:
+        return [(SLIDING,)] * num_layers  # Mistral v0.1-style: every layer keeps a window
+    return [(FULL,)] * num_layers
+
+
+def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> MambaShape:
+    def get(*keys: str, default: int | None = None) -> int:
+        value = _first(config, keys)
+        return _int({"v": value}, "v", name, default) if value is not None or default else _int(config, keys[0], name)
+
+    hidden = config.get("hidden_size") or 0
+    if model_type.startswith(("qwen3_next", "qwen3_5")):
+        return MambaShape("gdn", conv_kernel=get("linear_conv_kernel_dim", default=4),
+                          k_heads=get("linear_num_key_heads"), v_heads=get("linear_num_value_heads"),
+                          k_dim=get("linear_key_head_dim"), v_dim=get("linear_value_head_dim"))
+    if model_type in ("jamba", "mamba"):
+        intermediate = config.get("intermediate_size") if model_type == "mamba" else None
+        intermediate = intermediate or get("mamba_expand", default=2) * hidden
+        return MambaShape("mamba1", intermediate=intermediate, state=get("mamba_d_state", "state_size", default=16),
+                          conv_kernel=get("mamba_d_conv", "conv_kernel", default=4))
+    if model_type in ("granitemoehybrid", "nemotron_h", "bamba", "falcon_h1", "mamba2", "zamba2"):
+        heads = get("mamba_n_heads", "mamba_num_heads", "n_mamba_heads", "num_heads")
+        head_dim = get("mamba_d_head", "mamba_head_dim", "mamba_headdim", "head_dim")
+        intermediate = heads * head_dim
+        if model_type == "falcon_h1" and config.get("mamba_d_ssm"):
+            intermediate = config["mamba_d_ssm"]
+        return MambaShape("mamba2", intermediate=intermediate, heads=heads, head_dim=head_dim,
+                          groups=get("mamba_n_groups", "n_groups", "mamba_ngroups"),
+                          state=get("mamba_d_state", "ssm_state_size", "state_size"),
+                          conv_kernel=get("mamba_d_conv", "conv_kernel"))
+    raise ModelGeometryUnknown(f"{name}: model_type {model_type!r} has recurrent layers whose state Spillway does "
+                               "not model")
+
+
+def _mla(config: Mapping[str, Any], model_type: str) -> bool:
+    return model_type in MLA_MODEL_TYPES and config.get("kv_lora_rank") is not None
+
+
+def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
+    """The facts of a config.json mapping, or ModelGeometryUnknown saying what is missing or impossible."""
+    if not isinstance(config, Mapping):
+        raise ModelGeometryUnknown(f"{name}: config.json must be a JSON object")
+    architectures = config.get("architectures") or []
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
+    if architecture is None:
+        raise ModelGeometryUnknown(f"{name}: config.json has no 'architectures' entry")
+    if not isinstance(architecture, str):
+        raise ModelGeometryUnknown(f"{name}: config.json 'architectures' must list class names (strings), "
+                                   f"got {architectures!r}"[:300])
+    text, multimodal = text_config(config)
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    if model_type in UNMODELLED:
+        raise ModelGeometryUnknown(f"{name}: model_type {model_type!r} keeps a cache Spillway does not model yet: "
+                                   f"{UNMODELLED[model_type]}")
+    num_layers = _int(text, "num_hidden_layers", name)
+    dtype = _dtype(text, name)
+    kinds = _layer_kinds(text, model_type, num_layers, name)
+    flat = {kind for layer in kinds for kind in layer}
+    mla = _mla(text, model_type)
+    attention = flat & {FULL, SLIDING, CHUNKED}
+    heads = _int(text, "num_attention_heads", name) if attention or mla else (text.get("num_attention_heads") or 1)
+    kv_heads, head_dim, v_head_dim = 1, 0, 0
+    if mla:
+        head_dim = _int(text, "kv_lora_rank", name) + _int(text, "qk_rope_head_dim", name)
+        kinds = [tuple(MLA if k == FULL else k for k in layer) for layer in kinds]
+    elif attention:
+        kv_heads, head_dim = _attention_geometry(text, heads, name)
+        v_head_dim = head_dim
+    window = None
+    if SLIDING in flat:
+        window = _int(text, "sliding_window", name) + WINDOW_OFFSET.get(model_type, 0)
+    elif CHUNKED in flat:
+        window = _int(text, "attention_chunk_size", name)
+    indexer = 0
+    if mla and text.get("index_head_dim"):
+        # vllm/model_executor/models/deepseek_v2.py DeepseekV32IndexerCache: fp8 keys plus a 4-byte scale per
+        # 128-element quantization block, stored as uint8
+        index_dim = _int(text, "index_head_dim", name)
+        indexer = index_dim + index_dim // 128 * 4
+    mamba = _mamba_shape(text, model_type, name) if MAMBA in flat else None
+    ssm_dtype = text.get("mamba_ssm_dtype") or text.get("mamba_ssm_cache_dtype")
+    if ssm_dtype is None and model_type == "nemotron_h":
+        ssm_dtype = "float32"  # vllm/model_executor/models/config.py: NemotronH keeps its SSM state in float32
+    max_len = text.get("max_position_embeddings")
+    chunk = int(text.get("mamba_chunk_size") or text.get("chunk_size") or 2048)
+    return ModelFacts(name, architecture, model_type, dtype, num_layers, heads, kv_heads, head_dim, v_head_dim,
+                      mla, tuple(kinds), window, indexer, mamba, str(ssm_dtype) if ssm_dtype else None, chunk,
+                      max_len if isinstance(max_len, int) and max_len > 0 else None, multimodal)

