@@ -68,12 +68,14 @@ $(VLLM_SRC)/%/vllm/__init__.py: | $(STAMP)
 vllm-src: $(VLLM_SRC_STAMPS)
 
 TEST_ENV := PATH=$(CURDIR)/$(BIN):$$PATH SPILLWAY_VLLM_TREES=$${SPILLWAY_VLLM_TREES:-$(SPILLWAY_VLLM_TREES)}
+# The 30 slowest tests and fixtures, so the suite's cost is read off every run (CI's budget is 30 min).
+PYTEST_DURATIONS := --durations=30
 
 test: setup vllm-src
-	$(TEST_ENV) $(BIN)/python -m pytest tests
+	$(TEST_ENV) $(BIN)/python -m pytest tests $(PYTEST_DURATIONS)
 
 test-fast: setup vllm-src
-	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not engine"
+	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not engine" $(PYTEST_DURATIONS)
 
 bench: setup
 	@for script in bench/*.py; do echo "== $$script"; PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$script || exit 1; echo; done

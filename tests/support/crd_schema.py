@@ -40,6 +40,13 @@ def _strict(schema: Any) -> Any:
     return out
 
 
+def spec_schema() -> dict[str, Any]:
+    """The ModelServer's spec as strict JSON Schema (a generator's input), `model` not required."""
+    schema = copy.deepcopy(_strict(version_schema())["properties"]["spec"])
+    schema.pop("required", None)
+    return schema
+
+
 def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
     """Structural defaulting: a missing property with a default gets it, recursively."""
     if isinstance(value, dict) and schema.get("type") == "object":

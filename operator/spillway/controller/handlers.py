@@ -39,6 +39,7 @@ from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
 from .routing_objects import host_tier_credit, router_name, routing_object_keys
 from .routing_status import REASON_NOT_ROUTED, REASON_PRUNE_FORBIDDEN, ROUTED, routing_status
+from .settings import OperatorSettings
 from .spec import ModelServerSpec, parse_spec
 from .status import error_line, status_plan
 
@@ -46,8 +47,9 @@ GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
 # A referenced ConfigMap may appear later; API errors are retried too.
 # API answers that refuse the object itself (invalid, malformed): retrying cannot help.
 API_REFUSALS = (400, 422)
-RETRY_SECONDS = float(os.environ.get(names.ENV_RETRY_SECONDS) or 30)
-ROUTER_IMAGE = os.environ.get(names.ENV_ROUTER_IMAGE) or names.DEFAULT_ROUTER_IMAGE  # the chart's routerImage
+# Read once, when kopf imports this module at start; everything below takes its settings from here.
+SETTINGS = OperatorSettings.from_environ(os.environ)
+RETRY_SECONDS = SETTINGS.retry_seconds
 
 _kube: Kube | None = None
 _locks: dict[tuple[str, str], threading.Lock] = {}
@@ -83,8 +85,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # access to Namespaces or CRDs, which kopf would otherwise retry for a minute before falling back.
     settings.scanning.disabled = True
     kube()
-    if os.environ.get(names.ENV_METRICS_PORT):
-        metrics.serve(int(os.environ[names.ENV_METRICS_PORT]))
+    if SETTINGS.metrics_port is not None:
+        metrics.serve(SETTINGS.metrics_port)
 
 
 # -- facts kept in memory --------------------------------------------------------------------------------
@@ -156,7 +158,7 @@ def _config_map_reader(namespace: str):
 
 
 def _hub_fetcher(namespace: str, spec: ModelServerSpec) -> HubFetcher | None:
-    if os.environ.get(names.ENV_ALLOW_HUB_FETCH, "").lower() != "true":
+    if not SETTINGS.allow_hub_fetch:
         return None
 
     def fetch(model: str, revision: str | None) -> dict[str, Any]:
@@ -181,7 +183,7 @@ def _hub_fetcher(namespace: str, spec: ModelServerSpec) -> HubFetcher | None:
 
 
 def _pod_monitors_wanted() -> bool:
-    if os.environ.get(names.ENV_POD_MONITORS, "auto").lower() == "false":
+    if not SETTINGS.pod_monitors:
         return False
     return kube().serves(names.PODMONITOR_GROUP, names.PODMONITOR_VERSION, names.PODMONITOR_PLURAL)
 
@@ -223,7 +225,7 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
             raise spec
         assert eligible is not None
         result: Desired | None = desired_for(body, spec, eligible, _config_map_reader(namespace),
-                                             _hub_fetcher(namespace, spec), _pod_monitors_wanted(), ROUTER_IMAGE)
+                                             _hub_fetcher(namespace, spec), _pod_monitors_wanted(), SETTINGS.router_image)
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
             taken = kube().conflict(obj)
             if taken is not None:

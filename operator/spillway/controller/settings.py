@@ -1,0 +1,47 @@
+"""The operator's settings: the environment the chart gives its pod, read once at start (handlers.py) and
+passed down, so that nothing below reads the environment and `spillway render` depends on its inputs only."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..core import k8s_names as names
+from ..core.errors import SpillwayError
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    retry_seconds: float = 30.0  # before retrying API errors and a ModelServer's missing ConfigMap
+    metrics_port: int | None = None  # the operator's own /metrics; None: not served
+    allow_hub_fetch: bool = False  # fetch config.json of a model id the catalog lacks from the hub
+    pod_monitors: bool = True  # render PodMonitors when the cluster serves them (False: never)
+    router_image: str = names.DEFAULT_ROUTER_IMAGE  # the kv-aware router's image unless spec.routing names one
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> OperatorSettings:
+        """The settings of these variables (unset or empty: the default); a bad value is one line naming it."""
+        def value(name: str) -> str | None:
+            return environ.get(name) or None
+
+        retry = value(names.ENV_RETRY_SECONDS)
+        port = value(names.ENV_METRICS_PORT)
+        pod_monitors = (value(names.ENV_POD_MONITORS) or "auto").lower()
+        if pod_monitors not in ("auto", "false"):
+            raise SpillwayError(f"{names.ENV_POD_MONITORS}={pod_monitors!r}: auto or false")
+        return cls(
+            retry_seconds=_number(names.ENV_RETRY_SECONDS, retry, float) if retry else cls.retry_seconds,
+            metrics_port=_number(names.ENV_METRICS_PORT, port, int) if port else None,
+            allow_hub_fetch=(value(names.ENV_ALLOW_HUB_FETCH) or "").lower() == "true",
+            pod_monitors=pod_monitors == "auto",
+            router_image=value(names.ENV_ROUTER_IMAGE) or cls.router_image,
+        )
+
+
+def _number(name: str, text: str, kind: type) -> float | int:
+    try:
+        number = kind(text)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise SpillwayError(f"{name}={text!r}: a non-negative {'integer' if kind is int else 'number'}")
+    return number

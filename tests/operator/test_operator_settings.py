@@ -1,0 +1,33 @@
+"""The operator's settings from its pod's environment: defaults, the chart's values, one line for a bad value."""
+from __future__ import annotations
+
+import pytest
+from spillway.controller.settings import OperatorSettings
+from spillway.core import k8s_names as names
+from spillway.core.errors import SpillwayError
+
+
+def test_an_empty_environment_gives_the_defaults():
+    settings = OperatorSettings.from_environ({})
+    assert settings == OperatorSettings()
+    assert (settings.retry_seconds, settings.metrics_port, settings.allow_hub_fetch, settings.pod_monitors,
+            settings.router_image) == (30.0, None, False, True, names.DEFAULT_ROUTER_IMAGE)
+
+
+def test_each_variable_sets_its_field():
+    settings = OperatorSettings.from_environ({
+        names.ENV_RETRY_SECONDS: "1.5", names.ENV_METRICS_PORT: "8080", names.ENV_ALLOW_HUB_FETCH: "TRUE",
+        names.ENV_POD_MONITORS: "false", names.ENV_ROUTER_IMAGE: "registry.example/router:1"})
+    assert settings == OperatorSettings(retry_seconds=1.5, metrics_port=8080, allow_hub_fetch=True,
+                                        pod_monitors=False, router_image="registry.example/router:1")
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    (names.ENV_RETRY_SECONDS, "soon"), (names.ENV_RETRY_SECONDS, "-1"), (names.ENV_METRICS_PORT, "80.5"),
+    (names.ENV_POD_MONITORS, "yes"),
+])
+def test_a_bad_value_is_one_line_naming_the_variable(name, value):
+    with pytest.raises(SpillwayError) as caught:
+        OperatorSettings.from_environ({name: value})
+    message = str(caught.value)
+    assert message.startswith(f"{name}=") and "\n" not in message
