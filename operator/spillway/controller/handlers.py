@@ -37,6 +37,7 @@ from . import conditions as cond
 from . import metrics
 from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
+from .replan import Replanner
 from .routing_objects import host_tier_credit, router_name, routing_object_keys
 from .routing_status import REASON_NOT_ROUTED, REASON_PRUNE_FORBIDDEN, ROUTED, routing_status
 from .spec import ModelServerSpec, parse_spec
@@ -119,30 +120,32 @@ def _parsed(spec: Any) -> ModelServerSpec | SpillwayError:
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, logger: logging.Logger, **_: Any) -> None:
-    nodes = _all_nodes(gpu_nodes)
-    metrics.publish_nodes(nodes)
-    for (namespace, name), store in list(modelservers.items()):
-        for entry in store:
-            try:
-                _trigger_replan(namespace, name, entry, nodes, logger)
-            except Exception as exc:  # noqa: BLE001 - one ModelServer's failure never stops the others' re-plans
-                logger.error(f"re-plan trigger of {namespace}/{name} failed: {type(exc).__name__}: {exc}")
+async def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, **_: Any) -> None:
+    """Runs in kopf's event loop, where the indexes change: a snapshot, handed to the one re-plan worker."""
+    nodes = tuple(_all_nodes(gpu_nodes))
+    metrics.publish_nodes(list(nodes))
+    _replanner.offer(nodes, {key: entry for key, store in modelservers.items() for entry in store})
 
 
-def _trigger_replan(namespace: str, name: str, entry: Mapping[str, Any], nodes: list[NodeSummary],
-                    logger: logging.Logger) -> None:
-    spec = entry["spec"]
-    fingerprint = eligibility(nodes, spec).fingerprint if isinstance(spec, ModelServerSpec) else None
-    if fingerprint is None or fingerprint in (entry["fingerprint"], entry["trigger"]):
-        return
-    logger.info(f"eligible GPU nodes of {namespace}/{name} changed: re-planning")
-    try:
-        kube().merge_patch(_ms_path(namespace, name),
-                           {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
+def _replan_now(namespace: str, name: str, fingerprint: str, nodes: tuple[NodeSummary, ...]) -> None:
+    """A node-driven re-plan: the ModelServer as it is now, for the nodes of the change. On an API error the
+    trigger annotation hands the re-plan to kopf, which retries it."""
+    with _lock(namespace, name):
+        try:
+            ms = kube().get(_ms_path(namespace, name))
+            if ms is None or (ms.get("metadata") or {}).get("deletionTimestamp"):
+                return
+            if (ms.get("status") or {}).get("nodesFingerprint") == fingerprint:
+                return  # a reconcile since the change already planned for these nodes
+            reconcile(ms, list(nodes), _replan_log)
+        except ApiError as exc:
+            _replan_log.warning(f"re-plan of {namespace}/{name} failed ({exc}): handing it to the retrying handler")
+            kube().merge_patch(_ms_path(namespace, name),
+                               {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
+
+
+_replan_log = logging.getLogger("kopf.objects.replan")
+_replanner = Replanner(_replan_now, _replan_log)
 
 
 # -- reconcile -------------------------------------------------------------------------------------------
