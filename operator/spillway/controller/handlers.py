@@ -34,7 +34,7 @@ from ..core.errors import (
     SpillwayError,
 )
 from . import conditions as cond
-from . import metrics
+from . import drift, metrics
 from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
 from .replan import Replanner
@@ -50,6 +50,8 @@ API_REFUSALS = (400, 422)
 RETRY_SECONDS = float(os.environ.get(names.ENV_RETRY_SECONDS) or 30)
 
 _kube: Kube | None = None
+# The owned fields of each vLLM Deployment as last applied (drift.py): a Deployment event that differs is a hand edit.
+_applied_owned: dict[tuple[str, str], dict[str, Any]] = {}
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -252,6 +254,8 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
                 if obj["kind"] == "Deployment" and generation is not None:
                     obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(generation)
                 outcome = kube().apply(obj)
+                if obj["kind"] == "Deployment":
+                    outcome = _own_deployment(obj, outcome, logger)
                 if outcome != "unchanged":
                     _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
                     logger.info(f"{outcome} {obj['kind']} {namespace}/{obj['metadata']['name']}")
@@ -283,6 +287,21 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
     _write_status(namespace, name, status, update)
     if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(spec):
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
+
+
+def _own_deployment(obj: dict[str, Any], outcome: str, logger: logging.Logger) -> str:
+    """Takes back the owned fields another manager changed (drift.py), and remembers what they should be, so
+    that a Deployment event can tell a hand edit from the operator's own write."""
+    meta = obj["metadata"]
+    url = path("apps/v1", "Deployment", meta["namespace"], meta["name"])
+    live = kube().get(url)
+    patch = drift.restore_patch(live, obj) if live is not None else None
+    if patch is not None:
+        logger.info(f"Deployment {meta['namespace']}/{meta['name']}: restoring {', '.join(drift.drifted(live, drift.owned(obj)))}")
+        kube().merge_patch(url, patch)
+        outcome = "updated"
+    _applied_owned[(meta["namespace"], meta["name"])] = drift.owned(obj)
+    return outcome
 
 
 def _routing_status(namespace: str, name: str, spec: Any, deployment: Mapping[str, Any] | None,
@@ -395,6 +414,7 @@ def on_delete(namespace: str, name: str, logger: logging.Logger, **_: Any) -> No
     # Owner references let the garbage collector remove the Deployment, Service and PodMonitor.
     logger.info(f"{namespace}/{name} deleted; its objects go with it (owner references)")
     metrics.publish_planned(namespace, name, None)
+    _applied_owned.pop((namespace, name), None)
     with _locks_guard:
         _locks.pop((namespace, name), None)
 
@@ -417,6 +437,12 @@ def deployment_changed(body: kopf.Body, type: str | None, namespace: str, gpu_no
             return
         if ((body.get("metadata") or {}).get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_ROUTER:
             _router_changed(ms, namespace, owner)
+            return
+        applied = _applied_owned.get((namespace, owner))
+        edited = drift.drifted(body, applied) if applied is not None else []
+        if edited:
+            logger.warning(f"Deployment {namespace}/{owner}: {', '.join(edited)} edited by hand: applying the plan again")
+            reconcile(ms, _all_nodes(gpu_nodes), logger)
             return
         status = ms.get("status") or {}
         generation = (ms.get("metadata") or {}).get("generation")

@@ -213,6 +213,7 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
                                                             "sizeLimit": to_quantity(pod.shm_bytes, "Mi")}},
                     *hardening.writable_volumes(spec)[0]],
         "securityContext": hardening.pod_security_context(),
+        **hardening.host_namespaces(),
         # vLLM never calls the Kubernetes API: no ServiceAccount token in its pods.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
