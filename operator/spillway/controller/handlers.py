@@ -16,10 +16,12 @@ import base64
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
+import urllib3
 
 from ..adapters.hub import fetch_config
 from ..adapters.kube import ApiError, Kube, load_config, path
@@ -33,6 +35,7 @@ from ..core.errors import (
     PoolDoesNotFit,
     SpillwayError,
 )
+from ..core.routing import MODE_NONE
 from . import conditions as cond
 from . import drift, metrics
 from .facts import NodeSummary, eligibility, summarize_node
@@ -48,6 +51,7 @@ GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
 # API answers that refuse the object itself (invalid, malformed): retrying cannot help.
 API_REFUSALS = (400, 422)
 RETRY_SECONDS = float(os.environ.get(names.ENV_RETRY_SECONDS) or 30)
+STATUS_RETRY_SECONDS = (0.5, 1.0, 2.0)  # then the error goes to kopf (a reconcile is retried, an event is not)
 
 _kube: Kube | None = None
 # The owned fields of each vLLM Deployment as last applied (drift.py): a Deployment event that differs is a hand edit.
@@ -199,10 +203,24 @@ def _deployment(namespace: str, name: str) -> dict[str, Any] | None:
 
 
 def _write_status(namespace: str, name: str, old_status: Mapping[str, Any], update: dict[str, Any]) -> None:
+    """One merge patch of the status, retried a few times on the API server's passing trouble: a Deployment
+    event that loses its status write is not redelivered, so Ready would stay wrong until the next one."""
     old_plan = old_status.get("plan") or {}
     if "plan" in update:  # a merge patch keeps keys it does not name: null the ones the new plan lacks
         update["plan"] = {**{k: None for k in old_plan if k not in update["plan"]}, **update["plan"]}
-    kube().merge_patch(_ms_path(namespace, name, "status"), {"status": update})
+    for attempt, delay in enumerate((*STATUS_RETRY_SECONDS, None)):
+        try:
+            kube().merge_patch(_ms_path(namespace, name, "status"), {"status": update})
+            return
+        except ApiError as exc:
+            if delay is None or not (exc.status >= 500 or exc.status in (409, 429)):
+                raise
+        except (OSError, urllib3.exceptions.HTTPError):  # the connection itself
+            if delay is None:
+                raise
+        logging.getLogger("kopf.objects").warning(
+            f"status write of {namespace}/{name} failed (attempt {attempt + 1}); retrying in {delay:g} s")
+        time.sleep(delay)
 
 
 def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging.Logger) -> None:
@@ -228,8 +246,9 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         assert eligible is not None
         result: Desired | None = desired_for(body, spec, eligible, _config_map_reader(namespace),
                                              _hub_fetcher(namespace, spec), _pod_monitors_wanted())
+        live: dict[tuple[str, str], Any] = {}  # what the conflict check read, for the writes to reuse
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
-            taken = kube().conflict(obj)
+            taken, live[(obj["kind"], obj["metadata"]["name"])] = kube().conflict_live(obj)
             if taken is not None:
                 raise NameConflict(taken)
     except ApiError:
@@ -253,9 +272,9 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
             for obj in result.objects:
                 if obj["kind"] == "Deployment" and generation is not None:
                     obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(generation)
-                outcome = kube().apply(obj)
+                outcome, after = kube().apply_live(obj, live[(obj["kind"], obj["metadata"]["name"])])
                 if obj["kind"] == "Deployment":
-                    outcome = _own_deployment(obj, outcome, logger)
+                    outcome = _own_deployment(obj, outcome, after, logger)
                 if outcome != "unchanged":
                     _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
                     logger.info(f"{outcome} {obj['kind']} {namespace}/{obj['metadata']['name']}")
@@ -269,7 +288,8 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
             _event(body, error.reason, planned["message"], warning=True)
         else:
             update["plan"] = status_plan(result)
-            refused = _prune(body, spec, result.objects, logger)  # after the Service <name> selects its new pods
+            if spec.routing.enabled or _was_routed(status):  # after the Service <name> selects its new pods
+                refused = _prune(body, spec, result.objects, logger)
     deployment = _deployment(namespace, name)
     if isinstance(error, PoolDoesNotFit) and _no_longer_fits(deployment, generation):
         # The spec it was planned from is unchanged: the nodes shrank. Its pods would not fit (or be
@@ -289,12 +309,13 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
 
 
-def _own_deployment(obj: dict[str, Any], outcome: str, logger: logging.Logger) -> str:
+def _own_deployment(obj: dict[str, Any], outcome: str, live: dict[str, Any] | None, logger: logging.Logger) -> str:
     """Takes back the owned fields another manager changed (drift.py), and remembers what they should be, so
-    that a Deployment event can tell a hand edit from the operator's own write."""
+    that a Deployment event can tell a hand edit from the operator's own write. `live`: the Deployment after
+    the apply."""
     meta = obj["metadata"]
     url = path("apps/v1", "Deployment", meta["namespace"], meta["name"])
-    live = kube().get(url)
+    live = live if live is not None else kube().get(url)
     patch = drift.restore_patch(live, obj) if live is not None else None
     if patch is not None:
         logger.info(f"Deployment {meta['namespace']}/{meta['name']}: restoring {', '.join(drift.drifted(live, drift.owned(obj)))}")
@@ -313,6 +334,14 @@ def _routing_status(namespace: str, name: str, spec: Any, deployment: Mapping[st
     credit = host_tier_credit(spec, result.plan) if result is not None and spec.routing.enabled else None
     update["routing"], routed = routing_status(name, namespace, spec, deployment, router, generation, credit)
     return routed
+
+
+def _was_routed(status: Mapping[str, Any]) -> bool:
+    """Whether a routed mode may have left objects: the last status says so, or holds no record at all of the
+    routing (a reconcile whose status write never landed)."""
+    routing = status.get("routing")
+    return not isinstance(routing, Mapping) or routing.get("mode") not in (None, MODE_NONE) or bool(
+        routing.get("warnings"))
 
 
 def _prune(body: Mapping[str, Any], spec: ModelServerSpec, objects: list[dict[str, Any]],
