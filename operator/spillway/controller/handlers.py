@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -223,32 +224,64 @@ def _write_status(namespace: str, name: str, old_status: Mapping[str, Any], upda
         time.sleep(delay)
 
 
+@dataclass
+class _Pass:
+    """What one reconcile has found so far, handed from step to step."""
+
+    namespace: str
+    name: str
+    generation: int | None
+    status: Mapping[str, Any]  # the status as the pass began
+    spec: ModelServerSpec | SpillwayError
+    update: dict[str, Any]  # the status merge patch being built
+    result: Desired | None = None
+    error: SpillwayError | None = None
+    planned: dict[str, Any] = field(default_factory=dict)  # the Planned condition
+    live: dict[tuple[str, str], Any] = field(default_factory=dict)  # what the name-conflict check read
+    refused: list[str] = field(default_factory=list)  # what the prune may not delete
+
+
 def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging.Logger) -> None:
+    """One pass for one ModelServer: plan, apply (and prune), write the status."""
+    step = _begin(body, nodes)
+    _plan(body, step, nodes, logger)
+    if step.result is not None:
+        _apply_and_prune(body, step, logger)
+    _finish_status(body, step)
+
+
+def _begin(body: Mapping[str, Any], nodes: list[NodeSummary]) -> _Pass:
+    """The spec parsed once (the eligible nodes, the hub and the retry read it) and the status patch's
+    fields every outcome writes."""
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace") or "default", meta["name"]
     generation = meta.get("generation")
-    status = body.get("status") or {}
-    old_planned = cond.find(status.get("conditions"), cond.PLANNED)
     update: dict[str, Any] = {"selector": ",".join(f"{k}={v}" for k, v in selector(name).items())}
     if generation is not None:
         update["observedGeneration"] = generation
-    spec = _parsed(body.get("spec"))  # once per reconcile: the eligible nodes, the hub and the retry read it
+    return _Pass(namespace, name, generation, body.get("status") or {}, _parsed(body.get("spec")), update)
+
+
+def _plan(body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger: logging.Logger) -> None:
+    """The eligible nodes, the plan and the objects, and whether their names are free; any failure but the
+    API server's becomes this ModelServer's Planned=False condition and one Warning event."""
+    old_planned = cond.find(step.status.get("conditions"), cond.PLANNED)
+    spec, eligible = step.spec, None
     try:
         eligible = eligibility(nodes, spec) if isinstance(spec, ModelServerSpec) else None
     except Exception as exc:  # noqa: BLE001 - reported as this resource's status below
-        spec, eligible = (exc if isinstance(exc, SpillwayError) else InternalError.of(exc)), None
+        step.spec = spec = exc if isinstance(exc, SpillwayError) else InternalError.of(exc)
     if eligible is not None and eligible.fingerprint is not None:
-        update["nodesFingerprint"] = eligible.fingerprint
+        step.update["nodesFingerprint"] = eligible.fingerprint
     try:
         check_name(body)
         if not isinstance(spec, ModelServerSpec):
             raise spec
         assert eligible is not None
-        result: Desired | None = desired_for(body, spec, eligible, _config_map_reader(namespace),
-                                             _hub_fetcher(namespace, spec), _pod_monitors_wanted())
-        live: dict[tuple[str, str], Any] = {}  # what the conflict check read, for the writes to reuse
+        result = desired_for(body, spec, eligible, _config_map_reader(step.namespace),
+                             _hub_fetcher(step.namespace, spec), _pod_monitors_wanted())
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
-            taken, live[(obj["kind"], obj["metadata"]["name"])] = kube().conflict_live(obj)
+            taken, step.live[(obj["kind"], obj["metadata"]["name"])] = kube().conflict_live(obj)
             if taken is not None:
                 raise NameConflict(taken)
     except ApiError:
@@ -256,40 +289,56 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
     except Exception as caught:  # contained: a status and an event, never a failed handler
         exc = caught if isinstance(caught, SpillwayError) else InternalError.of(caught)
         if not isinstance(caught, SpillwayError):
-            logger.error(f"planning {namespace}/{name} failed unexpectedly", exc_info=caught)
-        result, error, refused = None, exc, []
-        planned = cond.condition(cond.PLANNED, False, exc.reason, error_line(exc), generation)
+            logger.error(f"planning {step.namespace}/{step.name} failed unexpectedly", exc_info=caught)
+        step.error = exc
+        step.planned = cond.condition(cond.PLANNED, False, exc.reason, error_line(exc), step.generation)
         logger.warning(f"{exc.reason}: {error_line(exc)}")
-        if old_planned is None or old_planned.get("message") != planned["message"]:
-            _event(body, exc.reason, planned["message"], warning=True)
-    else:
-        error, refused = None, []
-        summary = result.summary()
-        planned = cond.condition(cond.PLANNED, True, cond.REASON_PLANNED, summary, generation)
-        if old_planned is None or old_planned.get("message") != summary:
-            _event(body, "Replanned" if old_planned is not None else "Planned", summary)
-        try:
-            for obj in result.objects:
-                if obj["kind"] == "Deployment" and generation is not None:
-                    obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(generation)
-                outcome, after = kube().apply_live(obj, live[(obj["kind"], obj["metadata"]["name"])])
-                if obj["kind"] == "Deployment":
-                    outcome = _own_deployment(obj, outcome, after, logger)
-                if outcome != "unchanged":
-                    _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
-                    logger.info(f"{outcome} {obj['kind']} {namespace}/{obj['metadata']['name']}")
-        except ApiError as exc:
-            if exc.status not in API_REFUSALS:
-                raise  # the API server's trouble: retried
-            # What the schema let through (preserve-unknown affinity, env valueFrom) but the API server refuses
-            # in a pod: the spec's fault, reported on it, not retried forever.
-            error = InvalidSpec(f"the API server refused {obj['kind']} {obj['metadata']['name']}: {exc}")
-            planned = cond.condition(cond.PLANNED, False, error.reason, error_line(error), generation)
-            _event(body, error.reason, planned["message"], warning=True)
-        else:
-            update["plan"] = status_plan(result)
-            if spec.routing.enabled or _was_routed(status):  # after the Service <name> selects its new pods
-                refused = _prune(body, spec, result.objects, logger)
+        if old_planned is None or old_planned.get("message") != step.planned["message"]:
+            _event(body, exc.reason, step.planned["message"], warning=True)
+        return
+    step.result = result
+    summary = result.summary()
+    step.planned = cond.condition(cond.PLANNED, True, cond.REASON_PLANNED, summary, step.generation)
+    if old_planned is None or old_planned.get("message") != summary:
+        _event(body, "Replanned" if old_planned is not None else "Planned", summary)
+
+
+def _apply_and_prune(body: Mapping[str, Any], step: _Pass, logger: logging.Logger) -> None:
+    """Server-side apply of the planned objects (the Deployment's owned fields taken back whole), then the
+    prune of what routing no longer uses. An object the API server refuses is the spec's fault: a condition,
+    not endless retries."""
+    assert step.result is not None and isinstance(step.spec, ModelServerSpec)
+    try:
+        for obj in step.result.objects:
+            if obj["kind"] == "Deployment" and step.generation is not None:
+                obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(
+                    step.generation)
+            outcome, after = kube().apply_live(obj, step.live[(obj["kind"], obj["metadata"]["name"])])
+            if obj["kind"] == "Deployment":
+                outcome = _own_deployment(obj, outcome, after, logger)
+            if outcome != "unchanged":
+                _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
+                logger.info(f"{outcome} {obj['kind']} {step.namespace}/{obj['metadata']['name']}")
+    except ApiError as exc:
+        if exc.status not in API_REFUSALS:
+            raise  # the API server's trouble: retried
+        # What the schema let through (preserve-unknown affinity, env valueFrom) but the API server refuses
+        # in a pod: the spec's fault, reported on it, not retried forever.
+        step.error = InvalidSpec(f"the API server refused {obj['kind']} {obj['metadata']['name']}: {exc}")
+        step.planned = cond.condition(cond.PLANNED, False, step.error.reason, error_line(step.error),
+                                      step.generation)
+        _event(body, step.error.reason, step.planned["message"], warning=True)
+        return
+    step.update["plan"] = status_plan(step.result)
+    if step.spec.routing.enabled or _was_routed(step.status):  # after the Service <name> selects its new pods
+        step.refused = _prune(body, step.spec, step.result.objects, logger)
+
+
+def _finish_status(body: Mapping[str, Any], step: _Pass) -> None:
+    """Ready, Degraded and Routed from the Deployment, the plan and the failure; one status merge patch. A
+    Deployment planned from this very spec whose nodes shrank below it is scaled to zero; a ConfigMap the
+    model's config.json may still appear in is waited for."""
+    namespace, name, generation, error = step.namespace, step.name, step.generation, step.error
     deployment = _deployment(namespace, name)
     if isinstance(error, PoolDoesNotFit) and _no_longer_fits(deployment, generation):
         # The spec it was planned from is unchanged: the nodes shrank. Its pods would not fit (or be
@@ -298,14 +347,16 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         _event(body, "ScaledToZero", f"the nodes no longer fit the applied plan: {error_line(error)}", warning=True)
         deployment = _deployment(namespace, name)
     metrics.publish_planned(namespace, name, error is None)
-    routed = _routing_status(namespace, name, spec, deployment, result, generation, update)
-    routed = _unrouted_condition(status, update, routed, refused, generation)
-    update["conditions"] = cond.merge(status.get("conditions"), [
-        planned, cond.ready_condition(deployment, generation), cond.degraded_condition(planned, deployment, generation),
+    update = step.update
+    routed = _routing_status(namespace, name, step.spec, deployment, step.result, generation, update)
+    routed = _unrouted_condition(step.status, update, routed, step.refused, generation)
+    update["conditions"] = cond.merge(step.status.get("conditions"), [
+        step.planned, cond.ready_condition(deployment, generation),
+        cond.degraded_condition(step.planned, deployment, generation),
     ] + ([routed] if routed is not None else []))
     update.update(cond.ready_counts(deployment))
-    _write_status(namespace, name, status, update)
-    if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(spec):
+    _write_status(namespace, name, step.status, update)
+    if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(step.spec):
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
 
 
