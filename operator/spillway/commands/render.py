@@ -15,8 +15,7 @@ import yaml
 
 from ..controller.facts import NodeSummary, eligibility, summarize_node, synthetic_node
 from ..controller.manifests import Desired, check_name, desired_for
-from ..controller.spec import ModelServerSpec, parse_spec
-from ..controller.spec_checks import check_document
+from ..controller.spec import ModelServerSpec, check_document, parse_spec
 from ..core import k8s_names as names
 from ..core.errors import InvalidSpec
 from ..core.quantity import parse_cpu_millis
