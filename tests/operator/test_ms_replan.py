@@ -34,7 +34,8 @@ def test_a_burst_of_node_events_re_plans_each_modelserver_once_for_the_last_node
 
     replanner = Replanner(replan, logging.getLogger("test"), settle=0.05)
     spec = parse_spec({"model": LLAMA_8B, "nodeSelector": {"pool": "a"}})
-    servers = {("ns", f"ms-{i}"): {"spec": spec, "fingerprint": None, "trigger": None} for i in range(3)}
+    servers = {("ns", f"ms-{i}"): {"spec": spec, "fingerprint": "planned-before", "trigger": None} for i in range(3)}
+    servers[("ns", "new")] = {"spec": spec, "fingerprint": None, "trigger": None}  # its create reconcile plans it
     for count in range(1, 41):  # 40 node events in a burst
         replanner.offer(_nodes(*["2Ti"] * count), servers)
     assert done.wait(10)

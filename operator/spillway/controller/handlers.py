@@ -483,10 +483,24 @@ def _waits_for_config_map(spec: ModelServerSpec | SpillwayError) -> bool:
 def on_modelserver(body: kopf.Body, namespace: str, name: str, gpu_nodes: kopf.Index, logger: logging.Logger,
                    **_: Any) -> None:
     with _lock(namespace, name):
+        nodes = _all_nodes(gpu_nodes)
         try:
-            reconcile(body, _all_nodes(gpu_nodes), logger)
+            reconcile(body, nodes, logger)
         except ApiError as exc:
             raise kopf.TemporaryError(str(exc), delay=RETRY_SECONDS) from exc
+    _replan_if_nodes_moved(namespace, name, body, nodes, _all_nodes(gpu_nodes))
+
+
+def _replan_if_nodes_moved(namespace: str, name: str, body: Mapping[str, Any], planned_for: list[NodeSummary],
+                           now: list[NodeSummary]) -> None:
+    """A node change while this reconcile ran found no fingerprint to compare (the re-plan worker skips a
+    ModelServer never planned): re-plan for the nodes as they are now."""
+    spec = _parsed(body.get("spec"))
+    if not isinstance(spec, ModelServerSpec):
+        return
+    latest = eligibility(now, spec).fingerprint
+    if latest is not None and latest != eligibility(planned_for, spec).fingerprint:
+        _replan_now(namespace, name, latest, tuple(now))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

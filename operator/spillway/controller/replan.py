@@ -74,6 +74,8 @@ class Replanner:
         for (namespace, name), entry in modelservers.items():
             try:
                 spec = entry["spec"]
+                if entry["fingerprint"] is None:
+                    continue  # never reconciled yet: its first reconcile reads the nodes as they are then
                 fingerprint = view.eligibility(spec).fingerprint if isinstance(spec, ModelServerSpec) else None
                 if fingerprint is None or fingerprint in (entry["fingerprint"], entry["trigger"],
                                                           self._sent.get((namespace, name))):
