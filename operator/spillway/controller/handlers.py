@@ -57,6 +57,8 @@ STATUS_RETRY_SECONDS = (0.5, 1.0, 2.0)  # then the error goes to kopf (a reconci
 _kube: Kube | None = None
 # The owned fields of each vLLM Deployment as last applied (drift.py): a Deployment event that differs is a hand edit.
 _applied_owned: dict[tuple[str, str], dict[str, Any]] = {}
+# The eligible nodes' fingerprint each ModelServer was last planned for (status.nodesFingerprint as written).
+_fingerprints: dict[tuple[str, str], str] = {}
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -131,7 +133,10 @@ async def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, **_: Any
     """Runs in kopf's event loop, where the indexes change: a snapshot, handed to the one re-plan worker."""
     nodes = tuple(_all_nodes(gpu_nodes))
     metrics.publish_nodes(list(nodes))
-    _replanner.offer(nodes, {key: entry for key, store in modelservers.items() for entry in store})
+    # The fingerprint each reconcile wrote, as this process knows it: the index sees a status write late or
+    # not at all (a status-only change need not reach the watch).
+    _replanner.offer(nodes, {key: {**entry, "fingerprint": _fingerprints.get(key, entry["fingerprint"])}
+                             for key, store in modelservers.items() for entry in store})
 
 
 def _replan_now(namespace: str, name: str, fingerprint: str, nodes: tuple[NodeSummary, ...]) -> None:
@@ -151,7 +156,7 @@ def _replan_now(namespace: str, name: str, fingerprint: str, nodes: tuple[NodeSu
                                {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
 
 
-_replan_log = logging.getLogger("kopf.objects.replan")
+_replan_log = logging.getLogger("spillway.replan")  # kopf.objects drops records without its own extras
 _replanner = Replanner(_replan_now, _replan_log)
 
 
@@ -356,6 +361,8 @@ def _finish_status(body: Mapping[str, Any], step: _Pass) -> None:
     ] + ([routed] if routed is not None else []))
     update.update(cond.ready_counts(deployment))
     _write_status(namespace, name, step.status, update)
+    if "nodesFingerprint" in update:
+        _fingerprints[(namespace, name)] = update["nodesFingerprint"]
     if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(step.spec):
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
 
@@ -509,6 +516,7 @@ def on_delete(namespace: str, name: str, logger: logging.Logger, **_: Any) -> No
     logger.info(f"{namespace}/{name} deleted; its objects go with it (owner references)")
     metrics.publish_planned(namespace, name, None)
     _applied_owned.pop((namespace, name), None)
+    _fingerprints.pop((namespace, name), None)
     with _locks_guard:
         _locks.pop((namespace, name), None)
 
