@@ -58,9 +58,11 @@ def test_a_burst_plans_everyone_and_node_changes_are_acted_on_once(cluster, oper
     submitted = time.monotonic()
     tenant.resize_node(tenant_node["metadata"]["name"], "1Ti")
     resized = time.monotonic()
-    eventually(lambda: _memory_limit(tenant) != before, timeout=10, interval=0.1,
+    eventually(lambda: _memory_limit(tenant) != before, timeout=120, interval=0.1,
                what="the tenant re-planned for its resized node during the burst")
     tenant_reaction = time.monotonic() - resized
+    print(f"tenant resize acted on after {tenant_reaction:.1f} s ({submitted - start:.1f} s to submit the burst)")
+    assert tenant_reaction <= 10, f"the tenant's node resize waited {tenant_reaction:.1f} s"
 
     fingerprint = nodes_fingerprint([summarize_node(n) for n in nodes])
     eventually(_all_planned_for(burst, fingerprint), timeout=900, interval=2,
