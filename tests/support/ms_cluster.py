@@ -54,6 +54,9 @@ class Apiserver(kmock.KubernetesEmulator):
     tell its own patches from others'."""
 
     _version: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    # kmock matches each request against its reactions by scanning every request it has recorded, so a long
+    # busy run slows quadratically; a cluster that never counts old requests may keep only the latest.
+    keep_requests: int | None = None
 
     async def _handle(self, request: kmock.Request):
         data = request.data if isinstance(request.data, dict) else None
@@ -73,17 +76,20 @@ class Apiserver(kmock.KubernetesEmulator):
                     current = self._objects[key] if key in self._objects and not self._objects[key].deleted else {}
                     if current and data["spec"] != current.get("spec"):
                         meta["generation"] = int((current.get("metadata") or {}).get("generation") or 1) + 1
+        if self.keep_requests is not None and len(self._requests) > 2 * self.keep_requests:
+            del self._requests[:-self.keep_requests]
         return await super()._handle(request)
 
 
 class EmulatedCluster(EmulatedApi):
     """The Kubernetes API the operator talks to: core resources, ModelServers and optionally PodMonitors."""
 
-    def __init__(self, tmp: Path, pod_monitors: bool = False):
+    def __init__(self, tmp: Path, pod_monitors: bool = False, keep_requests: int | None = None):
         super().__init__(tmp, dict(CORE, **(POD_MONITORS if pod_monitors else {})))
+        self._keep_requests = keep_requests
 
     def new_emulator(self) -> kmock.KubernetesEmulator:
-        return Apiserver()
+        return Apiserver(keep_requests=self._keep_requests)
 
     def requests(self, method: str, path_part: str) -> int:
         """How many requests with this method whose path contains path_part the emulator has served."""

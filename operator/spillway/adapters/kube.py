@@ -168,35 +168,45 @@ class Kube:
     def merge_patch(self, url_path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return self.request("PATCH", url_path, body=patch, content_type=MERGE_PATCH)
 
-    def apply(self, obj: Mapping[str, Any]) -> str:
+    def apply(self, obj: Mapping[str, Any], existing: Any = ...) -> str:
         """'created', 'updated' or 'unchanged'. A live object that already holds every field of `obj` is left
         alone; any other (a hand edit of a planned field included) is server-side applied again, so the
-        plan wins on the next reconcile. `obj` must be this owner's (see conflict())."""
+        plan wins on the next reconcile. `obj` must be this owner's (see conflict()). `existing`: the live
+        object, when the caller has just read it (None: absent)."""
+        return self.apply_live(obj, existing)[0]
+
+    def apply_live(self, obj: Mapping[str, Any], existing: Any = ...) -> tuple[str, dict[str, Any] | None]:
+        """apply(), and the live object after it (as the API server answered the write)."""
         url = object_path(obj)
-        existing = self.get(url)
+        if existing is ...:
+            existing = self.get(url)
         if existing is not None and holds(existing, obj):
-            return "unchanged"
+            return "unchanged", existing
         query = [("fieldManager", names.FIELD_MANAGER), ("force", "true")]
         try:
-            self.request("PATCH", url, body=obj, query=query, content_type=APPLY_PATCH)
+            live = self.request("PATCH", url, body=obj, query=query, content_type=APPLY_PATCH)
         except ApiError as exc:
             if exc.status != 404:
                 raise
-            self.request("POST", object_path(obj, with_name=False), body=obj)
-        return "created" if existing is None else "updated"
+            live = self.request("POST", object_path(obj, with_name=False), body=obj)
+        return ("created" if existing is None else "updated"), live or None
 
     def conflict(self, obj: Mapping[str, Any]) -> str | None:
         """Why `obj` may not be written: an object of its name exists that its owner does not control."""
+        return self.conflict_live(obj)[0]
+
+    def conflict_live(self, obj: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+        """conflict(), and the live object it read (None: absent), for apply() to reuse."""
         existing = self.get(object_path(obj))
         if existing is None:
-            return None
+            return None, None
         wanted = {ref.get("uid") for ref in obj["metadata"].get("ownerReferences") or []}
         if controlled_by(existing, wanted):
-            return None
+            return None, existing
         controllers = _controllers(existing)
         owner = (f"controlled by {controllers[0].get('kind')} {controllers[0].get('name')}" if controllers
                  else "not created by the operator")
-        return f"{obj['kind']} {obj['metadata']['name']} exists and is {owner}; rename one of them"
+        return f"{obj['kind']} {obj['metadata']['name']} exists and is {owner}; rename one of them", existing
 
     def delete_controlled(self, url_path: str, owner_uid: str) -> str:
         """'deleted', 'absent', or 'not controlled' (left alone: a user's object, or another owner's, of that name).

@@ -15,7 +15,7 @@ import yaml
 
 from ..controller.facts import NodeSummary, eligibility, summarize_node, synthetic_node
 from ..controller.manifests import Desired, check_name, desired_for
-from ..controller.spec import ModelServerSpec, parse_spec
+from ..controller.spec import ModelServerSpec, check_document, parse_spec
 from ..core import k8s_names as names
 from ..core.errors import InvalidSpec
 from ..core.quantity import parse_bytes, parse_cpu_millis
@@ -48,6 +48,10 @@ def _documents(path: str) -> list[dict[str, Any]]:
         raise InvalidSpec(f"{path}: not YAML: {exc}") from exc
     except RecursionError as exc:
         raise InvalidSpec(f"{path}: nested too deeply") from exc
+    except ValueError as exc:  # an integer past Python's digit limit (sys.get_int_max_str_digits)
+        raise InvalidSpec(f"{path}: a number too long for any field ({exc})"[:300]) from exc
+    for doc in docs:
+        check_document(doc, path)
     items: list[dict[str, Any]] = []
     for doc in docs:
         items.extend(doc.get("items", []) if isinstance(doc, dict) and doc.get("kind", "").endswith("List") else [doc])

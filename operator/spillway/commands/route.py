@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,6 +36,7 @@ from pathlib import Path
 from ..core import router_api as R
 from ..core import routing
 from ..core import vllm_api as api
+from ..core.errors import InvalidSpec
 
 POLL_SECONDS = 5.0
 STOP_GRACE_SECONDS = 10.0
@@ -201,7 +203,21 @@ def read_api_key(path: Path | None) -> str | None:
     return os.environ.get(api.ENV_API_KEY) or None
 
 
+DNS_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?$")
+MAX_DNS_NAME = 253
+
+
+def check_dns_name(value: str, flag: str) -> str:
+    """A name the resolver can look up (RFC 1123: labels of 1 to 63 characters, 253 in all), else InvalidSpec."""
+    name = value.rstrip(".")
+    if not name or len(name) > MAX_DNS_NAME or not all(DNS_LABEL.match(label) for label in name.split(".")):
+        raise InvalidSpec(f"{flag} {value[:80]!r}{'...' if len(value) > 80 else ''} is not a DNS name (labels of "
+                          f"letters, digits and '-' up to 63 characters, {MAX_DNS_NAME} in all)")
+    return value
+
+
 def cmd_route(args: argparse.Namespace) -> int:
+    check_dns_name(args.replicas, "--replicas")
     api_key = read_api_key(args.api_key_file)  # the workers' bearer token (spec.apiKeySecretRef)
     supervisor = Supervisor(lambda: resolve_ips(args.replicas),
                             lambda ips: launch_router(router_args(ips, model=args.model, block_size=args.block_size,

@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..core import k8s_names as names
@@ -227,7 +228,7 @@ class Eligibility:
             raise self.error
         return self.nodes
 
-    @property
+    @cached_property
     def fingerprint(self) -> str | None:
         """nodes_fingerprint of the eligible nodes ([] when none); None when the rules themselves are bad."""
         if self.error is None:
@@ -240,6 +241,29 @@ def eligibility(nodes: Iterable[NodeSummary], spec: ModelServerSpec) -> Eligibil
         return Eligibility(tuple(eligible_nodes(nodes, spec)))
     except SpillwayError as exc:
         return Eligibility(error=exc)
+
+
+def scheduling_key(spec: ModelServerSpec) -> str:
+    """What of a spec decides its eligible nodes: specs with one key have one eligibility on the same nodes."""
+    return json.dumps([spec.node_selector, spec.tolerations, spec.affinity, spec.request.tensor_parallel_size],
+                      sort_keys=True, default=str)
+
+
+class NodeView:
+    """The GPU nodes at one moment, each distinct set of scheduling rules worked out once: a fleet's
+    ModelServers mostly share a few node pools, so a node event costs one eligibility per pool, not one per
+    ModelServer."""
+
+    def __init__(self, nodes: Iterable[NodeSummary]):
+        self.nodes = tuple(nodes)
+        self._found: dict[str, Eligibility] = {}
+
+    def eligibility(self, spec: ModelServerSpec) -> Eligibility:
+        key = scheduling_key(spec)
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = eligibility(self.nodes, spec)
+        return found
 
 
 def describe(node: NodeSummary) -> str:

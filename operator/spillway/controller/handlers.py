@@ -16,10 +16,13 @@ import base64
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+import urllib3
 
 from ..adapters.hub import fetch_config
 from ..adapters.kube import ApiError, Kube, load_config, path
@@ -33,10 +36,12 @@ from ..core.errors import (
     PoolDoesNotFit,
     SpillwayError,
 )
+from ..core.routing import MODE_NONE
 from . import conditions as cond
-from . import metrics
+from . import drift, metrics
 from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
+from .replan import Replanner
 from .routing_objects import host_tier_credit, router_name, routing_object_keys
 from .routing_status import REASON_NOT_ROUTED, REASON_PRUNE_FORBIDDEN, ROUTED, routing_status
 from .settings import OperatorSettings
@@ -50,8 +55,13 @@ API_REFUSALS = (400, 422)
 # Read once, when kopf imports this module at start; everything below takes its settings from here.
 SETTINGS = OperatorSettings.from_environ(os.environ)
 RETRY_SECONDS = SETTINGS.retry_seconds
+STATUS_RETRY_SECONDS = (0.5, 1.0, 2.0)  # then the error goes to kopf (a reconcile is retried, an event is not)
 
 _kube: Kube | None = None
+# The owned fields of each vLLM Deployment as last applied (drift.py): a Deployment event that differs is a hand edit.
+_applied_owned: dict[tuple[str, str], dict[str, Any]] = {}
+# The eligible nodes' fingerprint each ModelServer was last planned for (status.nodesFingerprint as written).
+_fingerprints: dict[tuple[str, str], str] = {}
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -122,30 +132,35 @@ def _parsed(spec: Any) -> ModelServerSpec | SpillwayError:
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, logger: logging.Logger, **_: Any) -> None:
-    nodes = _all_nodes(gpu_nodes)
-    metrics.publish_nodes(nodes)
-    for (namespace, name), store in list(modelservers.items()):
-        for entry in store:
-            try:
-                _trigger_replan(namespace, name, entry, nodes, logger)
-            except Exception as exc:  # noqa: BLE001 - one ModelServer's failure never stops the others' re-plans
-                logger.error(f"re-plan trigger of {namespace}/{name} failed: {type(exc).__name__}: {exc}")
+async def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, **_: Any) -> None:
+    """Runs in kopf's event loop, where the indexes change: a snapshot, handed to the one re-plan worker."""
+    nodes = tuple(_all_nodes(gpu_nodes))
+    metrics.publish_nodes(list(nodes))
+    # The fingerprint each reconcile wrote, as this process knows it: the index sees a status write late or
+    # not at all (a status-only change need not reach the watch).
+    _replanner.offer(nodes, {key: {**entry, "fingerprint": _fingerprints.get(key, entry["fingerprint"])}
+                             for key, store in modelservers.items() for entry in store})
 
 
-def _trigger_replan(namespace: str, name: str, entry: Mapping[str, Any], nodes: list[NodeSummary],
-                    logger: logging.Logger) -> None:
-    spec = entry["spec"]
-    fingerprint = eligibility(nodes, spec).fingerprint if isinstance(spec, ModelServerSpec) else None
-    if fingerprint is None or fingerprint in (entry["fingerprint"], entry["trigger"]):
-        return
-    logger.info(f"eligible GPU nodes of {namespace}/{name} changed: re-planning")
-    try:
-        kube().merge_patch(_ms_path(namespace, name),
-                           {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
+def _replan_now(namespace: str, name: str, fingerprint: str, nodes: tuple[NodeSummary, ...]) -> None:
+    """A node-driven re-plan: the ModelServer as it is now, for the nodes of the change. On an API error the
+    trigger annotation hands the re-plan to kopf, which retries it."""
+    with _lock(namespace, name):
+        try:
+            ms = kube().get(_ms_path(namespace, name))
+            if ms is None or (ms.get("metadata") or {}).get("deletionTimestamp"):
+                return
+            if (ms.get("status") or {}).get("nodesFingerprint") == fingerprint:
+                return  # a reconcile since the change already planned for these nodes
+            reconcile(ms, list(nodes), _replan_log)
+        except ApiError as exc:
+            _replan_log.warning(f"re-plan of {namespace}/{name} failed ({exc}): handing it to the retrying handler")
+            kube().merge_patch(_ms_path(namespace, name),
+                               {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
+
+
+_replan_log = logging.getLogger("spillway.replan")  # kopf.objects drops records without its own extras
+_replanner = Replanner(_replan_now, _replan_log)
 
 
 # -- reconcile -------------------------------------------------------------------------------------------
@@ -197,37 +212,84 @@ def _deployment(namespace: str, name: str) -> dict[str, Any] | None:
 
 
 def _write_status(namespace: str, name: str, old_status: Mapping[str, Any], update: dict[str, Any]) -> None:
+    """One merge patch of the status, retried a few times on the API server's passing trouble: a Deployment
+    event that loses its status write is not redelivered, so Ready would stay wrong until the next one."""
     old_plan = old_status.get("plan") or {}
     if "plan" in update:  # a merge patch keeps keys it does not name: null the ones the new plan lacks
         update["plan"] = {**{k: None for k in old_plan if k not in update["plan"]}, **update["plan"]}
-    kube().merge_patch(_ms_path(namespace, name, "status"), {"status": update})
+    for attempt, delay in enumerate((*STATUS_RETRY_SECONDS, None)):
+        try:
+            kube().merge_patch(_ms_path(namespace, name, "status"), {"status": update})
+            return
+        except ApiError as exc:
+            if delay is None or not (exc.status >= 500 or exc.status in (409, 429)):
+                raise
+        except (OSError, urllib3.exceptions.HTTPError):  # the connection itself
+            if delay is None:
+                raise
+        logging.getLogger("kopf.objects").warning(
+            f"status write of {namespace}/{name} failed (attempt {attempt + 1}); retrying in {delay:g} s")
+        time.sleep(delay)
+
+
+@dataclass
+class _Pass:
+    """What one reconcile has found so far, handed from step to step."""
+
+    namespace: str
+    name: str
+    generation: int | None
+    status: Mapping[str, Any]  # the status as the pass began
+    spec: ModelServerSpec | SpillwayError
+    update: dict[str, Any]  # the status merge patch being built
+    result: Desired | None = None
+    error: SpillwayError | None = None
+    planned: dict[str, Any] = field(default_factory=dict)  # the Planned condition
+    live: dict[tuple[str, str], Any] = field(default_factory=dict)  # what the name-conflict check read
+    refused: list[str] = field(default_factory=list)  # what the prune may not delete
 
 
 def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging.Logger) -> None:
+    """One pass for one ModelServer: plan, apply (and prune), write the status."""
+    step = _begin(body, nodes)
+    _plan(body, step, nodes, logger)
+    if step.result is not None:
+        _apply_and_prune(body, step, logger)
+    _finish_status(body, step)
+
+
+def _begin(body: Mapping[str, Any], nodes: list[NodeSummary]) -> _Pass:
+    """The spec parsed once (the eligible nodes, the hub and the retry read it) and the status patch's
+    fields every outcome writes."""
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace") or "default", meta["name"]
     generation = meta.get("generation")
-    status = body.get("status") or {}
-    old_planned = cond.find(status.get("conditions"), cond.PLANNED)
     update: dict[str, Any] = {"selector": ",".join(f"{k}={v}" for k, v in selector(name).items())}
     if generation is not None:
         update["observedGeneration"] = generation
-    spec = _parsed(body.get("spec"))  # once per reconcile: the eligible nodes, the hub and the retry read it
+    return _Pass(namespace, name, generation, body.get("status") or {}, _parsed(body.get("spec")), update)
+
+
+def _plan(body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger: logging.Logger) -> None:
+    """The eligible nodes, the plan and the objects, and whether their names are free; any failure but the
+    API server's becomes this ModelServer's Planned=False condition and one Warning event."""
+    old_planned = cond.find(step.status.get("conditions"), cond.PLANNED)
+    spec, eligible = step.spec, None
     try:
         eligible = eligibility(nodes, spec) if isinstance(spec, ModelServerSpec) else None
     except Exception as exc:  # noqa: BLE001 - reported as this resource's status below
-        spec, eligible = (exc if isinstance(exc, SpillwayError) else InternalError.of(exc)), None
+        step.spec = spec = exc if isinstance(exc, SpillwayError) else InternalError.of(exc)
     if eligible is not None and eligible.fingerprint is not None:
-        update["nodesFingerprint"] = eligible.fingerprint
+        step.update["nodesFingerprint"] = eligible.fingerprint
     try:
         check_name(body)
         if not isinstance(spec, ModelServerSpec):
             raise spec
         assert eligible is not None
-        result: Desired | None = desired_for(body, spec, eligible, _config_map_reader(namespace),
-                                             _hub_fetcher(namespace, spec), _pod_monitors_wanted(), SETTINGS.router_image)
+        result = desired_for(body, spec, eligible, _config_map_reader(step.namespace),
+                             _hub_fetcher(step.namespace, spec), _pod_monitors_wanted(), SETTINGS.router_image)
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
-            taken = kube().conflict(obj)
+            taken, step.live[(obj["kind"], obj["metadata"]["name"])] = kube().conflict_live(obj)
             if taken is not None:
                 raise NameConflict(taken)
     except ApiError:
@@ -235,37 +297,56 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
     except Exception as caught:  # contained: a status and an event, never a failed handler
         exc = caught if isinstance(caught, SpillwayError) else InternalError.of(caught)
         if not isinstance(caught, SpillwayError):
-            logger.error(f"planning {namespace}/{name} failed unexpectedly", exc_info=caught)
-        result, error, refused = None, exc, []
-        planned = cond.condition(cond.PLANNED, False, exc.reason, error_line(exc), generation)
+            logger.error(f"planning {step.namespace}/{step.name} failed unexpectedly", exc_info=caught)
+        step.error = exc
+        step.planned = cond.condition(cond.PLANNED, False, exc.reason, error_line(exc), step.generation)
         logger.warning(f"{exc.reason}: {error_line(exc)}")
-        if old_planned is None or old_planned.get("message") != planned["message"]:
-            _event(body, exc.reason, planned["message"], warning=True)
-    else:
-        error, refused = None, []
-        summary = result.summary()
-        planned = cond.condition(cond.PLANNED, True, cond.REASON_PLANNED, summary, generation)
-        if old_planned is None or old_planned.get("message") != summary:
-            _event(body, "Replanned" if old_planned is not None else "Planned", summary)
-        try:
-            for obj in result.objects:
-                if obj["kind"] == "Deployment" and generation is not None:
-                    obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(generation)
-                outcome = kube().apply(obj)
-                if outcome != "unchanged":
-                    _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
-                    logger.info(f"{outcome} {obj['kind']} {namespace}/{obj['metadata']['name']}")
-        except ApiError as exc:
-            if exc.status not in API_REFUSALS:
-                raise  # the API server's trouble: retried
-            # What the schema let through (preserve-unknown affinity, env valueFrom) but the API server refuses
-            # in a pod: the spec's fault, reported on it, not retried forever.
-            error = InvalidSpec(f"the API server refused {obj['kind']} {obj['metadata']['name']}: {exc}")
-            planned = cond.condition(cond.PLANNED, False, error.reason, error_line(error), generation)
-            _event(body, error.reason, planned["message"], warning=True)
-        else:
-            update["plan"] = status_plan(result)
-            refused = _prune(body, spec, result.objects, logger)  # after the Service <name> selects its new pods
+        if old_planned is None or old_planned.get("message") != step.planned["message"]:
+            _event(body, exc.reason, step.planned["message"], warning=True)
+        return
+    step.result = result
+    summary = result.summary()
+    step.planned = cond.condition(cond.PLANNED, True, cond.REASON_PLANNED, summary, step.generation)
+    if old_planned is None or old_planned.get("message") != summary:
+        _event(body, "Replanned" if old_planned is not None else "Planned", summary)
+
+
+def _apply_and_prune(body: Mapping[str, Any], step: _Pass, logger: logging.Logger) -> None:
+    """Server-side apply of the planned objects (the Deployment's owned fields taken back whole), then the
+    prune of what routing no longer uses. An object the API server refuses is the spec's fault: a condition,
+    not endless retries."""
+    assert step.result is not None and isinstance(step.spec, ModelServerSpec)
+    try:
+        for obj in step.result.objects:
+            if obj["kind"] == "Deployment" and step.generation is not None:
+                obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(
+                    step.generation)
+            outcome, after = kube().apply_live(obj, step.live[(obj["kind"], obj["metadata"]["name"])])
+            if obj["kind"] == "Deployment":
+                outcome = _own_deployment(obj, outcome, after, logger)
+            if outcome != "unchanged":
+                _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
+                logger.info(f"{outcome} {obj['kind']} {step.namespace}/{obj['metadata']['name']}")
+    except ApiError as exc:
+        if exc.status not in API_REFUSALS:
+            raise  # the API server's trouble: retried
+        # What the schema let through (preserve-unknown affinity, env valueFrom) but the API server refuses
+        # in a pod: the spec's fault, reported on it, not retried forever.
+        step.error = InvalidSpec(f"the API server refused {obj['kind']} {obj['metadata']['name']}: {exc}")
+        step.planned = cond.condition(cond.PLANNED, False, step.error.reason, error_line(step.error),
+                                      step.generation)
+        _event(body, step.error.reason, step.planned["message"], warning=True)
+        return
+    step.update["plan"] = status_plan(step.result)
+    if step.spec.routing.enabled or _was_routed(step.status):  # after the Service <name> selects its new pods
+        step.refused = _prune(body, step.spec, step.result.objects, logger)
+
+
+def _finish_status(body: Mapping[str, Any], step: _Pass) -> None:
+    """Ready, Degraded and Routed from the Deployment, the plan and the failure; one status merge patch. A
+    Deployment planned from this very spec whose nodes shrank below it is scaled to zero; a ConfigMap the
+    model's config.json may still appear in is waited for."""
+    namespace, name, generation, error = step.namespace, step.name, step.generation, step.error
     deployment = _deployment(namespace, name)
     if isinstance(error, PoolDoesNotFit) and _no_longer_fits(deployment, generation):
         # The spec it was planned from is unchanged: the nodes shrank. Its pods would not fit (or be
@@ -274,15 +355,35 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
         _event(body, "ScaledToZero", f"the nodes no longer fit the applied plan: {error_line(error)}", warning=True)
         deployment = _deployment(namespace, name)
     metrics.publish_planned(namespace, name, error is None)
-    routed = _routing_status(namespace, name, spec, deployment, result, generation, update)
-    routed = _unrouted_condition(status, update, routed, refused, generation)
-    update["conditions"] = cond.merge(status.get("conditions"), [
-        planned, cond.ready_condition(deployment, generation), cond.degraded_condition(planned, deployment, generation),
+    update = step.update
+    routed = _routing_status(namespace, name, step.spec, deployment, step.result, generation, update)
+    routed = _unrouted_condition(step.status, update, routed, step.refused, generation)
+    update["conditions"] = cond.merge(step.status.get("conditions"), [
+        step.planned, cond.ready_condition(deployment, generation),
+        cond.degraded_condition(step.planned, deployment, generation),
     ] + ([routed] if routed is not None else []))
     update.update(cond.ready_counts(deployment))
-    _write_status(namespace, name, status, update)
-    if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(spec):
+    _write_status(namespace, name, step.status, update)
+    if "nodesFingerprint" in update:
+        _fingerprints[(namespace, name)] = update["nodesFingerprint"]
+    if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(step.spec):
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
+
+
+def _own_deployment(obj: dict[str, Any], outcome: str, live: dict[str, Any] | None, logger: logging.Logger) -> str:
+    """Takes back the owned fields another manager changed (drift.py), and remembers what they should be, so
+    that a Deployment event can tell a hand edit from the operator's own write. `live`: the Deployment after
+    the apply."""
+    meta = obj["metadata"]
+    url = path("apps/v1", "Deployment", meta["namespace"], meta["name"])
+    live = live if live is not None else kube().get(url)
+    patch = drift.restore_patch(live, obj) if live is not None else None
+    if patch is not None:
+        logger.info(f"Deployment {meta['namespace']}/{meta['name']}: restoring {', '.join(drift.drifted(live, drift.owned(obj)))}")
+        kube().merge_patch(url, patch)
+        outcome = "updated"
+    _applied_owned[(meta["namespace"], meta["name"])] = drift.owned(obj)
+    return outcome
 
 
 def _routing_status(namespace: str, name: str, spec: Any, deployment: Mapping[str, Any] | None,
@@ -294,6 +395,14 @@ def _routing_status(namespace: str, name: str, spec: Any, deployment: Mapping[st
     credit = host_tier_credit(spec, result.plan) if result is not None and spec.routing.enabled else None
     update["routing"], routed = routing_status(name, namespace, spec, deployment, router, generation, credit)
     return routed
+
+
+def _was_routed(status: Mapping[str, Any]) -> bool:
+    """Whether a routed mode may have left objects: the last status says so, or holds no record at all of the
+    routing (a reconcile whose status write never landed)."""
+    routing = status.get("routing")
+    return not isinstance(routing, Mapping) or routing.get("mode") not in (None, MODE_NONE) or bool(
+        routing.get("warnings"))
 
 
 def _prune(body: Mapping[str, Any], spec: ModelServerSpec, objects: list[dict[str, Any]],
@@ -384,10 +493,24 @@ def _waits_for_config_map(spec: ModelServerSpec | SpillwayError) -> bool:
 def on_modelserver(body: kopf.Body, namespace: str, name: str, gpu_nodes: kopf.Index, logger: logging.Logger,
                    **_: Any) -> None:
     with _lock(namespace, name):
+        nodes = _all_nodes(gpu_nodes)
         try:
-            reconcile(body, _all_nodes(gpu_nodes), logger)
+            reconcile(body, nodes, logger)
         except ApiError as exc:
             raise kopf.TemporaryError(str(exc), delay=RETRY_SECONDS) from exc
+    _replan_if_nodes_moved(namespace, name, body, nodes, _all_nodes(gpu_nodes))
+
+
+def _replan_if_nodes_moved(namespace: str, name: str, body: Mapping[str, Any], planned_for: list[NodeSummary],
+                           now: list[NodeSummary]) -> None:
+    """A node change while this reconcile ran found no fingerprint to compare (the re-plan worker skips a
+    ModelServer never planned): re-plan for the nodes as they are now."""
+    spec = _parsed(body.get("spec"))
+    if not isinstance(spec, ModelServerSpec):
+        return
+    latest = eligibility(now, spec).fingerprint
+    if latest is not None and latest != eligibility(planned_for, spec).fingerprint:
+        _replan_now(namespace, name, latest, tuple(now))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
@@ -395,6 +518,8 @@ def on_delete(namespace: str, name: str, logger: logging.Logger, **_: Any) -> No
     # Owner references let the garbage collector remove the Deployment, Service and PodMonitor.
     logger.info(f"{namespace}/{name} deleted; its objects go with it (owner references)")
     metrics.publish_planned(namespace, name, None)
+    _applied_owned.pop((namespace, name), None)
+    _fingerprints.pop((namespace, name), None)
     with _locks_guard:
         _locks.pop((namespace, name), None)
 
@@ -417,6 +542,12 @@ def deployment_changed(body: kopf.Body, type: str | None, namespace: str, gpu_no
             return
         if ((body.get("metadata") or {}).get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_ROUTER:
             _router_changed(ms, namespace, owner)
+            return
+        applied = _applied_owned.get((namespace, owner))
+        edited = drift.drifted(body, applied) if applied is not None else []
+        if edited:
+            logger.warning(f"Deployment {namespace}/{owner}: {', '.join(edited)} edited by hand: applying the plan again")
+            reconcile(ms, _all_nodes(gpu_nodes), logger)
             return
         status = ms.get("status") or {}
         generation = (ms.get("metadata") or {}).get("generation")

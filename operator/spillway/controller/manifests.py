@@ -16,9 +16,9 @@ from ..adapters.model_config import ConfigMapReader, HubFetcher, resolve_geometr
 from ..core import k8s_names as names
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
-from ..core.planner import Plan, plan, replica_share_bytes, with_engine
+from ..core.planner import Plan, replica_share_bytes, with_engine
 from ..core.quantity import format_bytes, to_quantity
-from . import disk_objects, hardening
+from . import disk_objects, hardening, plan_cache
 from .facts import Eligibility, NodeSummary, describe, eligibility
 from .objects import labels, owner_reference, selector, with_hash
 from .routing_objects import routed
@@ -56,10 +56,16 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
     are tried from the smallest replica share up (the planner's own), so the error names the node that
     limits the pool.
     The API servers are the fewest any of the nodes' CPU allows, for the same reason.
+    Nodes of one shape plan alike, so each shape is planned once, for its first node by name (the one the
+    smallest-first order and the tie-break by name would pick), through the plan cache.
     """
     request = spec.request
-    smallest_first = sorted(eligible, key=lambda n: (replica_share_bytes(n.facts(), request), n.name))
-    plans = [(plan(geometry, request, node.facts()), node) for node in smallest_first]
+    by_shape: dict[tuple, NodeSummary] = {}
+    for node in sorted(eligible, key=lambda n: n.name):
+        by_shape.setdefault(plan_cache.shape(node.facts()), node)
+    smallest_first = sorted(by_shape.values(), key=lambda n: (replica_share_bytes(n.facts(), request), n.name))
+    key = plan_cache.geometry_key(geometry)
+    plans = [(plan_cache.cached_plan(geometry, key, request, node.facts()), node) for node in smallest_first]
     chosen, node = min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
     fewest = min((p.engine for p, _ in plans), key=lambda e: e.api_servers)
     if fewest.api_servers < chosen.engine.api_servers:
@@ -180,6 +186,7 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
                                                             "sizeLimit": to_quantity(pod.shm_bytes, "Mi")}},
                     *hardening.writable_volumes(spec)[0], *disk_objects.volumes(spec, result)],
         "securityContext": hardening.pod_security_context(),
+        **hardening.host_namespaces(),
         # vLLM never calls the Kubernetes API: no ServiceAccount token in its pods.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

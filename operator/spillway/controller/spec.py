@@ -21,7 +21,14 @@ from ..core.planner import OffloadRequest, ServingRequest
 from .disk_spec import parse_disk
 from .engine_flags import flag_values, geometry_flag, human_readable_int, planned_flag
 from .routing_spec import RoutingSpec, check_events_args, parse_routing
-from .spec_checks import OFFLOAD_FIELDS, SPEC_FIELDS, check_affinity, check_tolerations, known_fields
+from .spec_checks import (
+    OFFLOAD_FIELDS,
+    SPEC_FIELDS,
+    check_affinity,
+    check_document,
+    check_tolerations,
+    known_fields,
+)
 
 # Resources the plan sets; a spec may add others (cpu, ephemeral-storage, ...) but not these.
 PLANNED_RESOURCES = ("memory", names.GPU_RESOURCE)
@@ -165,6 +172,7 @@ def _model_config(spec: Mapping[str, Any]) -> ModelConfigSource | None:
     if (inline is None) == (ref is None):
         raise InvalidSpec(f"{where} takes exactly one of inline (a config.json object) or configMapRef")
     if inline is not None:
+        check_document(inline, f"{where}.inline")
         return ModelConfigSource(inline=_mapping(inline, f"{where}.inline"))
     return ModelConfigSource(config_map=_key_ref(ref, f"{where}.configMapRef", DEFAULT_CONFIG_KEY))
 

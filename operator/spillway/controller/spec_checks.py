@@ -105,3 +105,26 @@ def check_tolerations(value: Any) -> tuple[Mapping[str, Any], ...]:
             raise InvalidSpec(f"{where}.tolerationSeconds must be an integer, got {seconds!r}")
         out.append(toleration)
     return tuple(out)
+
+
+MAX_VALUES = 100_000  # a ModelServer, its config.json or a node list holds a few thousand at most
+MAX_INTEGER = 2**63  # beyond what any Kubernetes or config.json field holds (and past it, str() may refuse)
+
+
+def check_document(value: Any, where: str, limit: int = MAX_VALUES) -> None:
+    """A parsed YAML/JSON document of bounded size whose integers fit 64 bits. YAML aliases share objects,
+    so a small file can stand for billions of values (a "YAML bomb"): the walk counts every visit and stops
+    at `limit`, in milliseconds, before anything else walks it for ever."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > limit:
+            raise InvalidSpec(f"{where}: more than {limit:,} values (YAML aliases expand to that many?)")
+        if isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, int) and not isinstance(item, bool) and not -MAX_INTEGER <= item < MAX_INTEGER:
+            raise InvalidSpec(f"{where}: an integer of {item.bit_length()} bits; no field takes more than 64")

@@ -1,6 +1,8 @@
 """Spillway's own Kubernetes names: API group, kinds, labels, annotations."""
 from __future__ import annotations
 
+import re
+
 GROUP = "spillway.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -85,3 +87,31 @@ ENV_POD_MONITORS = "SPILLWAY_POD_MONITORS"  # "auto" (when the CRD exists, defau
 ENV_METRICS_PORT = "SPILLWAY_METRICS_PORT"  # serve the operator's /metrics on this port (unset: off)
 ENV_RETRY_SECONDS = "SPILLWAY_RETRY_SECONDS"  # wait before retrying API errors and missing ConfigMaps (30)
 ENV_ROUTER_IMAGE = "SPILLWAY_ROUTER_IMAGE"  # the kv-aware router's image (the chart sets it from its values)
+
+
+# -- name rules (RFC 1123) -----------------------------------------------------------------------------------
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX = 63  # namespaces, Services, Jobs, label values
+DNS_SUBDOMAIN_MAX = 253  # Nodes and most other object names
+
+
+def name_problem(value: str, subdomain: bool = False) -> str | None:
+    """Why `value` cannot name a Kubernetes object (a DNS label, or a DNS subdomain of labels), or None."""
+    limit = DNS_SUBDOMAIN_MAX if subdomain else DNS_LABEL_MAX
+    if not value or len(value) > limit:
+        return f"must be 1 to {limit} characters, got {len(value)}"
+    parts = value.split(".") if subdomain else [value]
+    if not all(len(part) <= DNS_LABEL_MAX and _DNS_LABEL.match(part) for part in parts):
+        return ("must be lowercase letters, digits and '-', starting and ending with a letter or digit"
+                + (" (labels between dots)" if subdomain else ""))
+    return None
+
+
+def require_name(value: str, flag: str, subdomain: bool = False) -> str:
+    """`value` if it can name a Kubernetes object; else InvalidSpec naming the flag or field."""
+    from .errors import InvalidSpec
+
+    problem = name_problem(value, subdomain)
+    if problem is not None:
+        raise InvalidSpec(f"{flag} {value[:80]!r}{'...' if len(value) > 80 else ''} {problem}")
+    return value

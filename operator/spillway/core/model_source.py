@@ -86,6 +86,8 @@ def parse_config_text(text: str | bytes, where: str) -> dict[str, Any]:
         raise ModelGeometryUnknown(f"{where}: malformed JSON at line {exc.lineno}: {exc.msg}") from exc
     except RecursionError as exc:
         raise ModelGeometryUnknown(f"{where}: JSON nested too deeply to be a config.json") from exc
+    except ValueError as exc:  # an integer past Python's digit limit (sys.get_int_max_str_digits)
+        raise ModelGeometryUnknown(f"{where}: a number too long to be a config.json value ({exc})"[:300]) from exc
     if not isinstance(config, dict):
         raise ModelGeometryUnknown(f"{where}: config.json must be a JSON object")
     return config

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..core.errors import InvalidSpec
+from .http1 import DEFAULT_REQUEST_TIMEOUT_S
 from .plan import (
     AUTO,
     DEFAULT_CONCURRENCY,
@@ -145,7 +146,7 @@ def _add_plan(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-kv-tokens", type=_auto_int, default=AUTO,
                    help="the server's GPU KV capacity, tokens (auto: from /metrics vllm:cache_config_info)")
     g.add_argument("--max-error-rate", type=float, default=0.01, help="failed requests tolerated per point")
-    g.add_argument("--request-timeout-s", type=float, default=3600.0)
+    g.add_argument("--request-timeout-s", type=float, default=DEFAULT_REQUEST_TIMEOUT_S)
 
 
 def _add_outputs(p: argparse.ArgumentParser) -> None:
@@ -231,11 +232,12 @@ def _finish(result: dict, args: argparse.Namespace, baseline: dict | None) -> No
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .results import STATUS_COMPLETE
+    from .results import STATUS_COMPLETE, check_output
     from .runner import run_endpoint
 
     plan = plan_from_args(args)
     labels = labels_from_args(args.label)
+    check_output(args.output)
     baseline = _load_baseline(args)
     emit = sys.stdout if args.emit_result else None
     common = {"model": args.model, "api_key": args.api_key, "emit": emit, "progress": args.progress}
@@ -260,6 +262,10 @@ def cmd_job(args: argparse.Namespace) -> int:
 
     plan = plan_from_args(args)
     labels_from_args(args.label)
+    for flag, value in (("--modelserver", args.modelserver), ("--baseline-modelserver", args.baseline_modelserver),
+                        ("--job-name", args.job_name), ("--namespace", args.namespace)):
+        if value is not None:
+            jobs.names.require_name(value, flag)
     namespace = args.namespace or jobs.default_namespace(args.context)
     run_args = plan_to_args(plan)
     if args.model:

@@ -16,14 +16,14 @@ import aiohttp
 
 from ..core.errors import SpillwayError
 from ..core.vllm_api import COMPLETIONS_PATH, HEALTH_PATH, METRICS_PATH, MODELS_PATH, RESET_PREFIX_CACHE_PATH
-from .http1 import Http1Pool, Reply
+from .http1 import DEFAULT_REQUEST_TIMEOUT_S, Http1Pool, Reply
 from .progress import Progress
 
 VERSION_PATH = "/version"  # vLLM's own: {"version": "..."}
 ERROR_TEXT_LIMIT = 300
 KEEPALIVE_S = 1.0
 # Discovery (/v1/models, /version, /health), /metrics and the cache reset answer at once on a live server;
-# the request timeout (long prompts, up to an hour) must not let a server that accepts and never answers
+# the request timeout (long prompts, minutes) must not let a server that accepts and never answers
 # hold the run. One attempt each: a timed-out GET is not retried.
 CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=10, sock_connect=10)
 
@@ -50,7 +50,7 @@ class OpenAIClient:
     """Async client of one endpoint. Use as `async with OpenAIClient(url) as client:`."""
 
     def __init__(self, base_url: str, *, api_key: str | None = None, concurrency: int = 256,
-                 request_timeout_s: float = 3600.0) -> None:
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
         self.base_url = base_url.rstrip("/")
         self.model: str | None = None
         self.prompt_format = "ids"

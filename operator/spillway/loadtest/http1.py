@@ -15,6 +15,11 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+# What a load test waits for one completion by default: ten times its longest request (1,024 tokens decoded at
+# 256 concurrent sequences, or a cold 128K-token prefill, each well under a minute on the GPUs it targets), so a
+# server that accepts and never answers fails the request in minutes, not an hour.
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+
 FIRST_CHOICE = b'"choices":[{'  # an event that carries a choice (vLLM writes compact JSON)
 MAX_HEAD = 1 << 16
 
@@ -179,7 +184,7 @@ class Http1Pool:
     uvicorn after 5 s), and a request written to a connection the server is closing fails."""
 
     def __init__(self, base_url: str, *, limit: int, headers: dict[str, str] | None = None, idle_s: float = 1.0,
-                 timeout_s: float = 3600.0, connect_timeout_s: float = 30.0) -> None:
+                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 30.0) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"unsupported URL scheme in {base_url!r}")

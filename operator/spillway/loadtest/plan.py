@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..core.errors import InvalidSpec
+from .http1 import DEFAULT_REQUEST_TIMEOUT_S
 
 EXPERIMENTS = ("ttft", "throughput")
 # Defaults from vLLM's blog post on the KV offloading connector: single-request TTFT over prompt lengths; 10 000 unique 512-token
@@ -57,7 +58,7 @@ class Plan:
     block_size: int | str = AUTO  # tokens per KV block (hit granularity); auto: the server's
     gpu_kv_tokens: int | str = AUTO  # the server's GPU KV capacity; auto: from its /metrics
     max_error_rate: float = 0.01
-    request_timeout_s: float = 3600.0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -26,6 +26,7 @@ from spillway_connector import names as connector_names
 
 from ..core.errors import InvalidSpec
 from .client import EndpointError, OpenAIClient
+from .http1 import DEFAULT_REQUEST_TIMEOUT_S
 from .job import ENV_API_KEY
 from .metrics import counter_deltas, hit_summary
 from .plan import Plan
@@ -47,7 +48,7 @@ class PreemptionPlan:
     id_range: int = DEFAULT_ID_RANGE
     seed: int | None = None  # None: drawn when the run starts
     max_error_rate: float = 0.01
-    request_timeout_s: float = 3600.0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
 
     def validate(self) -> PreemptionPlan:
         for what, value in (("requests", self.requests), ("prompt length", self.prompt_len),

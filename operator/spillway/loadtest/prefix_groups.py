@@ -28,6 +28,7 @@ from typing import Any
 from ..core.errors import InvalidSpec, SpillwayError
 from ..core.vllm_api import Metric
 from .client import Completion, EndpointError, OpenAIClient
+from .http1 import DEFAULT_REQUEST_TIMEOUT_S
 from .job import ENV_API_KEY
 from .metrics import Snapshot, parse
 from .plan import labels_from_args
@@ -58,7 +59,7 @@ class PrefixGroupsPlan:
     seed: int | None = None  # None: drawn when the run starts
     settle_s: float = 1.0  # pause after the warm-up: offload stores and KV events are asynchronous
     max_error_rate: float = 0.01
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
 
     def validate(self) -> PrefixGroupsPlan:
         for what, value in (("groups", self.groups), ("prompts per group", self.prompts_per_group),

@@ -79,17 +79,40 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+MAX_RESULT_BYTES = 256 * 2**20  # a result of a long run is a few MiB; a saved Job log somewhat more
+
+
+def check_output(path: Path) -> None:
+    """Refuse an output path no result can be written to, before the run rather than after it."""
+    from ..core.errors import InvalidSpec
+
+    path = Path(path)
+    if path.is_dir():
+        raise InvalidSpec(f"--output {path} is a directory; give a file path such as {path / 'result.json'}")
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise InvalidSpec(f"--output {path}: {parent} is not a directory")
+
+
 def load(path: Path) -> dict[str, Any]:
     """A result file, or the last RESULT_MARKER line of a saved log (`kubectl logs job/... > log`)."""
     from ..core.errors import InvalidSpec
 
     try:
-        text = Path(path).read_text()
+        with Path(path).open("rb") as handle:
+            data = handle.read(MAX_RESULT_BYTES + 1)
     except OSError as exc:
         raise InvalidSpec(f"cannot read result {path}: {exc.strerror}") from None
-    found = result_from_log(text)
+    if len(data) > MAX_RESULT_BYTES:
+        raise InvalidSpec(f"{path}: larger than {MAX_RESULT_BYTES // 2**20} MiB; not a load test result")
     try:
+        text = data.decode("utf-8")
+        found = result_from_log(text)
         result = found if found is not None else json.loads(text)
+    except UnicodeDecodeError:
+        raise InvalidSpec(f"{path} is not UTF-8 text: neither a load test result (JSON) nor a log") from None
+    except RecursionError:
+        raise InvalidSpec(f"{path}: JSON nested too deeply to be a load test result") from None
     except ValueError:
         raise InvalidSpec(f"{path} is neither a load test result (JSON) nor a log holding one") from None
     if not isinstance(result, dict) or result.get("schema") != SCHEMA:

@@ -78,6 +78,9 @@ def parse_choice(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 def render(args: argparse.Namespace) -> str:
     sizes = parse_sizes(args.block_sizes) if args.block_sizes else list(manifests.RENDER_BLOCK_SIZES)
     host = args.host_memory
+    names.require_name(args.namespace, "--namespace")
+    if args.node:
+        names.require_name(args.node, "--node", subdomain=True)
     if args.render == "daemonset":
         objs = manifests.daemonset(args.namespace, args.image, sizes, host, args.repeats, args.gpu_node_label)
     else:
