@@ -48,6 +48,8 @@ MLA_MODEL_TYPES = frozenset({
     "kimi_linear", "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid",
     "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp",
 })
+# vllm/model_executor/models/longcat_flash.py: each decoder layer holds two attention blocks, each its own cache
+ATTENTIONS_PER_LAYER = {"longcat_flash": 2}
 # Transformers configs keep their own names in config.json; their attribute_map gives vLLM the standard ones.
 ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_attention_heads": ("n_head",),
            "hidden_size": ("n_embd", "d_model"), "max_position_embeddings": ("n_positions", "max_sequence_length")}
@@ -163,7 +165,8 @@ def _attention_geometry(config: Mapping[str, Any], heads: int, name: str) -> tup
     kv = _first(config, KV_HEAD_KEYS)
     if config.get("multi_query") and not config.get("new_decoder_architecture"):  # Falcon-7B: one KV head
         kv = 1
-    if kv is None:
+    if kv is None or config.get("multi_query_attention") is False:
+        # vllm/model_executor/models/chatglm.py: multi_query_group_num counts only with multi_query_attention
         kv = heads
     if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
         raise ModelGeometryUnknown(f"{name}: KV heads must be a positive integer, got {kv!r} "
@@ -279,7 +282,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     if model_type in UNMODELLED:
         raise ModelGeometryUnknown(f"{name}: model_type {model_type!r} keeps a cache Spillway does not model yet: "
                                    f"{UNMODELLED[model_type]}")
-    num_layers = _int(text, "num_hidden_layers", name)
+    num_layers = _int(text, "num_hidden_layers", name) * ATTENTIONS_PER_LAYER.get(model_type, 1)
     dtype = _dtype(text, name)
     kinds = _layer_kinds(text, model_type, num_layers, name)
     flat = {kind for layer in kinds for kind in layer}
