@@ -99,13 +99,35 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "Qwen2_5OmniModel": (("thinker_config", "text_config"), "Qwen2ForCausalLM", "qwen2"),
     # moonshotai/Kimi-K2.5: a DeepSeek-V3 text config, built by kimi_k25.py as DeepseekV2ForCausalLM
     "KimiK25ForConditionalGeneration": (("text_config",), "DeepseekV2ForCausalLM", "deepseek_v3"),
+    # hf_config=config.text_config (or get_text_config()), the architecture that text config names: the
+    # language model of the released checkpoint
+    "InternVLChatModel": (("text_config",), "Qwen2ForCausalLM", "qwen2"),  # OpenGVLab/InternVL3-8B
+    "InternS1ForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),  # internlm/Intern-S1-mini
+    "Eagle2_5_VLForConditionalGeneration": (("text_config",), "Qwen2ForCausalLM", "qwen2"),  # nvidia/Eagle2.5-8B
+    "LightOnOCRForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),  # lightonai/LightOnOCR-1B
+    "Llama_Nemotron_Nano_VL": (("llm_config",), "LlamaForCausalLM", "llama"),  # Llama-3.1-Nemotron-Nano-VL-8B
+    "NVLM_D": (("text_config",), "Qwen2ForCausalLM", "qwen2"),  # nvidia/NVLM-D-72B: Qwen2-72B
+    "SkyworkR1VChatModel": (("text_config",), "Qwen2ForCausalLM", "qwen2"),  # Skywork/Skywork-R1V-38B
+    "OpenVLAForActionPrediction": (("text_config",), "LlamaForCausalLM", "llama"),  # openvla/openvla-7b: Llama 2
+    "PixtralForConditionalGeneration": (("text_config",), "MistralForCausalLM", "mistral"),  # Pixtral-12B: Nemo
+    "VoxtralForConditionalGeneration": (("text_config",), "LlamaForCausalLM", "llama"),  # Voxtral-Mini-3B
+    "UltravoxModel": (("text_config",), "LlamaForCausalLM", "llama"),  # fixie-ai/ultravox-v0_5-llama-3_1-8b
 }
 
 
 def _wrapper_config(arch: str, model_type: str) -> dict:
+    """The wrapper's own config where its class holds that language model (InternVL's), else one of only it."""
     from transformers import AutoConfig
 
     path, language_arch, language_type = LANGUAGE_MODELS[arch]
+    if model_type in known_model_types():
+        own = _jsonable(_known_config(model_type))
+        inner = own
+        for key in path:
+            inner = inner.get(key) if isinstance(inner, dict) else None
+        if isinstance(inner, dict) and inner.get("model_type") == language_type:
+            inner["architectures"] = [language_arch]
+            return own
     config = {**_jsonable(AutoConfig.for_model(language_type).to_dict()), "architectures": [language_arch]}
     for key in reversed(path):
         config = {key: config}
@@ -172,19 +194,25 @@ def _jsonable(value):
     return str(value).removeprefix("torch.")
 
 
-def build_config(arch: str, module: str) -> dict:
+def _known_config(model_type: str) -> dict:
     from transformers import AutoConfig
     from vllm.transformers_utils.config import _CONFIG_REGISTRY
+
+    if model_type in _CONFIG_REGISTRY:
+        return _CONFIG_REGISTRY[model_type]().to_dict()
+    return AutoConfig.for_model(model_type).to_dict()
+
+
+def build_config(arch: str, module: str) -> dict:
+    from transformers import AutoConfig
 
     model_type = model_type_of(arch, module)
     if arch in LANGUAGE_MODELS:
         config = _wrapper_config(arch, model_type)
     elif arch in SHAPED_AS:
         config = AutoConfig.for_model(SHAPED_AS[arch]).to_dict()
-    elif model_type in _CONFIG_REGISTRY:
-        config = _CONFIG_REGISTRY[model_type]().to_dict()
     elif model_type in known_model_types():
-        config = AutoConfig.for_model(model_type).to_dict()
+        config = _known_config(model_type)
     else:
         config = {**GENERIC_TEXT, "model_type": model_type}
     config = {**_jsonable(config), **PATCHES.get(arch, {})}
