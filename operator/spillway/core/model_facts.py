@@ -51,7 +51,7 @@ MLA_MODEL_TYPES = frozenset({
 # vllm/model_executor/models/longcat_flash.py: each decoder layer holds two attention blocks, each its own cache
 ATTENTIONS_PER_LAYER = {"longcat_flash": 2}
 # Transformers configs keep their own names in config.json; their attribute_map gives vLLM the standard ones.
-ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_attention_heads": ("n_head",),
+ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_attention_heads": ("n_head", "n_heads"),
            "hidden_size": ("n_embd", "d_model"), "max_position_embeddings": ("n_positions", "max_sequence_length")}
 # Model types whose vLLM model code builds caches the config fields above do not describe; refused by name until
 # the planner models them (each reason says what vLLM does differently).
@@ -62,7 +62,6 @@ UNMODELLED = {
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
     "iquest_loopcoder": "a full and a sliding-window cache in every layer (loop attention)",
     "zamba2": "shared attention blocks between Mamba layers (layers_block_type 'hybrid')",
-    "minicpm3": "full attention over K of qk_nope + qk_rope and V padded to it",
 }
 
 
@@ -163,6 +162,9 @@ def _dtype(config: Mapping[str, Any], name: str) -> str:
 
 def _attention_geometry(config: Mapping[str, Any], heads: int, name: str) -> tuple[int, int]:
     kv = _first(config, KV_HEAD_KEYS)
+    if kv is None and isinstance(config.get("attn_config"), Mapping):
+        # vllm/transformers_utils/model_arch_config_convertor.py DbrxModelArchConfigConvertor
+        kv = config["attn_config"].get("kv_n_heads")
     if config.get("multi_query") and not config.get("new_decoder_architecture"):  # Falcon-7B: one KV head
         kv = 1
     if kv is None or config.get("multi_query_attention") is False:
@@ -293,6 +295,11 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     if mla:
         head_dim = _int(text, "kv_lora_rank", name) + _int(text, "qk_rope_head_dim", name)
         kinds = [tuple(MLA if k == FULL else k for k in layer) for layer in kinds]
+    elif attention and model_type == "minicpm3":
+        # vllm/model_executor/models/minicpm3.py: Attention(heads, qk_nope + qk_rope, num_kv_heads=heads), its V
+        # padded to that head size
+        kv_heads, head_dim = heads, _int(text, "qk_nope_head_dim", name) + _int(text, "qk_rope_head_dim", name)
+        v_head_dim = head_dim
     elif attention:
         kv_heads, head_dim = _attention_geometry(text, heads, name)
         v_head_dim = head_dim

@@ -68,6 +68,8 @@ DROPPED = {"DbrxForCausalLM": ("_name_or_path", "output_attentions")}
 TEXT_PATCHES: dict[str, dict] = {
     "Qwen3VLMoeForConditionalGeneration": {"text_config": {"norm_topk_prob": True}},  # Qwen/Qwen3-VL-30B-A3B
     "Glm4vMoeForConditionalGeneration": {"text_config": {"head_dim": 128, "use_qk_norm": False}},  # zai-org/GLM-4.5V
+    "Step3VLForConditionalGeneration": {"text_config": PATCHES["Step3TextForCausalLM"]},  # stepfun-ai/step3
+    "DbrxForCausalLM": {"attn_config": {"rope_theta": 500000.0}},  # databricks/dbrx-instruct
 }
 
 # Fields a released config.json carries equal to another of its fields (LiquidAI/LFM2-1.2B: block_dim and conv_dim
@@ -112,12 +114,12 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "PixtralForConditionalGeneration": (("text_config",), "MistralForCausalLM", "mistral"),  # Pixtral-12B: Nemo
     "VoxtralForConditionalGeneration": (("text_config",), "LlamaForCausalLM", "llama"),  # Voxtral-Mini-3B
     "UltravoxModel": (("text_config",), "LlamaForCausalLM", "llama"),  # fixie-ai/ultravox-v0_5-llama-3_1-8b
+    "Step3VLForConditionalGeneration": (("text_config",), "Step3TextForCausalLM", "step3_text"),  # stepfun-ai/step3
 }
 
 
 def _wrapper_config(arch: str, model_type: str) -> dict:
     """The wrapper's own config where its class holds that language model (InternVL's), else one of only it."""
-    from transformers import AutoConfig
 
     path, language_arch, language_type = LANGUAGE_MODELS[arch]
     if model_type in known_model_types():
@@ -128,7 +130,7 @@ def _wrapper_config(arch: str, model_type: str) -> dict:
         if isinstance(inner, dict) and inner.get("model_type") == language_type:
             inner["architectures"] = [language_arch]
             return own
-    config = {**_jsonable(AutoConfig.for_model(language_type).to_dict()), "architectures": [language_arch]}
+    config = {**_jsonable(_known_config(language_type)), "architectures": [language_arch]}
     for key in reversed(path):
         config = {key: config}
     return {**config, "model_type": model_type}
