@@ -35,6 +35,7 @@ PATCHES: dict[str, dict] = {
     "HYV3ForCausalLM": {"first_k_dense_replace": 1},
     "NemotronForCausalLM": {"num_key_value_heads": 8},  # nvidia/Minitron-8B-Base
     "MiniCPMForCausalLM": {"dim_model_base": 256, "scale_emb": 12, "scale_depth": 1.4},  # openbmb/MiniCPM-2B
+    "MiniCPMV": {"version": 2.6},  # openbmb/MiniCPM-V-2_6 (minicpmv.py dispatches on it)
     # LGAI-EXAONE/EXAONE-3.0-7.8B-Instruct
     "ExaoneForCausalLM": {"activation_function": "silu", "layer_norm_epsilon": 1e-5},
     "ChatGLMModel": {"original_rope": True, "tie_word_embeddings": False},  # zai-org/chatglm3-6b: its own output layer
@@ -115,6 +116,13 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "VoxtralForConditionalGeneration": (("text_config",), "LlamaForCausalLM", "llama"),  # Voxtral-Mini-3B
     "UltravoxModel": (("text_config",), "LlamaForCausalLM", "llama"),  # fixie-ai/ultravox-v0_5-llama-3_1-8b
     "Step3VLForConditionalGeneration": (("text_config",), "Step3TextForCausalLM", "step3_text"),  # stepfun-ai/step3
+    "KeyeVL1_5ForConditionalGeneration": ((), "Qwen3ForCausalLM", "qwen3"),  # keye.py BaseKeyeModule
+    # minicpmv.py init_llm on the model's own config: MiniCPM-V 2.6 builds Qwen2ForCausalLM, MiniCPM-o 2.6 too
+    "MiniCPMV": ((), "Qwen2ForCausalLM", "qwen2"),
+    "MiniCPMO": ((), "Qwen2ForCausalLM", "qwen2"),
+    # vllm_config.with_hf_config(config.get_text_config()): AIDC-AI/Ovis2-8B's Qwen2, Ovis2.5-9B's Qwen3
+    "Ovis": (("llm_config",), "Qwen2ForCausalLM", "qwen2"),
+    "Ovis2_5": (("llm_config",), "Qwen3ForCausalLM", "qwen3"),
 }
 
 
