@@ -123,6 +123,10 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     # vllm_config.with_hf_config(config.get_text_config()): AIDC-AI/Ovis2-8B's Qwen2, Ovis2.5-9B's Qwen3
     "Ovis": (("llm_config",), "Qwen2ForCausalLM", "qwen2"),
     "Ovis2_5": (("llm_config",), "Qwen3ForCausalLM", "qwen3"),
+    # qwen3_omni_moe_thinker.py: Qwen3MoeLLMForCausalLM (a Qwen3MoeForCausalLM) on thinker_config.text_config
+    "Qwen3OmniMoeForConditionalGeneration": (("thinker_config", "text_config"), "Qwen3MoeForCausalLM", "qwen3_moe"),
+    "DeepseekVLV2ForCausalLM": (("text_config",), "DeepseekV2ForCausalLM", "deepseek_v2"),  # deepseek-vl2-small
+    "StepVLForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),  # stepfun-ai/Step3-VL-10B
 }
 
 
