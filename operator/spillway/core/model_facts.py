@@ -60,7 +60,6 @@ UNMODELLED = {
     "gemma4_text": "global layers of another head size than the sliding ones (global_head_dim)",
     "hy_v4": "MLA on some layers only, with a compressed-attention schedule",
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
-    "iquest_loopcoder": "a full and a sliding-window cache in every layer (loop attention)",
     "zamba2": "shared attention blocks between Mamba layers (layers_block_type 'hybrid')",
 }
 
@@ -212,6 +211,12 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) if i % period == offset else (MAMBA,) for i in range(num_layers)]
     if model_type in ("mamba", "mamba2"):
         return [(MAMBA,)] * num_layers
+    if model_type == "iquest_loopcoder":
+        # vllm/model_executor/models/iquest_loopcoder.py: loop_num attentions per layer, the first over the model's
+        # cache config, each further one a window of loop_window_size
+        if config.get("sliding_window") is not None:
+            raise ModelGeometryUnknown(f"{name}: a loop coder with a sliding first loop is not modelled")
+        return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
     listed = _listed_kinds(config, num_layers, name)
     if listed is not None:
         return [(kind,) if kind else () for kind in listed]
@@ -304,7 +309,9 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         kv_heads, head_dim = _attention_geometry(text, heads, name)
         v_head_dim = head_dim
     window = None
-    if SLIDING in flat:
+    if SLIDING in flat and model_type == "iquest_loopcoder":
+        window = _int(text, "loop_window_size", name, 64)
+    elif SLIDING in flat:
         window = _int(text, "sliding_window", name) + WINDOW_OFFSET.get(model_type, 0)
     elif CHUNKED in flat:
         window = _int(text, "attention_chunk_size", name)
