@@ -60,7 +60,6 @@ UNMODELLED = {
     "gemma4_text": "global layers of another head size than the sliding ones (global_head_dim)",
     "hy_v4": "MLA on some layers only, with a compressed-attention schedule",
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
-    "zamba2": "shared attention blocks between Mamba layers (layers_block_type 'hybrid')",
 }
 
 
@@ -172,7 +171,7 @@ def _attention_geometry(config: Mapping[str, Any], heads: int, name: str) -> tup
     if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
         raise ModelGeometryUnknown(f"{name}: KV heads must be a positive integer, got {kv!r} "
                                    f"(config.json {', '.join(KV_HEAD_KEYS)})")
-    head_dim = config.get("head_dim")
+    head_dim = config.get("head_dim") or config.get("attention_head_dim")  # Zamba2: over twice the hidden size
     if head_dim is None or head_dim == 0:
         head_dim = config.get("hidden_size_per_head")
     if head_dim is None:
@@ -211,6 +210,14 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) if i % period == offset else (MAMBA,) for i in range(num_layers)]
     if model_type in ("mamba", "mamba2"):
         return [(MAMBA,)] * num_layers
+    if model_type == "zamba2":
+        # vllm/model_executor/models/zamba2.py: every layer a Mamba2 mixer, a 'hybrid' one also the shared attention;
+        # the attention layers register first, so vLLM's first group is theirs
+        types = config.get("layers_block_type") or []
+        if len(types) != num_layers:
+            raise ModelGeometryUnknown(f"{name}: layers_block_type has {len(types)} entries for {num_layers} layers")
+        hybrid = sum(t == "hybrid" for t in types)
+        return [(FULL, MAMBA)] * hybrid + [(MAMBA,)] * (num_layers - hybrid)
     if model_type == "iquest_loopcoder":
         # vllm/model_executor/models/iquest_loopcoder.py: loop_num attentions per layer, the first over the model's
         # cache config, each further one a window of loop_window_size

@@ -160,6 +160,7 @@ SIZED = frozenset({
     'TeleFLMForCausalLM',
     'UltravoxModel',
     'VoxtralForConditionalGeneration',
+    'Zamba2ForCausalLM',
 })
 
 REFUSED = {
@@ -257,7 +258,6 @@ REFUSED = {
     'UnlimitedOCRForCausalLM': "vLLM 0.33's answer could not be recorded (no truth: model step: ValidationError: 1 validation error for ModelConfig)",
     'VoxtralRealtimeGeneration': "vLLM 0.33's answer could not be recorded (no truth: model step: AttributeError: 'VoxtralRealtimeEncoderConfig' object has no attribute 'downsample_factor')",
     'WhisperForConditionalGeneration': "WhisperForConditionalGeneration: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: offload step: AssertionError: )",
-    'Zamba2ForCausalLM': "vLLM 0.33 offloads it, but the planner cannot size it: Zamba2ForCausalLM: model_type 'zamba2' keeps a cache Spillway does not model yet: shared attention blocks between Mamba layers (layers_block_type 'hybrid')",
 }
 
 REGISTRY = {
