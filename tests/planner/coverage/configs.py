@@ -59,9 +59,10 @@ PATCHES: dict[str, dict] = {
     "Step3TextForCausalLM": {"moe_layers_enum": ",".join(str(i) for i in range(4, 60))},
 }
 
-# Architectures whose checkpoints vLLM reads as another model type: Mistral Large 3's params.json becomes a
-# deepseek_v3 config (vllm/transformers_utils/configs/mistral.py), that class's defaults.
-SHAPED_AS = {"MistralLarge3ForCausalLM": "deepseek_v3"}
+# Architectures whose checkpoints vLLM reads as another model type, that class's defaults: Mistral Large 3's
+# params.json becomes a deepseek_v3 config (vllm/transformers_utils/configs/mistral.py); Qwen3-ASR's realtime model
+# is its offline model's class (qwen3_asr_realtime.py subclasses Qwen3ASRForConditionalGeneration) on its config.
+SHAPED_AS = {"MistralLarge3ForCausalLM": "deepseek_v3", "Qwen3ASRRealtimeGeneration": "qwen3_asr"}
 
 # Keys a config class's to_dict writes that its own __init__ then refuses (DbrxConfig, in it and its sub-configs).
 DROPPED = {"DbrxForCausalLM": ("_name_or_path", "output_attentions")}
@@ -218,13 +219,12 @@ def _known_config(model_type: str) -> dict:
 
 
 def build_config(arch: str, module: str) -> dict:
-    from transformers import AutoConfig
 
     model_type = model_type_of(arch, module)
     if arch in LANGUAGE_MODELS:
         config = _wrapper_config(arch, model_type)
     elif arch in SHAPED_AS:
-        config = AutoConfig.for_model(SHAPED_AS[arch]).to_dict()
+        config = _known_config(SHAPED_AS[arch])
     elif model_type in known_model_types():
         config = _known_config(model_type)
     else:
