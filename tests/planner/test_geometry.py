@@ -86,7 +86,7 @@ def test_block_size_scales_block_bytes():
 
 @pytest.mark.parametrize("cfg,message", [
     ({"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "num_hidden_layers": 2,
-      "num_attention_heads": 4}, "does not model"),
+      "num_attention_heads": 4}, "layers_block_type has 0 entries for 2 layers"),
     ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
       "num_key_value_heads": 0, "hidden_size": 64}, "KV heads must be a positive integer, got 0"),
     ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -35,11 +35,22 @@ def test_tokens_held_count_each_groups_window_once_per_request():
     assert groups.chunks_per_request(100) == 7 + 7  # short requests: every chunk still in the window
 
 
-@pytest.mark.parametrize("model_type", ["zamba2", "gemma4_text", "iquest_loopcoder"])
+@pytest.mark.parametrize("model_type", ["gemma4_text", "hy_v4"])
 def test_caches_spillway_does_not_model_are_refused_by_name(model_type):
     config = {"architectures": ["X"], "model_type": model_type, "num_hidden_layers": 4, "num_attention_heads": 4}
     with pytest.raises(ModelGeometryUnknown, match=f"{model_type}.*does not model"):
         geometry_from_config(config)
+
+
+def test_a_loop_coder_keeps_one_full_and_loop_num_minus_one_window_caches_per_layer():
+    config = {"architectures": ["IQuestLoopCoderForCausalLM"], "model_type": "iquest_loopcoder",
+              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+              "loop_num": 3, "loop_window_size": 32}
+    groups = kv_groups(config, (0, 33), block_size=16)
+    assert sorted((g.kind, g.layers, g.window) for g in groups.groups) == [
+        (FULL, 4, None), (SLIDING, 4, 32), (SLIDING, 4, 32)]
+    with pytest.raises(ModelGeometryUnknown, match="sliding first loop"):  # its first loop's window is not modelled
+        kv_groups({**config, "sliding_window": 4096}, (0, 33))
 
 
 def test_cohere2_keeps_three_sliding_layers_to_one_full_with_vllms_window_plus_one():

@@ -48,8 +48,10 @@ MLA_MODEL_TYPES = frozenset({
     "kimi_linear", "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid",
     "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp",
 })
+# vllm/model_executor/models/longcat_flash.py: each decoder layer holds two attention blocks, each its own cache
+ATTENTIONS_PER_LAYER = {"longcat_flash": 2}
 # Transformers configs keep their own names in config.json; their attribute_map gives vLLM the standard ones.
-ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_attention_heads": ("n_head",),
+ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_attention_heads": ("n_head", "n_heads"),
            "hidden_size": ("n_embd", "d_model"), "max_position_embeddings": ("n_positions", "max_sequence_length")}
 # Model types whose vLLM model code builds caches the config fields above do not describe; refused by name until
 # the planner models them (each reason says what vLLM does differently).
@@ -58,9 +60,6 @@ UNMODELLED = {
     "gemma4_text": "global layers of another head size than the sliding ones (global_head_dim)",
     "hy_v4": "MLA on some layers only, with a compressed-attention schedule",
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
-    "iquest_loopcoder": "a full and a sliding-window cache in every layer (loop attention)",
-    "zamba2": "shared attention blocks between Mamba layers (layers_block_type 'hybrid')",
-    "minicpm3": "full attention over K of qk_nope + qk_rope and V padded to it",
 }
 
 
@@ -161,14 +160,18 @@ def _dtype(config: Mapping[str, Any], name: str) -> str:
 
 def _attention_geometry(config: Mapping[str, Any], heads: int, name: str) -> tuple[int, int]:
     kv = _first(config, KV_HEAD_KEYS)
+    if kv is None and isinstance(config.get("attn_config"), Mapping):
+        # vllm/transformers_utils/model_arch_config_convertor.py DbrxModelArchConfigConvertor
+        kv = config["attn_config"].get("kv_n_heads")
     if config.get("multi_query") and not config.get("new_decoder_architecture"):  # Falcon-7B: one KV head
         kv = 1
-    if kv is None:
+    if kv is None or config.get("multi_query_attention") is False:
+        # vllm/model_executor/models/chatglm.py: multi_query_group_num counts only with multi_query_attention
         kv = heads
     if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
         raise ModelGeometryUnknown(f"{name}: KV heads must be a positive integer, got {kv!r} "
                                    f"(config.json {', '.join(KV_HEAD_KEYS)})")
-    head_dim = config.get("head_dim")
+    head_dim = config.get("head_dim") or config.get("attention_head_dim")  # Zamba2: over twice the hidden size
     if head_dim is None or head_dim == 0:
         head_dim = config.get("hidden_size_per_head")
     if head_dim is None:
@@ -207,6 +210,20 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) if i % period == offset else (MAMBA,) for i in range(num_layers)]
     if model_type in ("mamba", "mamba2"):
         return [(MAMBA,)] * num_layers
+    if model_type == "zamba2":
+        # vllm/model_executor/models/zamba2.py: every layer a Mamba2 mixer, a 'hybrid' one also the shared attention;
+        # the attention layers register first, so vLLM's first group is theirs
+        types = config.get("layers_block_type") or []
+        if len(types) != num_layers:
+            raise ModelGeometryUnknown(f"{name}: layers_block_type has {len(types)} entries for {num_layers} layers")
+        hybrid = sum(t == "hybrid" for t in types)
+        return [(FULL, MAMBA)] * hybrid + [(MAMBA,)] * (num_layers - hybrid)
+    if model_type == "iquest_loopcoder":
+        # vllm/model_executor/models/iquest_loopcoder.py: loop_num attentions per layer, the first over the model's
+        # cache config, each further one a window of loop_window_size
+        if config.get("sliding_window") is not None:
+            raise ModelGeometryUnknown(f"{name}: a loop coder with a sliding first loop is not modelled")
+        return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
     listed = _listed_kinds(config, num_layers, name)
     if listed is not None:
         return [(kind,) if kind else () for kind in listed]
@@ -279,7 +296,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     if model_type in UNMODELLED:
         raise ModelGeometryUnknown(f"{name}: model_type {model_type!r} keeps a cache Spillway does not model yet: "
                                    f"{UNMODELLED[model_type]}")
-    num_layers = _int(text, "num_hidden_layers", name)
+    num_layers = _int(text, "num_hidden_layers", name) * ATTENTIONS_PER_LAYER.get(model_type, 1)
     dtype = _dtype(text, name)
     kinds = _layer_kinds(text, model_type, num_layers, name)
     flat = {kind for layer in kinds for kind in layer}
@@ -290,11 +307,18 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     if mla:
         head_dim = _int(text, "kv_lora_rank", name) + _int(text, "qk_rope_head_dim", name)
         kinds = [tuple(MLA if k == FULL else k for k in layer) for layer in kinds]
+    elif attention and model_type == "minicpm3":
+        # vllm/model_executor/models/minicpm3.py: Attention(heads, qk_nope + qk_rope, num_kv_heads=heads), its V
+        # padded to that head size
+        kv_heads, head_dim = heads, _int(text, "qk_nope_head_dim", name) + _int(text, "qk_rope_head_dim", name)
+        v_head_dim = head_dim
     elif attention:
         kv_heads, head_dim = _attention_geometry(text, heads, name)
         v_head_dim = head_dim
     window = None
-    if SLIDING in flat:
+    if SLIDING in flat and model_type == "iquest_loopcoder":
+        window = _int(text, "loop_window_size", name, 64)
+    elif SLIDING in flat:
         window = _int(text, "sliding_window", name) + WINDOW_OFFSET.get(model_type, 0)
     elif CHUNKED in flat:
         window = _int(text, "attention_chunk_size", name)

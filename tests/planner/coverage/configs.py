@@ -30,22 +30,131 @@ GENERIC_TEXT = {
 PATCHES: dict[str, dict] = {
     # MiniMaxAI/MiniMax-M2: head_dim 128 with partial RoPE, sigmoid routing with a bias
     "MiniMaxM2ForCausalLM": {"rotary_dim": 64, "scoring_func": "sigmoid", "use_routing_bias": True},
-    "AfmoeForCausalLM": {"score_func": "sigmoid"},  # arcee-ai/Trinity (AFMoE): sigmoid routing
     "Glm4MoeForCausalLM": {"head_dim": 128},  # zai-org/GLM-4.5
     "Glm4MoeLiteForCausalLM": {"first_k_dense_replace": 1},  # zai-org/GLM-4.7-Flash
     "HYV3ForCausalLM": {"first_k_dense_replace": 1},
-    "ChatGLMModel": {"original_rope": True},  # zai-org/chatglm3-6b
-    "ChatGLMForConditionalGeneration": {"original_rope": True},
     "NemotronForCausalLM": {"num_key_value_heads": 8},  # nvidia/Minitron-8B-Base
-    "LongcatFlashForCausalLM": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True},  # meituan-longcat
     "MiniCPMForCausalLM": {"dim_model_base": 256, "scale_emb": 12, "scale_depth": 1.4},  # openbmb/MiniCPM-2B
-    "ExaoneForCausalLM": {"activation_function": "silu"},  # LGAI-EXAONE/EXAONE-3.0-7.8B-Instruct
+    "MiniCPMV": {"version": 2.6},  # openbmb/MiniCPM-V-2_6 (minicpmv.py dispatches on it)
+    # LGAI-EXAONE/EXAONE-3.0-7.8B-Instruct
+    "ExaoneForCausalLM": {"activation_function": "silu", "layer_norm_epsilon": 1e-5},
+    "ChatGLMModel": {"original_rope": True, "tie_word_embeddings": False},  # zai-org/chatglm3-6b: its own output layer
+    "ChatGLMForConditionalGeneration": {"original_rope": True, "tie_word_embeddings": False},
+    "AfmoeForCausalLM": {"score_func": "sigmoid", "route_norm": True, "n_group": 1, "topk_group": 1},  # Trinity-Mini
+    "LongcatFlashForCausalLM": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True, "zero_expert_num": 256,
+                                "zero_expert_type": "identity"},  # meituan-longcat/LongCat-Flash-Chat
+    # Tele-AI/TeleChat2-7B names its sizes n_layer/n_head/ffn_hidden_size (here the generic config's sizes)
+    "TeleChat2ForCausalLM": {"n_layer": 32, "n_head": 32, "ffn_hidden_size": 11008, "layer_norm_epsilon": 1e-6},
+    # inclusionAI/Ling-lite: 64 experts, 6 routed per token, 2 shared, no biases
+    "BailingMoeForCausalLM": {"use_bias": False, "use_qkv_bias": False, "num_experts": 64, "num_shared_experts": 2,
+                              "num_experts_per_tok": 6, "moe_intermediate_size": 1408, "first_k_dense_replace": 0,
+                              "norm_topk_prob": True},
+    # inclusionAI/Ling-mini-2.0: 256 experts in 8 groups, sigmoid routing with an expert bias, QK norm, half RoPE
+    "BailingMoeV2ForCausalLM": {"use_bias": False, "use_qkv_bias": False, "num_experts": 256, "num_shared_experts": 1,
+                                "num_experts_per_tok": 8, "moe_intermediate_size": 512, "first_k_dense_replace": 1,
+                                "norm_topk_prob": True, "score_function": "sigmoid", "n_group": 8, "topk_group": 4,
+                                "routed_scaling_factor": 2.5, "moe_router_enable_expert_bias": True,
+                                "use_qk_norm": True, "partial_rotary_factor": 0.5},
+    # stepfun-ai/step3: the MoE layers as the comma-separated string its config.json carries
+    "Step3TextForCausalLM": {"moe_layers_enum": ",".join(str(i) for i in range(4, 60))},
 }
 
+# Architectures whose checkpoints vLLM reads as another model type, that class's defaults: Mistral Large 3's
+# params.json becomes a deepseek_v3 config (vllm/transformers_utils/configs/mistral.py); Qwen3-ASR's realtime model
+# is its offline model's class (qwen3_asr_realtime.py subclasses Qwen3ASRForConditionalGeneration) on its config.
+SHAPED_AS = {"MistralLarge3ForCausalLM": "deepseek_v3", "Qwen3ASRRealtimeGeneration": "qwen3_asr"}
+
+# Keys a config class's to_dict writes that its own __init__ then refuses (DbrxConfig, in it and its sub-configs).
+DROPPED = {"DbrxForCausalLM": ("_name_or_path", "output_attentions")}
+
 TEXT_PATCHES: dict[str, dict] = {
-    "Glm4vMoeForConditionalGeneration": {"text_config": {"head_dim": 128}},  # zai-org/GLM-4.5V
     "Qwen3VLMoeForConditionalGeneration": {"text_config": {"norm_topk_prob": True}},  # Qwen/Qwen3-VL-30B-A3B
+    "Glm4vMoeForConditionalGeneration": {"text_config": {"head_dim": 128, "use_qk_norm": False}},  # zai-org/GLM-4.5V
+    "Step3VLForConditionalGeneration": {"text_config": PATCHES["Step3TextForCausalLM"]},  # stepfun-ai/step3
+    "DbrxForCausalLM": {"attn_config": {"rope_theta": 500000.0}},  # databricks/dbrx-instruct
 }
+
+# Fields a released config.json carries equal to another of its fields (LiquidAI/LFM2-1.2B: block_dim and conv_dim
+# are its hidden_size), for configs whose class lacks them.
+SAME_AS: dict[str, dict[str, str]] = {
+    "Lfm2ForCausalLM": {"block_dim": "hidden_size", "conv_dim": "hidden_size", "conv_dim_out": "hidden_size",
+                        "block_ff_dim": "intermediate_size"},
+}
+TEXT_SAME_AS = {"Lfm2VlForConditionalGeneration": SAME_AS["Lfm2ForCausalLM"]}
+
+
+# Multimodal wrappers whose KV cache is their language model's (vLLM's get_kv_cache_spec walks the attention
+# layers; their vision and audio encoders keep none) and whose towers the CPU venv cannot build (torchvision, timm)
+# or whose processors' remote config fields are unknown: where the wrapper's config holds its language model
+# (() : the wrapper's own config, vLLM 0.33's init_vllm_registered_model(hf_config=...) in the wrapper's module),
+# the architecture that call builds and the language model's model type. Only that language model is built.
+LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "DotsOCRForCausalLM": ((), "Qwen2ForCausalLM", "qwen2"),  # dots_ocr.py: hf_config=self.config
+    "KeyeForConditionalGeneration": ((), "Qwen3ForCausalLM", "qwen3"),  # keye.py: the model's own config
+    "IsaacForConditionalGeneration": ((), "Qwen3ForCausalLM", "qwen3"),  # isaac.py
+    "Phi3VForCausalLM": ((), "LlamaForCausalLM", "phi3"),  # phi3v.py: microsoft/Phi-3-vision's Phi-3 config
+    "Phi4ForCausalLMV": ((), "Phi3ForCausalLM", "phi3"),  # phi4siglip.py: hf_config=config
+    "FunAudioChatForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),
+    "KananaVForConditionalGeneration": (("text_config",), "LlamaForCausalLM", "llama"),
+    "LlavaOnevision2ForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),
+    "MiDashengLMModel": (("text_config",), "Qwen2ForCausalLM", "qwen2"),  # midashenglm.py: self.decoder
+    "MossAudioModel": (("language_config",), "Qwen3ForCausalLM", "qwen3"),
+    "OpenCUAForConditionalGeneration": (("text_config",), "Qwen2ForCausalLM", "qwen2"),
+    "Qwen2_5OmniModel": (("thinker_config", "text_config"), "Qwen2ForCausalLM", "qwen2"),
+    # moonshotai/Kimi-K2.5: a DeepSeek-V3 text config, built by kimi_k25.py as DeepseekV2ForCausalLM
+    "KimiK25ForConditionalGeneration": (("text_config",), "DeepseekV2ForCausalLM", "deepseek_v3"),
+    # hf_config=config.text_config (or get_text_config()), the architecture that text config names: the
+    # language model of the released checkpoint
+    "InternVLChatModel": (("text_config",), "Qwen2ForCausalLM", "qwen2"),  # OpenGVLab/InternVL3-8B
+    "InternS1ForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),  # internlm/Intern-S1-mini
+    "Eagle2_5_VLForConditionalGeneration": (("text_config",), "Qwen2ForCausalLM", "qwen2"),  # nvidia/Eagle2.5-8B
+    "LightOnOCRForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),  # lightonai/LightOnOCR-1B
+    "Llama_Nemotron_Nano_VL": (("llm_config",), "LlamaForCausalLM", "llama"),  # Llama-3.1-Nemotron-Nano-VL-8B
+    "NVLM_D": (("text_config",), "Qwen2ForCausalLM", "qwen2"),  # nvidia/NVLM-D-72B: Qwen2-72B
+    "SkyworkR1VChatModel": (("text_config",), "Qwen2ForCausalLM", "qwen2"),  # Skywork/Skywork-R1V-38B
+    "OpenVLAForActionPrediction": (("text_config",), "LlamaForCausalLM", "llama"),  # openvla/openvla-7b: Llama 2
+    "PixtralForConditionalGeneration": (("text_config",), "MistralForCausalLM", "mistral"),  # Pixtral-12B: Nemo
+    "VoxtralForConditionalGeneration": (("text_config",), "LlamaForCausalLM", "llama"),  # Voxtral-Mini-3B
+    "UltravoxModel": (("text_config",), "LlamaForCausalLM", "llama"),  # fixie-ai/ultravox-v0_5-llama-3_1-8b
+    "Step3VLForConditionalGeneration": (("text_config",), "Step3TextForCausalLM", "step3_text"),  # stepfun-ai/step3
+    "KeyeVL1_5ForConditionalGeneration": ((), "Qwen3ForCausalLM", "qwen3"),  # keye.py BaseKeyeModule
+    # minicpmv.py init_llm on the model's own config: MiniCPM-V 2.6 builds Qwen2ForCausalLM, MiniCPM-o 2.6 too
+    "MiniCPMV": ((), "Qwen2ForCausalLM", "qwen2"),
+    "MiniCPMO": ((), "Qwen2ForCausalLM", "qwen2"),
+    # vllm_config.with_hf_config(config.get_text_config()): AIDC-AI/Ovis2-8B's Qwen2, Ovis2.5-9B's Qwen3
+    "Ovis": (("llm_config",), "Qwen2ForCausalLM", "qwen2"),
+    "Ovis2_5": (("llm_config",), "Qwen3ForCausalLM", "qwen3"),
+    # qwen3_omni_moe_thinker.py: Qwen3MoeLLMForCausalLM (a Qwen3MoeForCausalLM) on thinker_config.text_config
+    "Qwen3OmniMoeForConditionalGeneration": (("thinker_config", "text_config"), "Qwen3MoeForCausalLM", "qwen3_moe"),
+    "DeepseekVLV2ForCausalLM": (("text_config",), "DeepseekV2ForCausalLM", "deepseek_v2"),  # deepseek-vl2-small
+    "StepVLForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),  # stepfun-ai/Step3-VL-10B
+}
+
+
+def _wrapper_config(arch: str, model_type: str) -> dict:
+    """The wrapper's own config where its class holds that language model (InternVL's), else one of only it."""
+
+    path, language_arch, language_type = LANGUAGE_MODELS[arch]
+    if model_type in known_model_types():
+        own = _jsonable(_known_config(model_type))
+        inner = own
+        for key in path:
+            inner = inner.get(key) if isinstance(inner, dict) else None
+        if isinstance(inner, dict) and inner.get("model_type") == language_type:
+            inner["architectures"] = [language_arch]
+            return own
+    config = {**_jsonable(_known_config(language_type)), "architectures": [language_arch]}
+    for key in reversed(path):
+        config = {key: config}
+    return {**config, "model_type": model_type}
+
+
+def language_model_config(arch: str, config: dict) -> dict:
+    """The config vLLM builds the wrapper's language model from, as a config.json of its own."""
+    path, language_arch, language_type = LANGUAGE_MODELS[arch]
+    for key in path:
+        config = config[key]
+    return {**config, "model_type": language_type, "architectures": [language_arch], "dtype": "bfloat16"}
 
 
 def registry_architectures(tree: str) -> dict[str, tuple[str, str]]:
@@ -100,20 +209,36 @@ def _jsonable(value):
     return str(value).removeprefix("torch.")
 
 
-def build_config(arch: str, module: str) -> dict:
+def _known_config(model_type: str) -> dict:
     from transformers import AutoConfig
     from vllm.transformers_utils.config import _CONFIG_REGISTRY
 
-    model_type = model_type_of(arch, module)
     if model_type in _CONFIG_REGISTRY:
-        config = _CONFIG_REGISTRY[model_type]().to_dict()
+        return _CONFIG_REGISTRY[model_type]().to_dict()
+    return AutoConfig.for_model(model_type).to_dict()
+
+
+def build_config(arch: str, module: str) -> dict:
+
+    model_type = model_type_of(arch, module)
+    if arch in LANGUAGE_MODELS:
+        config = _wrapper_config(arch, model_type)
+    elif arch in SHAPED_AS:
+        config = _known_config(SHAPED_AS[arch])
     elif model_type in known_model_types():
-        config = AutoConfig.for_model(model_type).to_dict()
+        config = _known_config(model_type)
     else:
         config = {**GENERIC_TEXT, "model_type": model_type}
     config = {**_jsonable(config), **PATCHES.get(arch, {})}
     for key, sub in TEXT_PATCHES.get(arch, {}).items():
         config[key] = {**config[key], **sub}
+    for key, other in SAME_AS.get(arch, {}).items():
+        config.setdefault(key, config[other])
+    for key, other in TEXT_SAME_AS.get(arch, {}).items():
+        config["text_config"].setdefault(key, config["text_config"][other])
+    for key in DROPPED.get(arch, ()):
+        for part in [config, *(sub for sub in config.values() if isinstance(sub, dict))]:
+            part.pop(key, None)
     config["architectures"] = [arch]
     config["dtype"] = "bfloat16"
     for key, sub in list(config.items()):

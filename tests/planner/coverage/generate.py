@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from configs import REGISTRY_PATH, build_config, registry_architectures
+from configs import LANGUAGE_MODELS, REGISTRY_PATH, build_config, language_model_config, registry_architectures
 from source_specs import SOURCE_SPECS
 
 sys.path.insert(0, str(HERE.parent))
@@ -101,7 +101,8 @@ def main() -> None:
             failures[arch] = f"no config: {type(exc).__name__}: {str(exc)[:300]}"
     work = Path(tempfile.mkdtemp(prefix="spillway-coverage-"))
     print(f"work and logs: {work}", flush=True)
-    specs = _record_specs(configs, work)
+    specs = _record_specs({arch: language_model_config(arch, config) if arch in LANGUAGE_MODELS else config
+                           for arch, config in configs.items()}, work)
     answers = _sources(specs, work, tree)
     retry = {a: FALLBACKS[a] for a in configs if a in FALLBACKS and ("error" in specs[a] or "error" in answers.get(a, {"error": 1}))}
     if retry:
@@ -133,6 +134,8 @@ def main() -> None:
                 entry["layer_specs"] = run_length(record["layer_specs"])
                 if record.get("source"):
                     entry["specs_from"] = "source"
+                elif arch in LANGUAGE_MODELS:
+                    entry["specs_from"] = "language model"
                 if not record["layer_specs"]:
                     entry["error"] = {"step": "model", "message": "vLLM builds no layer with a KV cache"}
                 elif "error" in answers[arch]:

