@@ -101,14 +101,16 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 # -- facts kept in memory --------------------------------------------------------------------------------
 
+# The indexes are async on purpose: kopf runs a sync handler in its thread pool, where a burst of reconciles
+# holds every thread, so a node's new facts (and the re-plan they trigger) would wait behind all of them.
 @kopf.index("", "v1", "nodes")
-def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeSummary] | None:
+async def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeSummary] | None:
     summary = summarize_node(body)
     return {name: summary} if summary is not None else None
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def modelservers(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+async def modelservers(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     annotations = (body.get("metadata") or {}).get("annotations") or {}
     return {(namespace, name): {
         "spec": _parsed(body.get("spec")),
