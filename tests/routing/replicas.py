@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import pytest
 from spillway.core import router_api as R
 from spillway.core import routing
 from spillway.core import vllm_api as V

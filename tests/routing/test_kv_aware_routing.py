@@ -21,7 +21,6 @@ import time
 import pytest
 from routing.replicas import (
     GROUPS_WORKLOAD,
-    REPLICAS,
     SCALE,
     TENANTS,
     best_cpu_hit,
