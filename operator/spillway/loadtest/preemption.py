@@ -33,7 +33,7 @@ from .plan import Plan
 from .progress import log
 from .prompts import DEFAULT_ID_RANGE, PromptSource
 from .results import percentiles, write_atomic
-from .target import Target, error_samples
+from .target import Target, check_fits, error_samples
 
 SCHEMA = "spillway.loadtest.preemption/v1"
 EXPERIMENT = "preemption"
@@ -67,10 +67,7 @@ async def run_endpoint(endpoint: str, plan: PreemptionPlan, role: str, *, model:
     async with OpenAIClient(endpoint, api_key=api_key, concurrency=plan.concurrency,
                             request_timeout_s=plan.request_timeout_s) as client:
         entry = await client.resolve_model(model)
-        limit = entry.get("max_model_len")
-        if isinstance(limit, int) and plan.prompt_len + plan.output_tokens > limit:
-            raise InvalidSpec(f"prompt length {plan.prompt_len} + {plan.output_tokens} output tokens exceeds "
-                              f"the server's max_model_len {limit} for {client.model!r}")
+        check_fits("prompt length", plan.prompt_len, plan.output_tokens, entry.get("max_model_len"), client.model)
         prompts = PromptSource(plan.seed, plan.id_range)
         prompts.fmt = await client.probe_prompt_format(prompts.token_ids(16, "probe", role))
         target = Target(client, Plan(concurrency=plan.concurrency, output_tokens=plan.output_tokens), prompts, progress)

@@ -23,6 +23,14 @@ RESET_RETRY_S = 60.0
 ERROR_SAMPLES = 5
 
 
+def check_fits(what: str, length: int, output_tokens: int, limit: object, model: str | None) -> None:
+    """A prompt and its output within the server's max_model_len (when the server says it), else InvalidSpec:
+    vLLM would refuse every request of the run."""
+    if isinstance(limit, int) and length + output_tokens > limit:
+        raise InvalidSpec(f"{what} {length} + {output_tokens} output tokens exceeds the server's "
+                          f"max_model_len {limit} for {model!r}")
+
+
 @dataclass
 class Target:
     client: OpenAIClient
@@ -68,9 +76,7 @@ class Target:
         if "throughput" in self.plan.experiments:
             longest.append(("prompt length", self.plan.throughput.prompt_len))
         for what, length in longest:
-            if length + self.plan.output_tokens > limit:
-                raise InvalidSpec(f"{what} {length} + {self.plan.output_tokens} output tokens exceeds the server's "
-                                  f"max_model_len {limit} for {self.client.model!r}")
+            check_fits(what, length, self.plan.output_tokens, limit, self.client.model)
 
     def _resolve_longest(self, limit: int | None) -> None:
         """`max` among the TTFT lengths becomes the longest prompt of whole blocks that leaves room for the

@@ -31,6 +31,7 @@ from .metrics import Snapshot
 from .progress import log
 from .prompts import DEFAULT_ID_RANGE, PromptSource
 from .results import percentiles, write_atomic
+from .target import check_fits
 
 SCHEMA = "spillway.loadtest.working-set/v1"
 EXPERIMENT = "working-set"
@@ -102,10 +103,8 @@ async def run_async(endpoint: str, plan: WorkingSetPlan, *, model: str | None = 
         async with OpenAIClient(endpoint, api_key=api_key, concurrency=1,
                                 request_timeout_s=plan.request_timeout_s) as client:
             entry = await client.resolve_model(model)
-            limit = entry.get("max_model_len")
-            if isinstance(limit, int) and plan.prompt_len + plan.output_tokens > limit:
-                raise InvalidSpec(f"prompt length {plan.prompt_len} + {plan.output_tokens} output tokens exceeds the "
-                                  f"server's max_model_len {limit} for {client.model!r}")
+            check_fits("prompt length", plan.prompt_len, plan.output_tokens, entry.get("max_model_len"),
+                       client.model)
             source = PromptSource(plan.seed, plan.id_range)
             source.fmt = await client.probe_prompt_format(source.token_ids(16, "probe"))
             first = await client.metrics_text()
