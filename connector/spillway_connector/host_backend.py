@@ -33,6 +33,19 @@ from spillway_connector.compat import (
 )
 
 
+def _request_amx_permission() -> None:
+    """Ask Linux for AMX tile state in this worker process before any request runs.
+
+    vLLM's CPU attention picks its AMX kernel for bfloat16 on AMX machines (vllm/v1/attention/backends/cpu_attn.py,
+    `_get_attn_isa`) but never asks for the tile state Linux hands out per process (arch_prctl
+    ARCH_REQ_XCOMP_PERM); a oneDNN matmul usually asks first. When an engine's first request is served from the
+    pool, the prefix attention runs before anything asked, and the worker dies with SIGILL (exit code -4): a
+    restarted engine whose first request hits the disk tier did, on a Sapphire Rapids machine. Asking is
+    idempotent and a no-op where AMX is absent."""
+    if torch.cpu._is_amx_tile_supported():
+        torch.cpu._init_amx()
+
+
 class HostOffloadingWorker(OffloadingWorker):
     """Copies KV pages between the engine's KV-cache tensors and a host buffer.
 
@@ -46,6 +59,7 @@ class HostOffloadingWorker(OffloadingWorker):
                  host_views: Any = None):
         """host_views(chunk_bytes) -> a (num_chunks, chunk_bytes) int8 tensor per KV-cache tensor, in order: the
         host buffer lives there (vLLM's shared offload region, which a secondary tier reads); None: private."""
+        _request_amx_permission()
         self._blocks_per_chunk = blocks_per_chunk
         self._device_tensors: list[torch.Tensor] = []
         self._host_tensors: list[torch.Tensor] = []  # (num_chunks, blocks_per_chunk, page bytes)

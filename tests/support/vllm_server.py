@@ -158,6 +158,8 @@ class VllmServer:
             args.append(V.FLAG_NO_ENABLE_PREFIX_CACHING)
         self.args = args + list(extra_args)
         self.env = {k: v for k, v in os.environ.items() if k != V.ENV_CPU_KVCACHE_SPACE}
+        # A native crash in the engine (SIGILL, SIGSEGV) then leaves every thread's Python stack in the log.
+        self.env.setdefault("PYTHONFAULTHANDLER", "1")
         self.env.update(env or {})
         self._proc: subprocess.Popen | None = None
         self._log = None
