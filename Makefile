@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 CHECKOV_STAMP := $(VENV)/checkov/.setup-stamp
+RUNTIME_LOCK := images/operator/requirements.txt
 
 .PHONY: setup demo test test-fast bench images lint generate vllm-src coverage-truth clean
 # Podman's runtime settings for machines like CI's, where root cannot raise rlimits past 20000 open files and
@@ -13,10 +14,13 @@ export CONTAINERS_CONF ?= $(CURDIR)/images/containers.conf
 
 setup: $(STAMP) $(CHECKOV_STAMP) $(BIN)/helm
 
-$(STAMP): requirements-test.txt operator/pyproject.toml connector/pyproject.toml
+# The operator image's lock constrains the test venv: the packages both hold are the same versions, so a
+# release on PyPI between two runs changes neither the tests' dependencies nor the lock that `make generate`
+# writes from this venv (tests/test_generated_files.py). To move one, edit its line in the lock, then make setup.
+$(STAMP): requirements-test.txt operator/pyproject.toml connector/pyproject.toml $(RUNTIME_LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-test.txt
-	$(BIN)/pip install --quiet --disable-pip-version-check -e connector -e operator
+	$(BIN)/pip install --quiet --disable-pip-version-check -c $(RUNTIME_LOCK) -r requirements-test.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -c $(RUNTIME_LOCK) -e connector -e operator
 	# PyPI's torchvision/torchaudio/torchcodec do not import beside the CPU torch wheel; vLLM runs without them.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
@@ -35,7 +39,6 @@ $(BIN)/helm: operator/tools/install_kube_binaries.py | $(STAMP)
 # source tree: building them (editable installs) would double the setup time.
 DEMO_VENV := $(VENV)/demo
 DEMO_STAMP := $(DEMO_VENV)/.setup-stamp
-RUNTIME_LOCK := images/operator/requirements.txt
 DEMO_SPILLWAY := PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/connector $(DEMO_VENV)/bin/python -m spillway.cli
 DEMO_PLAN := plan --model meta-llama/Llama-3.1-8B-Instruct --node-memory 2Ti --gpus-per-node 8 --node-cpus 128 --offload-size auto
 DEMO_RENDER := render -f docs/examples/modelserver.yaml --node-memory 2Ti --gpus-per-node 8 --node-cpus 128

@@ -166,6 +166,12 @@ def test_the_images_vllm_carries_the_scheduler_patch(server):
     assert source.returncode == 0, source.stderr[-2000:]
     assert "Spillway patch: inflight_reservation" in source.stdout
     assert "_spillway_reservation_memo" in source.stdout
+    # The pre-fault patch is for vLLM 0.33's region; the CPU build (0.32) is left as it is, not half-patched.
+    region = server.container.exec(
+        "python3", "-c", "import inspect, vllm.v1.kv_offload.cpu.shared_offload_region as r; "
+        "print(inspect.getsource(r))")
+    assert region.returncode == 0, region.stderr[-2000:]
+    assert "Spillway patch" not in region.stdout
 
 
 def transfers(text: str, direction: str) -> float:

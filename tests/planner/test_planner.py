@@ -290,7 +290,24 @@ def test_api_servers_follow_the_cores_of_a_replicas_share(cpu, replicas, servers
     result = api_servers_on(cpu, replicas)
     assert result.engine.api_servers == servers
     assert _flag(result) == (str(servers) if servers > 1 else None)
-    assert result.to_dict()["engine"] == {"api_servers": servers, "why": result.engine.why}
+    assert result.to_dict()["engine"] == {"api_servers": servers, "why": result.engine.why,
+                                          "cores": None if cpu is None else max((cpu // replicas + 500) // 1000, 1)}
+
+
+@pytest.mark.parametrize("cpu, replicas, threads", [
+    (16_000, 1, "16"),
+    (128_000, 8, "16"),  # 16 cores each
+    (64_000, 1, "16"),  # never more threads than measured
+    (16_000, 4, "4"),
+    (3_000, 1, "3"),
+    (None, 1, None),  # unknown CPU: the patched vLLM takes the CPUs it may run on
+])
+def test_the_pool_is_pre_faulted_by_the_replicas_cores(cpu, replicas, threads):
+    assert api_servers_on(cpu, replicas).env.get(api.ENV_PREFAULT_THREADS) == threads
+    assert api.ENV_PREFAULT_THREADS not in api_servers_on(cpu, replicas, offload=False).env  # no pool
+    older = plan(LLAMA_8B, ServingRequest(replicas_per_node=replicas, vllm_version="0.32.0"),
+                 NodeFacts(2 * 2**40, 8, "h200", cpu_millis=cpu))
+    assert api.ENV_PREFAULT_THREADS not in older.env  # only the image's 0.33 carries the patch
 
 
 def test_api_servers_are_planned_without_offload_too_and_say_why():

@@ -29,9 +29,15 @@ import re
 import sys
 from pathlib import Path
 
+# The shared apply/revert/check machinery lives beside this file (the image copies the folder whole).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from source_patch import PatchError, SourcePatch, vllm_site
+
+__all__ = ["MARKER", "NAME", "PatchError", "apply", "is_applied", "patch_source", "revert", "target", "vllm_site"]
+
 NAME = "inflight_reservation"
 TARGET = Path("vllm/v1/core/sched/scheduler.py")
-MARKER = "# Spillway patch: inflight_reservation"
+MARKER = f"# Spillway patch: {NAME}"
 
 # vLLM 0.26.0, 0.32.0 and 0.33.0 (their blank line after the docstring differs).
 ORIGINAL = re.compile(
@@ -66,22 +72,7 @@ PATCHED = f'''    def _inflight_prefill_reserved_blocks(self) -> int:
 '''
 
 
-class PatchError(Exception):
-    """The scheduler does not read as the patch expects."""
-
-
-def target(site: Path) -> Path:
-    return Path(site) / TARGET
-
-
-def is_applied(source: str) -> bool:
-    return MARKER in source
-
-
-def patch_source(source: str) -> str:
-    """The scheduler's source with the patch applied; PatchError when the original function is not there."""
-    if is_applied(source):
-        return source
+def _transform(source: str) -> str:
     found = ORIGINAL.findall(source)
     if len(found) != 1:
         raise PatchError(f"{TARGET}: _inflight_prefill_reserved_blocks does not read as vLLM 0.26-0.33's "
@@ -89,57 +80,10 @@ def patch_source(source: str) -> str:
     return ORIGINAL.sub(lambda _m: PATCHED, source, count=1)
 
 
-def apply(site: Path) -> str:
-    """Patch the scheduler under `site` (a site-packages folder). Keeps the original beside it for revert."""
-    path = target(site)
-    source = path.read_text()
-    if is_applied(source):
-        return "already applied"
-    patched = patch_source(source)
-    path.with_name(path.name + ".orig").write_text(source)
-    path.write_text(patched)
-    for cached in path.parent.glob("__pycache__/scheduler.*.pyc"):
-        cached.unlink()
-    return "applied"
-
-
-def revert(site: Path) -> str:
-    path = target(site)
-    original = path.with_name(path.name + ".orig")
-    if not original.exists():
-        return "not applied"
-    path.write_text(original.read_text())
-    original.unlink()
-    for cached in path.parent.glob("__pycache__/scheduler.*.pyc"):
-        cached.unlink()
-    return "reverted"
-
-
-def vllm_site() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        raise PatchError("vllm is not importable here")
-    return Path(next(iter(spec.submodule_search_locations))).parent
-
-
-def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("apply", "revert", "check"):
-        print(f"usage: {Path(__file__).name} apply|revert|check [SITE_PACKAGES]", file=sys.stderr)
-        return 2
-    try:
-        site = Path(argv[1]) if len(argv) > 1 else vllm_site()
-        if argv[0] == "check":
-            patch_source(target(site).read_text())
-            print(f"{NAME}: applies to {target(site)}")
-        else:
-            print(f"{NAME}: {(apply if argv[0] == 'apply' else revert)(site)} ({target(site)})")
-    except (PatchError, OSError) as exc:
-        print(f"{NAME}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+PATCH = SourcePatch(NAME, TARGET, _transform)
+target, is_applied, patch_source, apply, revert = (PATCH.target, PATCH.is_applied, PATCH.patch_source,
+                                                   PATCH.apply, PATCH.revert)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(PATCH.main(sys.argv[1:]))

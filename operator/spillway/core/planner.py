@@ -61,6 +61,9 @@ MAX_API_SERVERS = 4
 # The startup probe's budget: a large model's load plus the pool, which vLLM sets up before /health, at half the
 # slowest measured rate (0.84 GiB/s): docs/planning.md#memory-of-one-replica, bench/results/h200-2026-12-01*.
 ENGINE_START_SECONDS = 1800
+# Threads that pre-fault the pool, at most: 16 took a 64 GiB pool from 41 s to 7.2-7.8 s on the H200's 16 cores
+# (bench/results/h200-2026-12-02/pool_setup.json); more were not measured.
+MAX_PREFAULT_THREADS = 16
 POOL_SETUP_BYTES_PER_S = 0.42 * GiB
 
 
@@ -148,6 +151,7 @@ class TransferPlan:
 class EnginePlan:
     api_servers: int  # vLLM --api-server-count; 1 is vLLM's default and writes no flag
     why: str
+    cores: int | None = None  # whole CPU cores of the replica's share of the node, when the node says
 
 
 NO_NODE_ENGINE = EnginePlan(1, "no node described: vLLM's one API server")
@@ -487,7 +491,8 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
                                    node.disk_read_gbps, reload.reload_tokens_per_s if reload else None)
         pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
                         request.tensor_parallel_size)
-    env = {**engine_env(request), **(disk_tier.engine_env() if disk_tier.active(disk) else {})}
+    env = {**engine_env(request), **prefault_env(engine, pool, request),
+           **(disk_tier.engine_env() if disk_tier.active(disk) else {})}
     args = engine_args(layout, request.offload, pool, disk_tier.active(disk))
     if pool is not None and any(g.kind == MAMBA for g in groups.groups):
         args.append(api.FLAG_ENABLE_PREFIX_CACHING)  # vLLM: "Hybrid models (e.g. Mamba+Attention) need it"
@@ -508,7 +513,16 @@ def api_servers(cpu_millis: int | None, replicas_per_node: int, node_name: str =
     count = min(max(cores // CORES_PER_API_SERVER, 1), MAX_API_SERVERS)
     return EnginePlan(count, f"{cores} CPU cores per replica ({cpu_millis / 1000:g} allocatable on {node_name} / "
                              f"{replicas_per_node} per node): one API server per {CORES_PER_API_SERVER} cores, "
-                             f"at most {MAX_API_SERVERS}")
+                             f"at most {MAX_API_SERVERS}", max(cores, 1))
+
+
+def prefault_env(engine: EnginePlan, pool: PoolPlan | None, request: ServingRequest) -> dict[str, str]:
+    """The threads that pre-fault the pool: the replica's cores, up to the 16 measured (the image's patched
+    vLLM 0.33, images/vllm/patches/parallel_prefault.py; without the variable it takes the CPUs it may run on,
+    which on a shared node are the node's, not the replica's)."""
+    if pool is None or engine.cores is None or _version_tuple(request.vllm_version) < api.PREFAULT_PATCH_RELEASE:
+        return {}
+    return {api.ENV_PREFAULT_THREADS: str(min(engine.cores, MAX_PREFAULT_THREADS))}
 
 
 def api_server_args(engine: EnginePlan) -> list[str]:
@@ -529,7 +543,11 @@ def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
     pod = p.pod
     if pod is not None:
         pod = _pod_plan(p.pool, process_reserve(pod.gpus, engine.api_servers, is_multimodal(geometry)), pod.gpus)
-    return replace(p, args=args + api_server_args(engine), engine=engine, pod=pod)
+    env = {k: v for k, v in p.env.items() if k != api.ENV_PREFAULT_THREADS}
+    if api.ENV_PREFAULT_THREADS in p.env:
+        env[api.ENV_PREFAULT_THREADS] = str(min(engine.cores or int(p.env[api.ENV_PREFAULT_THREADS]),
+                                                MAX_PREFAULT_THREADS))
+    return replace(p, args=args + api_server_args(engine), engine=engine, pod=pod, env=env)
 
 
 @functools.lru_cache(maxsize=256)

@@ -114,10 +114,14 @@ ENV_HF_TOKEN = "HF_TOKEN"  # read by vLLM's Hugging Face downloads
 CONTIGUOUS_LAYOUT = "BLHNC"  # block-outermost: one region holds a block's KV of all layers
 ENV_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"  # CPU platform, legacy: whole GiB, overrides --kv-cache-memory-bytes
 ENV_API_KEY = "VLLM_API_KEY"  # the server's bearer token (vllm/envs.py), from spec.apiKeySecretRef
+# Threads that pre-fault the CPU pool: read by the image's patched vLLM 0.33 (images/vllm/patches/
+# parallel_prefault.py), the replica's CPU cores.
+ENV_PREFAULT_THREADS = "SPILLWAY_PREFAULT_THREADS"
+PREFAULT_PATCH_RELEASE = (0, 33)  # the release whose region the patch rewrites; others ignore the variable
 # Environment spec.env may not set: the operator writes these, or they open the server (dev endpoints such
 # as /reset_prefix_cache and /collective_rpc, runtime LoRA loading, pickle deserialization) or change its
 # memory (vllm/envs.py, vLLM 0.33).
-RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SPACE, ENV_API_KEY,
+RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SPACE, ENV_API_KEY, ENV_PREFAULT_THREADS,
                 "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_INSECURE_SERIALIZATION")
 
 # -- connectors ---------------------------------------------------------------
