@@ -33,6 +33,7 @@ CORE = {
     "v1/events": {"kind": "Event", "namespaced": True},
     "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
     "v1/secrets": {"kind": "Secret", "namespaced": True},
+    "v1/persistentvolumeclaims": {"kind": "PersistentVolumeClaim", "namespaced": True},  # spec.offload.disk
     "v1/services": {"kind": "Service", "namespaced": True},
     "networking.k8s.io/v1/networkpolicies": {"kind": "NetworkPolicy", "namespaced": True},
     "apps/v1/deployments": {"kind": "Deployment", "namespaced": True, "subresources": {"status", "scale"}},

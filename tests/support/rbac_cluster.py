@@ -200,8 +200,14 @@ def exercise(cluster: AuthorizingCluster, namespace: str, ignored_namespace: str
     # spec.routing: kv-aware adds a router Deployment and Services, llm-d an InferencePool and a ConfigMap.
     create(modelserver("routed", namespace, replicas=2, routing={"mode": "kv-aware"}))
     create(modelserver("pooled", namespace, replicas=2, routing={"mode": "llm-d"}))
+    # A disk tier on a claim: the operator reads the claim before it applies anything.
+    core.create_namespaced_persistent_volume_claim(namespace, {
+        "metadata": {"name": "kv-tier"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "4Ti"}}}})
+    create(modelserver("tiered", namespace, offload={"disk": {"enabled": True, "volume": {
+        "persistentVolumeClaim": {"claimName": "kv-tier", "capacity": "4Ti"}}}}))
 
-    for name in ("llama", "private", "routed", "pooled"):
+    for name in ("llama", "private", "routed", "pooled", "tiered"):
         planned = eventually(lambda name=name: condition(custom, namespace, name, "Planned"), timeout=60,
                              what=f"{name} planned")
         assert planned["status"] == "True", planned

@@ -2,7 +2,7 @@
 What the operator does in a watched namespace: reconcile ModelServers (kopf patches them for its
 bookkeeping; the operator patches their status), server-side apply their Deployment and Service
 (garbage collection through owner references deletes them with the ModelServer), watch the Deployments'
-readiness, read a spec.modelConfig ConfigMap, post Events. `delete` only on the kinds a routed mode adds
+readiness, read a spec.modelConfig ConfigMap and a disk tier's PersistentVolumeClaim, post Events. `delete` only on the kinds a routed mode adds
 (router Deployment, its NetworkPolicy, headless Service, endpoint-picker ConfigMap, InferencePool): a ModelServer whose
 routing.mode no longer wants them has them pruned, and only those it controls (docs/routing.md).
 kopf runs with --standalone (no peering objects), discovers resources through /api and /apis
@@ -36,6 +36,11 @@ exactly these rules.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# spec.offload.disk on a PersistentVolumeClaim: the claim is read by name (never listed) before anything is applied,
+# so a missing one is a condition on the ModelServer rather than pods Pending for it.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get"]
 {{- if and .Values.operator.hubFetch.enabled .Values.operator.watchNamespaces }}
 # Hub fetches authenticate with the ModelServer's spec.hfTokenSecretRef: get by name, never list, and only in
 # the watched namespaces (one Role each): an operator serving every namespace reads no Secrets at all.

@@ -28,6 +28,7 @@ from ..adapters.hub import fetch_config
 from ..adapters.kube import ApiError, Kube, load_config, path
 from ..adapters.model_config import HubFetcher
 from ..core import k8s_names as names
+from ..core.disk_tier import DiskVolumeNotFound
 from ..core.errors import (
     InternalError,
     InvalidSpec,
@@ -39,6 +40,7 @@ from ..core.errors import (
 from ..core.routing import MODE_NONE
 from . import conditions as cond
 from . import drift, metrics
+from .disk_volume import check_disk_volume
 from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
 from .replan import Replanner
@@ -290,6 +292,7 @@ def _plan(body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger
         assert eligible is not None
         result = desired_for(body, spec, eligible, _config_map_reader(step.namespace),
                              _hub_fetcher(step.namespace, spec), _pod_monitors_wanted(), SETTINGS.router_image)
+        check_disk_volume(result, step.namespace, kube())
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
             taken, step.live[(obj["kind"], obj["metadata"]["name"])] = kube().conflict_live(obj)
             if taken is not None:
@@ -370,6 +373,8 @@ def _finish_status(body: Mapping[str, Any], step: _Pass) -> None:
         _fingerprints[(namespace, name)] = update["nodesFingerprint"]
     if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(step.spec):
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
+    if isinstance(error, DiskVolumeNotFound):  # a claim created later is found on the retry
+        raise kopf.TemporaryError(f"waiting for the disk tier's claim: {error_line(error)}", delay=RETRY_SECONDS)
 
 
 def _own_deployment(obj: dict[str, Any], outcome: str, live: dict[str, Any] | None, logger: logging.Logger) -> str:

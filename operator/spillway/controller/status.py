@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.disk_tier import DiskTierPlan
 from ..core.errors import SpillwayError
-from ..core.quantity import to_quantity
+from ..core.quantity import GiB, to_quantity
 from .manifests import Desired
 
 
@@ -27,7 +28,35 @@ def status_plan(result: Desired) -> dict[str, Any]:
     }
     if result.node.dma_gbps is not None:
         out["qualifiedDmaGBps"] = result.node.dma_gbps
+    if p.disk is not None:
+        out["disk"] = disk_plan(p.disk)
     return out
+
+
+def disk_plan(disk: DiskTierPlan) -> dict[str, Any]:
+    """status.plan.disk: the tier's size and volume, whether it is rendered, and the figures that decided it.
+
+    Every key is always written (None where a figure is unknown): the status is one merge patch, which keeps a
+    nested key it does not name, so a figure the new plan lacks must be named to be removed."""
+    return {
+        "volume": disk.volume,
+        "requested": disk.requested,
+        "tierBytes": disk.tier_bytes,
+        "tierGiB": round(disk.tier_bytes / GiB, 2),
+        "boundBytes": disk.bound_bytes,
+        "chunks": disk.chunks,
+        "cachedTokens": disk.tokens,
+        "shareBytes": disk.share_bytes,
+        "ephemeralStorage": (to_quantity(disk.ephemeral_request_bytes, "Mi")
+                             if disk.ephemeral_request_bytes is not None else None),
+        "rendered": disk.active,
+        # "Unknown": the node's disk read rate (or the model's prefill rate) is not known; the tier runs as asked
+        "pays": {True: "True", False: "False", None: "Unknown"}[disk.pays],
+        "qualifiedDiskReadGBps": disk.read_gbps,
+        "breakEvenGBps": round(disk.break_even_gbps, 3) if disk.break_even_gbps is not None else None,
+        "sizing": disk.why,
+        "verdict": disk.verdict,
+    }
 
 
 def error_line(exc: SpillwayError) -> str:

@@ -24,12 +24,14 @@ Sizes:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from spillway_connector.transfer_config import TIERING_OFFLOADING_SPEC, disk_tier_extra
 
+from . import k8s_names as names
 from . import vllm_api as api
 from .errors import InvalidSpec, SpillwayError
 from .options import Connector
@@ -38,6 +40,13 @@ from .quantity import GiB, MiB, format_bytes, parse_bytes
 
 class DiskTierDoesNotFit(SpillwayError):
     reason = "DiskTierDoesNotFit"
+
+
+class DiskVolumeNotFound(SpillwayError):
+    """The claim the tier names is not there: the pods would wait for it, Pending, with no word on the resource.
+    The operator looks again after its retry delay, so a claim created later is found."""
+
+    reason = "DiskVolumeNotFound"
 
 
 # Volume kinds of spec.offload.disk.volume.
@@ -90,6 +99,9 @@ class DiskTierRequest:
     size: str = "auto"  # "auto", a fraction "0.5" of the replica's share, or a quantity "500Gi"
     volume: DiskVolume = field(default_factory=DiskVolume)
     replicas: int = 1  # the ModelServer's replicas: a PVC tier is shared by all of them
+    # Where the engine sees the tier: the pod's mount; `spillway plan --disk-root-dir` for an engine run on a node
+    # directly (bench/gpu), where no volume is mounted.
+    root_dir: str = MOUNT_PATH
 
 
 @dataclass(frozen=True)
@@ -140,7 +152,14 @@ def check_request(request: DiskTierRequest, offload_enabled: bool, connector: st
                           f"tier under its size (vLLM's fs tier never deletes a file), got {connector!r}")
     check_release(release)
     check_volume(request.volume)
+    check_root_dir(request.root_dir)
     _parse_size(request.size)
+
+
+def check_root_dir(root_dir: str) -> None:
+    # vLLM's fs tier joins its chunk paths onto root_dir: a relative one would land wherever the engine started.
+    if not str(root_dir).startswith("/"):
+        raise InvalidSpec(f"the disk tier's root directory must be an absolute path, got {root_dir!r}")
 
 
 def engine_env() -> dict[str, str]:
@@ -167,6 +186,44 @@ def check_volume(volume: DiskVolume) -> None:
     if volume.kind == EPHEMERAL and not volume.capacity:
         raise InvalidSpec("offload.disk.volume.ephemeral.capacity is required: the size each pod's claim "
                           "may take of its storage class")
+
+
+def claim_bytes(claim: Mapping[str, Any]) -> int | None:
+    """What a claim holds: its bound capacity, else what it asks for; None when it says neither readably."""
+    held = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
+    held = held or (((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+    try:
+        return parse_bytes(str(held), "storage") if held is not None else None
+    except InvalidSpec:
+        return None
+
+
+def check_claim(request: DiskTierRequest, claim: Mapping[str, Any] | None, namespace: str) -> None:
+    """A PVC tier against its claim as the API server has it (None: there is none). Each of these would leave the
+    pods Pending or ContainerCreating, or let the tier fill the claim, with nothing said on the ModelServer."""
+    v = request.volume
+    where = "offload.disk.volume.persistentVolumeClaim"
+    if claim is None:
+        raise DiskVolumeNotFound(f"{where}.claimName {v.claim_name}: there is no PersistentVolumeClaim "
+                                 f"{v.claim_name} in namespace {namespace}, so the pods would stay Pending; create it "
+                                 "(the operator looks again) or name another")
+    status, spec = claim.get("status") or {}, claim.get("spec") or {}
+    if status.get("phase") == names.CLAIM_PHASE_LOST:
+        raise DiskVolumeNotFound(f"{where}.claimName {v.claim_name}: the claim lost its PersistentVolume (phase "
+                                 f"{names.CLAIM_PHASE_LOST}), so the pods cannot mount it")
+    modes = set(spec.get("accessModes") or [])
+    if modes and modes <= {names.ACCESS_READ_ONLY_MANY}:
+        raise InvalidSpec(f"{where}.claimName {v.claim_name} is {names.ACCESS_READ_ONLY_MANY}: the tier writes "
+                          "its chunk files there")
+    if modes == {names.ACCESS_READ_WRITE_ONCE_POD} and request.replicas > 1:
+        raise InvalidSpec(f"{where}.claimName {v.claim_name} is {names.ACCESS_READ_WRITE_ONCE_POD}: one pod may "
+                          f"mount it, but all {request.replicas} replicas share the claim")
+    held = claim_bytes(claim)
+    declared = parse_bytes(v.capacity, f"{where}.capacity") if v.capacity else None
+    if held is not None and declared is not None and declared > held:
+        raise DiskTierDoesNotFit(f"{where}.capacity {v.capacity} ({format_bytes(declared)}) is more than "
+                                 f"PersistentVolumeClaim {v.claim_name} holds ({format_bytes(held)}): the tier "
+                                 f"would fill the claim; give at most {format_bytes(held)}")
 
 
 def node_ephemeral_reserve(allocatable: int) -> int:
@@ -222,7 +279,7 @@ def plan_disk_tier(request: DiskTierRequest, chunk_bytes: int, chunk_tokens: int
     why = (f"{format_bytes(tier)} of {format_bytes(share)} ({source}); the evictor keeps {chunks:,} chunk files "
            f"({format_bytes(chunks * chunk_bytes)}) under it")
     return DiskTierPlan(tier, chunks * chunk_bytes, chunks, chunks * chunk_tokens, chunk_bytes, share,
-                        str(request.size), request.volume.kind, MOUNT_PATH, ephemeral, READ_THREADS, WRITE_THREADS,
+                        str(request.size), request.volume.kind, request.root_dir, ephemeral, READ_THREADS, WRITE_THREADS,
                         why)
 
 
@@ -240,7 +297,7 @@ def volume(request: DiskTierRequest, plan: DiskTierPlan) -> dict[str, Any]:
     if v.kind == EMPTY_DIR:
         return {"name": VOLUME_NAME, "emptyDir": {"sizeLimit": size}}
     if v.kind == EPHEMERAL:
-        claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+        claim: dict[str, Any] = {"accessModes": [names.ACCESS_READ_WRITE_ONCE], "resources": {"requests": {"storage": size}}}
         if v.storage_class:
             claim["storageClassName"] = v.storage_class
         return {"name": VOLUME_NAME, "ephemeral": {"volumeClaimTemplate": {"spec": claim}}}

@@ -81,6 +81,14 @@ INFERENCEPOOL_VERSION = "v1"
 INFERENCEPOOL_KIND = "InferencePool"
 INFERENCEPOOL_PLURAL = "inferencepools"
 
+# The claim a disk tier names (spec.offload.disk.volume.persistentVolumeClaim): read to see that it exists, is
+# writable by the replicas that share it and holds the capacity the tier was sized from.
+PVC_PLURAL = "persistentvolumeclaims"
+ACCESS_READ_WRITE_ONCE = "ReadWriteOnce"
+ACCESS_READ_WRITE_ONCE_POD = "ReadWriteOncePod"
+ACCESS_READ_ONLY_MANY = "ReadOnlyMany"
+CLAIM_PHASE_LOST = "Lost"
+
 # Operator settings (environment of the operator process).
 ENV_ALLOW_HUB_FETCH = "SPILLWAY_ALLOW_HUB_FETCH"  # "true": fetch config.json of unknown model ids from the hub
 ENV_POD_MONITORS = "SPILLWAY_POD_MONITORS"  # "auto" (when the CRD exists, default) | "false"
