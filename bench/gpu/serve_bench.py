@@ -70,7 +70,10 @@ def node_memory() -> str:
 
 
 def env_accepted(name: str, value: str, extra_path: str) -> str | None:
-    """None when this vLLM accepts the variable's value, else vLLM's own error line."""
+    """None when this vLLM accepts the variable's value, else vLLM's own error line. vLLM reads only its own
+    VLLM_ variables through vllm.envs; the others (PYTHONHASHSEED, SPILLWAY_PREFAULT_THREADS) pass as they are."""
+    if not name.startswith("VLLM_"):
+        return None
     code = f"import vllm.envs as e; getattr(e, {name!r})"
     env = {**os.environ, name: value, "PYTHONPATH": extra_path}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
