@@ -7,6 +7,7 @@ import sys
 
 from ..adapters.hub import fetch_config
 from ..adapters.model_config import catalog_ids, resolve_geometry
+from ..core import disk_tier as dt
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 from ..core.geometry import DEFAULT_BLOCK_SIZE
@@ -38,6 +39,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--vllm-version", default=api.IMAGE_VLLM_VERSION,
                    help=f"vLLM release the replica runs (default: our image's, {api.IMAGE_VLLM_VERSION})")
     p.add_argument("--qualified-gbps", type=float, help="the node's measured GPU<->CPU rate (spillway qualify)")
+    disk = p.add_argument_group("disk tier (spec.offload.disk)")
+    disk.add_argument("--disk-tier", action="store_true", help="a node-disk tier under the CPU pool (vLLM 0.32+)")
+    disk.add_argument("--disk-size", help="offload.disk.size: auto (default) | fraction of the replica's share | "
+                      "quantity")
+    disk.add_argument("--disk-volume", choices=dt.VOLUME_KINDS, help="offload.disk.volume: where the tier lives "
+                      f"(default {dt.EMPTY_DIR}: the node's ephemeral storage)")
+    disk.add_argument("--disk-capacity", help="the volume's capacity (hostPath, ephemeral, persistentVolumeClaim)")
+    disk.add_argument("--disk-path", help="hostPath.path")
+    disk.add_argument("--disk-claim", help="persistentVolumeClaim.claimName")
+    disk.add_argument("--disk-storage-class", help="ephemeral.storageClassName")
+    disk.add_argument("--disk-root-dir", help=f"where the engine sees the tier (default {dt.MOUNT_PATH}, the pod's "
+                      "mount): for an engine run on the node itself, outside a pod")
+    disk.add_argument("--node-ephemeral-storage", help="the node's allocatable ephemeral storage, e.g. 3Ti (sizes an "
+                      "emptyDir tier)")
+    disk.add_argument("--qualified-disk-gbps", type=float, help="the node's measured disk read rate into the pool "
+                      "(spillway qualify --disk): whether the tier pays")
     p.add_argument("--allow-hub", action="store_true",
                    help="fetch config.json from the Hugging Face hub (needs HF_TOKEN) when the catalog lacks the model")
     p.add_argument("--revision", default="main", help="model revision for --allow-hub")
@@ -46,17 +63,54 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None = None,
-                   cpus: str | None = None) -> NodeFacts | None:
+                   cpus: str | None = None, ephemeral: str | None = None,
+                   disk_gbps: float | None = None) -> NodeFacts | None:
     if memory is None and gpus is None:
-        if cpus is not None:
-            raise InvalidSpec("--node-cpus describes a node: give --node-memory and --gpus-per-node too")
+        for flag, value in (("--node-cpus", cpus), ("--node-ephemeral-storage", ephemeral),
+                            ("--qualified-disk-gbps", disk_gbps)):
+            if value is not None:
+                raise InvalidSpec(f"{flag} describes a node: give --node-memory and --gpus-per-node too")
         return None
     if memory is None or gpus is None:
         raise InvalidSpec("--node-memory and --gpus-per-node go together")
-    if dma_gbps is not None and not (math.isfinite(dma_gbps) and dma_gbps > 0):
-        raise InvalidSpec(f"--qualified-gbps must be a measured rate > 0 GB/s, got {dma_gbps:g}")
+    for flag, rate in (("--qualified-gbps", dma_gbps), ("--qualified-disk-gbps", disk_gbps)):
+        if rate is not None and not (math.isfinite(rate) and rate > 0):
+            raise InvalidSpec(f"{flag} must be a measured rate > 0 GB/s, got {rate:g}")
     cpu_millis = parse_cpu_millis(cpus, "--node-cpus") if cpus is not None else None
-    return NodeFacts(parse_bytes(memory, "--node-memory"), gpus, dma_gbps=dma_gbps, cpu_millis=cpu_millis)
+    ephemeral_bytes = parse_bytes(ephemeral, "--node-ephemeral-storage") if ephemeral is not None else None
+    return NodeFacts(parse_bytes(memory, "--node-memory"), gpus, dma_gbps=dma_gbps, cpu_millis=cpu_millis,
+                     ephemeral_storage=ephemeral_bytes, disk_read_gbps=disk_gbps)
+
+
+# flag -> the DiskVolume field it sets, and the volume kinds that take it (as spec.offload.disk.volume does)
+DISK_VOLUME_FLAGS = {
+    "disk_capacity": ("--disk-capacity", "capacity", (dt.EPHEMERAL, dt.HOST_PATH, dt.PVC)),
+    "disk_path": ("--disk-path", "host_path", (dt.HOST_PATH,)),
+    "disk_claim": ("--disk-claim", "claim_name", (dt.PVC,)),
+    "disk_storage_class": ("--disk-storage-class", "storage_class", (dt.EPHEMERAL,)),
+}
+
+
+def disk_from_args(args: argparse.Namespace) -> dt.DiskTierRequest:
+    """The disk tier the flags ask for, as spec.offload.disk would; a flag without --disk-tier, or one its volume
+    kind does not take, is refused rather than ignored."""
+    given = [flag for flag in ("disk_size", "disk_volume", "disk_root_dir", *DISK_VOLUME_FLAGS)
+             if getattr(args, flag, None) is not None]
+    if not getattr(args, "disk_tier", False):
+        if given:
+            raise InvalidSpec(f"--{given[0].replace('_', '-')} sets the disk tier: give --disk-tier too")
+        return dt.DiskTierRequest()
+    kind = args.disk_volume or dt.EMPTY_DIR
+    fields = {}
+    for attr, (flag, field_name, kinds) in DISK_VOLUME_FLAGS.items():
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        if kind not in kinds:
+            raise InvalidSpec(f"{flag} is for --disk-volume {' or '.join(kinds)}, not {kind}")
+        fields[field_name] = value
+    return dt.DiskTierRequest(enabled=True, size=args.disk_size or "auto", volume=dt.DiskVolume(kind, **fields),
+                              root_dir=args.disk_root_dir or dt.MOUNT_PATH)
 
 
 def request_from_args(args: argparse.Namespace) -> ServingRequest:
@@ -73,6 +127,7 @@ def request_from_args(args: argparse.Namespace) -> ServingRequest:
             layout=Layout(args.layout),
             offload_block_size=args.offload_block_size,
             connector=Connector(args.connector),
+            disk=disk_from_args(args),
         ),
     )
 
@@ -82,8 +137,12 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     source = ModelSource(model=args.model, revision=args.revision, config_file=args.model_config)
     fetch_hub = (lambda model, revision: fetch_config(model, revision or "main")) if args.allow_hub else None
     geometry = resolve_geometry(source, fetch_hub=fetch_hub)
-    return plan(geometry, request_from_args(args), node_from_args(args.node_memory, args.gpus_per_node,
-                                                                  args.qualified_gbps, args.node_cpus))
+    node = node_from_args(args.node_memory, args.gpus_per_node, args.qualified_gbps, args.node_cpus,
+                          getattr(args, "node_ephemeral_storage", None), getattr(args, "qualified_disk_gbps", None))
+    request = request_from_args(args)
+    if request.offload.disk.enabled and node is None:
+        raise InvalidSpec("--disk-tier is sized from the node: give --node-memory and --gpus-per-node")
+    return plan(geometry, request, node)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,6 +216,18 @@ def format_plan(p: Plan) -> str:
             ("CPU->GPU", f"{t.qualified_gbps:.1f} GB/s for {format_bytes(t.copy_bytes)} copies"),
             ("block reload", f"{t.block_reload_us:.0f} us"),
             ("reload rate", f"{t.reload_tokens_per_s:,.0f} tokens/s"),
+        ])
+    if p.disk is not None:
+        d = p.disk
+        judged = {True: "pays", False: "does not pay: left off", None: "not judged: runs as asked"}[d.pays]
+        lines += _rows("Disk tier (one replica)", [
+            ("size", f"{format_bytes(d.tier_bytes)} on {d.volume} (asked: {d.requested}), at {d.root_dir}"),
+            ("sizing", d.why),
+            ("chunks", f"{d.chunks:,} of {format_bytes(d.chunk_bytes)} ({d.tokens:,} tokens)"),
+            *([("ephemeral storage", f"{format_bytes(d.ephemeral_request_bytes)} (request = limit)")]
+              if d.ephemeral_request_bytes is not None else []),
+            ("threads", f"{d.read_threads} read, {d.write_threads} write"),
+            ("pays", f"{judged}; {d.verdict}" if d.verdict else judged),
         ])
     lines += ["vLLM", f"  API servers  {p.engine.api_servers}: {p.engine.why}",
               "  args  " + " ".join(_quote(a) for a in p.args)]
