@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -189,17 +190,29 @@ def _layer_caches(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[Laye
         model_bytes = DTYPE_BYTES[facts.dtype]
         state = mamba_state_bytes(facts.mamba, tp, model_bytes, DTYPE_BYTES.get(facts.ssm_dtype or facts.dtype, 4),
                                   name)
-    out = []
+    # Layers of one kind keep equal caches: one LayerCache per distinct layer (a handful), shared by all its
+    # layers, keeps a cold plan within bench/plan.py's 50 us goal (constructing one per layer was ~13 of them).
+    made: dict[tuple[str, ...], tuple[LayerCache, ...]] = {}
+    out: list[LayerCache] = []
     for kinds in facts.kinds:
-        for kind in kinds:
-            if kind in (SLIDING, CHUNKED):
-                out.append(LayerCache(kind, token, facts.window))
-            elif kind == MAMBA:
-                out.append(LayerCache(MAMBA, 0, None, state))
-            else:
-                out.append(LayerCache(kind, token))
-            if kind == MLA and facts.indexer_bytes:
-                out.append(LayerCache(INDEXER, facts.indexer_bytes))  # uint8 keys: the cache dtype does not apply
+        caches = made.get(kinds)
+        if caches is None:
+            caches = made[kinds] = _caches_of(kinds, token, state, facts)
+        out.extend(caches)
+    return tuple(out)
+
+
+def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts) -> tuple[LayerCache, ...]:
+    out = []
+    for kind in kinds:
+        if kind in (SLIDING, CHUNKED):
+            out.append(LayerCache(kind, token, facts.window))
+        elif kind == MAMBA:
+            out.append(LayerCache(MAMBA, 0, None, state))
+        else:
+            out.append(LayerCache(kind, token))
+        if kind == MLA and facts.indexer_bytes:
+            out.append(LayerCache(INDEXER, facts.indexer_bytes))  # uint8 keys: the cache dtype does not apply
     return tuple(out)
 
 
@@ -233,23 +246,32 @@ def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size:
 def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: int = GPU_KERNEL_BLOCK,
                  state_chunk: int | None = None, name: str = "model") -> tuple[CacheGroup, ...]:
     """vLLM's grouping of per-layer caches into KV-cache groups, pages unified."""
-    cached = [layer for layer in layers if layer.kind]
-    if not cached:
+    # Each distinct cache with its layer count, in order of first appearance: layers share their LayerCache
+    # objects (_layer_caches), so counting by identity is one C-level pass, and equal caches built apart merge here.
+    counts = Counter(map(id, layers))
+    by_id = dict(zip(map(id, layers), layers))
+    runs: dict[LayerCache, int] = {}
+    for key, count in counts.items():
+        layer = by_id[key]
+        if layer.kind:
+            runs[layer] = runs.get(layer, 0) + count
+    if not runs:
         raise ModelGeometryUnknown(f"{name}: the model has no layer with a KV cache")
-    attention = [layer for layer in cached if layer.kind in ATTENTION_KINDS]
+    attention = [layer for layer in runs if layer.kind in ATTENTION_KINDS]
     if not attention:
         raise ModelGeometryUnknown(f"{name}: a model of recurrent layers only has no attention KV to offload")
     token_bytes = {layer.token_bytes for layer in attention}
     if len(token_bytes) > 1:
         # 0.33 UniformTypeKVCacheSpecs.from_specs: every layer the same kind of attention (MLA and its indexer
         # cache alike) with different pages: one group of them all
-        if len(cached) == len(attention) and len({_type_key(layer) for layer in cached}) == 1:
-            page = sum(block_size * layer.token_bytes for layer in cached)
-            return (CacheGroup(cached[0].kind, len(cached), page, block_size, cached[0].window, True),)
+        if len(runs) == len(attention) and len({_type_key(layer) for layer in runs}) == 1:
+            first = next(iter(runs))
+            page = sum(block_size * layer.token_bytes * count for layer, count in runs.items())
+            return (CacheGroup(first.kind, sum(runs.values()), page, block_size, first.window, True),)
         raise ModelGeometryUnknown(f"{name}: attention layers of different page sizes per token "
                                    f"{sorted(token_bytes)}")
     per_token = token_bytes.pop()
-    states = {layer.state_bytes for layer in cached if layer.kind == MAMBA}
+    states = {layer.state_bytes for layer in runs if layer.kind == MAMBA}
     if states:
         # _align_hybrid_block_size: the smallest multiple of the kernel alignment whose page holds one state
         align = max(kernel_block, block_size)
@@ -260,9 +282,9 @@ def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: in
 
     # Buckets of equal spec, in layer order (a dict keeps insertion order, as vLLM's defaultdict does).
     buckets: dict[tuple[str, int | None], int] = {}
-    for layer in cached:
+    for layer, count in runs.items():
         key = (layer.kind, layer.window if layer.kind in (SLIDING, CHUNKED) else None)
-        buckets[key] = buckets.get(key, 0) + 1
+        buckets[key] = buckets.get(key, 0) + count
     if len(buckets) == 1:
         (kind, window), count = next(iter(buckets.items()))
         return (CacheGroup(kind, count, page, block_size, window),)
