@@ -22,6 +22,7 @@ from spillway_connector.compat import (
     pool_capacity_chunks,
 )
 from spillway_connector.disk_tier import guard_disk_tiers
+from spillway_connector.kv_event_order import parents_first
 from spillway_connector.metrics import SpillwayPromMetrics
 from spillway_connector.probes import PoolProbe, TransferProbe
 from spillway_connector.transfer_config import EXTRA_RECOMPUTE_BELOW_TOKENS
@@ -152,6 +153,10 @@ class SpillwayOffloadingConnector(OffloadingConnector):
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._reloads.finished(request)
         return super().request_finished_all_groups(request, block_ids)
+
+    def take_events(self) -> Any:
+        # vllm-router indexes a stored block only after its parent (spillway_connector/kv_event_order.py)
+        return parents_first(super().take_events())
 
     # -- stats ----------------------------------------------------------------------
     def get_kv_connector_stats(self) -> Any:

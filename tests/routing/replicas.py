@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -115,3 +116,14 @@ def router(replicas: list[VllmServer], policy: str, extra: Sequence[str] = ()) -
     return VllmRouter([s.base_url for s in replicas], policy=policy, binary=require_binary(R.ROUTER_COMMAND),
                       event_sources={s.base_url: s.kv_events_endpoint for s in replicas} if kv else None,
                       block_size=BLOCK if kv else None, model=replicas[0].model if kv else None, extra_args=extra)
+
+
+# kv_aware's debug log names the worker it chose for each request and the prompt tokens it credited there.
+DEBUG_LOG = (R.FLAG_LOG_LEVEL, "debug")
+_DECISION = re.compile(rf'{R.LOG_KV_DECISION}.*?worker="([^"]+)".*?{R.LOG_CREDITED_PREFIX_TOKENS}=(\d+)')
+
+
+def kv_decisions(router: VllmRouter) -> list[tuple[str, int]]:
+    """(worker, credited prompt tokens) per request the kv_aware router routed, in order (needs DEBUG_LOG)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", router.log_path.read_text(errors="replace"))  # its log is coloured
+    return [(m.group(1), int(m.group(2))) for m in _DECISION.finditer(text)]

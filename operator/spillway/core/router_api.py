@@ -18,6 +18,7 @@ FLAG_KV_EVENT_BLOCK_SIZE = "--kv-event-block-size"  # must equal the workers' --
 FLAG_KV_EVENT_MODEL = "--kv-event-model"  # the workers' served model name
 FLAG_ROUTER_TEMPERATURE = "--router-temperature"  # kv_aware: softmax temperature over the workers' costs (0: the minimum)
 FLAG_KV_PENALTY_HOST = "--kv-penalty-host"  # host-tier (CPU) KV credit, 0..1: a CPU hit counts this much of a GPU hit
+DEFAULT_KV_PENALTY_HOST = 0.8  # its default (vllm_router/router_args.py RouterArgs.kv_penalty_host, 0.1.17)
 # kv_aware: a request carrying a session key (an x-session-id / x-user-id / x-tenant-id header, or the OpenAI
 # `user` field) goes where that key's previous request went while the key was used within this many seconds.
 FLAG_KV_AWARE_SESSION_AFFINITY_TTL = "--kv-aware-session-affinity-ttl-secs"
@@ -27,6 +28,7 @@ FLAG_BALANCE_REL_THRESHOLD = "--balance-rel-threshold"
 FLAG_PROMETHEUS_HOST = "--prometheus-host"
 FLAG_PROMETHEUS_PORT = "--prometheus-port"
 FLAG_WORKER_STARTUP_CHECK_INTERVAL = "--worker-startup-check-interval"  # seconds between start-up health checks (30)
+FLAG_LOG_LEVEL = "--log-level"  # debug: one "KV prefix decision" line per kv_aware request (below)
 # The bearer token it sends to the workers: set on the launcher's RouterArgs.api_key, never as --api-key.
 
 POLICY_ROUND_ROBIN = "round_robin"
@@ -52,3 +54,10 @@ ROUTER_LIST_WORKERS_PATH = "/list_workers"
 # -- metrics (Prometheus, on the --prometheus-port) ---------------------------------------------------------
 METRIC_KV_PLACEMENT_LOOKUPS = "vllm_router_kv_placement_lookups"  # label result: hit | miss
 METRIC_PREFIX_ROUTING_DECISIONS = "vllm_router_prefix_routing_decisions"  # labels policy, stage, outcome
+
+# -- debug log (--log-level debug) -------------------------------------------------------------------------
+# kv_aware's line per routed request (src/policies/kv_aware.rs in 0.1.17): the worker it chose, and how many of
+# the prompt's tokens it credited to that worker's indexed blocks (a CPU-medium block counts kv-penalty-host
+# of its tokens).
+LOG_KV_DECISION = "KV prefix decision"
+LOG_CREDITED_PREFIX_TOKENS = "credited_prefix_tokens"
