@@ -244,6 +244,11 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
             raise ModelGeometryUnknown(f"{name}: an indexer on some layers only (index_topk_freq, "
                                        "index_topk_pattern) is not modelled")
     listed = _listed_kinds(config, num_layers, name)
+    if listed is not None and model_type in ("gemma3n", "gemma3n_text"):
+        # vllm/model_executor/models/gemma3n.py: the last num_kv_shared_layers layers read the KV of an earlier
+        # layer of their kind (kv_sharing_target_layer_name) and keep no cache of their own
+        first_shared = num_layers - (config.get("num_kv_shared_layers") or 0)
+        return [(kind,) if kind and i < first_shared else () for i, kind in enumerate(listed)]
     if listed is not None and model_type == "dory":
         # vllm/model_executor/models/dory.py: in recurrent_kv_cache_mode "per_loop" each of the n_recurrent_layers
         # after the n_input_layers keeps one cache per loop (n_recurrent_loops attentions of its kind)

@@ -64,10 +64,20 @@ PATCHES: dict[str, dict] = {
     # stepfun-ai/step3: the MoE layers as the comma-separated string its config.json carries
     "Step3TextForCausalLM": {"moe_layers_enum": ",".join(str(i) for i in range(4, 60))},
     # baidu/ERNIE-4.5-VL-28B-A3B: its resampler's fields on the top-level config (the vision width, 2 x 2 spatial
-    # and 2 temporal merges, the language model's width), which transformers' class does not carry
+    # and 2 temporal merges), which transformers' class does not carry
+    # Its MoE as ernie45_vl_moe.py reads it, one entry for the text experts and one for the vision experts (64
+    # each, after the first dense layer); no KV-cache spec reads them.
     "Ernie4_5_VLMoeForConditionalGeneration": {"pixel_hidden_size": 1280, "spatial_conv_size": 2,
-                                               "temporal_conv_size": 2, "use_temporal_conv": True, "hidden_size": 2560},
+                                               "temporal_conv_size": 2, "use_temporal_conv": True,
+                                               "moe_num_experts": [64, 64], "moe_layer_start_index": [1, 1],
+                                               "moe_layer_end_index": [27, 27]},
 }
+
+# Gemma 3n's first layers use a sparse GELU whose threshold vLLM computes with a tensor's .item() (GeluAndMulSparse,
+# vllm/model_executor/layers/activation.py), which meta tensors refuse; dense activations everywhere (an MLP choice,
+# no KV-cache spec reads it) let it build on the meta device.
+_GEMMA3N_DENSE = {"activation_sparsity_pattern": [0.0] * 35}  # Gemma3nTextConfig's 35 layers
+PATCHES["Gemma3nForCausalLM"] = _GEMMA3N_DENSE
 
 # LongCat-Flash-Lite (longcat_flash_ngram.py) is LongCat-Flash's FlashModel under an n-gram embedding, on a
 # LongcatFlashConfig: the flash model's fields, and the embedding's sizes (no KV-cache spec reads them).
@@ -104,19 +114,22 @@ TEXT_PATCHES: dict[str, dict] = {
     "Glm4vMoeForConditionalGeneration": {"text_config": {"head_dim": 128, "use_qk_norm": False}},  # zai-org/GLM-4.5V
     "Step3VLForConditionalGeneration": {"text_config": PATCHES["Step3TextForCausalLM"]},  # stepfun-ai/step3
     "DbrxForCausalLM": {"attn_config": {"rope_theta": 500000.0}},  # databricks/dbrx-instruct
-    # voxtral_realtime.py reads downsample_factor from the audio config; transformers keeps it on the top-level
-    # VoxtralRealtimeConfig (default 4)
-    "VoxtralRealtimeGeneration": {"audio_config": {"downsample_factor": 4}},
     # baidu/ERNIE-4.5-VL's vision_config names its width embed_dim (= hidden_size) and its MLP by mlp_ratio
     # (intermediate_size / hidden_size), which ernie45_vl.py reads; transformers' class has neither
     "Ernie4_5_VLMoeForConditionalGeneration": {"vision_config": {"embed_dim": 1280, "mlp_ratio": 4}},
 }
+TEXT_PATCHES["Gemma3nForConditionalGeneration"] = {"text_config": _GEMMA3N_DENSE}
+
+# Checkpoints whose config.json keeps the language model's fields on the top level, as ernie45_vl.py reads them
+# (baidu/ERNIE-4.5-VL-28B-A3B), where transformers' class nests them under text_config.
+FLAT_TEXT = frozenset({"Ernie4_5_VLMoeForConditionalGeneration"})
 
 # Fields a released config.json carries equal to another of its fields (LiquidAI/LFM2-1.2B: block_dim and conv_dim
 # are its hidden_size), for configs whose class lacks them.
 SAME_AS: dict[str, dict[str, str]] = {
     # hy_v3.py sizes its experts by expert_hidden_dim, transformers' HYV3Config by moe_intermediate_size
     "HYV3ForCausalLM": {"expert_hidden_dim": "moe_intermediate_size"},
+    "Ernie4_5_VLMoeForConditionalGeneration": {"im_patch_id": "image_token_id"},  # ERNIE-4.5-VL's image patch id
     "Lfm2ForCausalLM": {"block_dim": "hidden_size", "conv_dim": "hidden_size", "conv_dim_out": "hidden_size",
                         "block_ff_dim": "intermediate_size"},
 }
@@ -197,6 +210,11 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "Granite4VisionForConditionalGeneration": (("text_config",), "GraniteForCausalLM", "granite"),
     "Phi4MMForCausalLM": ((), "LlamaForCausalLM", "phi3"),  # phi4mm.py: LlamaModel on the model's own Phi-3 config
     "GLM4VForCausalLM": ((), "ChatGLMModel", "chatglm"),
+    # gemma3n_mm.py: its vision tower needs timm; the language model is Gemma3nForCausalLM's on text_config
+    "Gemma3nForConditionalGeneration": (("text_config",), "Gemma3nForCausalLM", "gemma3n_text"),
+    # voxtral_realtime.py subclasses Voxtral (init_vllm_registered_model on config.text_config) and wants a Mistral
+    # tokenizer to build; vllm/transformers_utils/configs/mistral.py names that text config MistralForCausalLM
+    "VoxtralRealtimeGeneration": (("text_config",), "MistralForCausalLM", "voxtral_realtime_text"),
     # openpangu_vl.py: init_vllm_registered_model(architectures=["PanguEmbeddedForCausalLM"]) on the model's own
     # config, of the remote-code openpangu type PanguEmbeddedForCausalLM is recorded with
     "OpenPanguVLForConditionalGeneration": ((), "PanguEmbeddedForCausalLM", "openpangu"),
@@ -314,7 +332,10 @@ def build_config(arch: str, module: str) -> dict:
         config = _known_config(model_type)
     else:
         config = {**GENERIC_TEXT, "model_type": model_type}
-    config = {**_jsonable(config), **PATCHES.get(arch, {})}
+    config = _jsonable(config)
+    if arch in FLAT_TEXT:
+        config = {**config["text_config"], **config}
+    config = {**config, **PATCHES.get(arch, {})}
     for key, sub in TEXT_PATCHES.get(arch, {}).items():
         config[key] = {**config[key], **sub}
     for key, other in SAME_AS.get(arch, {}).items():
