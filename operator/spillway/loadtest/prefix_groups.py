@@ -205,11 +205,16 @@ async def run_route(route: Route, plan: PrefixGroupsPlan, replicas: list[str], *
             warmup: dict[str, Any] = {"requests": 0, "errors": 0}
             if plan.warmup:
                 # All tenants arrive at once: a load-aware router spreads them over the replicas.
+                warmup_before = await _scrape(replica_clients)
                 results, elapsed = await send(f"{route.name} warm-up",
                                               [(g, -1) for g in range(plan.groups)], False,
                                               concurrency=plan.groups)
+                warmup_after = await _scrape(replica_clients)
+                # Where the tenants landed decides what each pool must hold in the timed phase.
                 warmup = {"requests": len(results), "errors": sum(not r.ok for r in results),
-                          "elapsed_s": elapsed, "error_samples": _errors(results)}
+                          "elapsed_s": elapsed, "error_samples": _errors(results),
+                          "requests_per_replica": [_delta(b, a, Metric.REQUEST_SUCCESS)
+                                                   for b, a in zip(warmup_before, warmup_after)]}
                 await asyncio.sleep(plan.settle_s)
             order = [(g, i) for g in range(plan.groups) for i in range(plan.prompts_per_group)]
             random.Random(repr((plan.seed, EXPERIMENT, route.name, "order"))).shuffle(order)
