@@ -117,3 +117,16 @@ def test_load_test_arguments_parse(path, engine, capsys):
                 parser.parse_args([command, *common, *extra, *engine[key]])
             except SystemExit:
                 pytest.fail(f"{path.name}:{engine['name']}: {key} arguments: {capsys.readouterr().err.strip()}")
+
+
+@pytest.mark.parametrize("path, engine", [p for p in ENGINES if "loadtest" in p.values[1] and p.values[0].parent == GPU])
+def test_ttft_prompts_fit_the_engines_context(path, engine):
+    """A TTFT length needs one output token beside it: 32,768 on a 32,768-token engine was refused on the GPU
+    (bench/results/h200-2026-12-02-pool, as run). The sets to run, not those that ran."""
+    spec = json.loads(path.read_text())
+    args = engine["loadtest"]
+    if "--ttft-lengths" not in args:
+        return
+    limit = engine.get("max_model_len", spec["common"].get("max_model_len"))
+    lengths = [int(n) for n in args[args.index("--ttft-lengths") + 1].split(",") if n.isdigit()]
+    assert limit is None or all(n + 1 <= limit for n in lengths), (lengths, limit)

@@ -212,6 +212,17 @@ def test_the_startup_budget_grows_with_the_pool_the_engine_sets_up_before_it_ser
     assert big.pod.startup_seconds > ENGINE_START_SECONDS + 3600  # not the restart of a fixed 30 min
 
 
+def test_a_pool_pre_faulted_by_more_threads_gets_a_shorter_startup_allowance():
+    """16 threads set a 64 GiB pool up in 16 s at the slowest, one thread in 76 s (bench/results)."""
+    def allowance(cpu, size="64Gi"):
+        node = NodeFacts(2 * 2**40, 8, "h200", cpu_millis=cpu)
+        return plan(LLAMA_8B, request(size=size), node).pod.startup_seconds - ENGINE_START_SECONDS
+    one, four, sixteen = allowance(None), allowance(32_000), allowance(128_000)  # 1 / 4 / 16 cores per replica
+    assert 60 <= one <= 180 and 16 <= sixteen <= 60, (one, sixteen)
+    assert one > four > sixteen
+    assert allowance(1_024_000) == sixteen  # no faster than the 16 threads measured
+
+
 def test_geometry_only_without_node():
     result = plan(LLAMA_8B)
     assert result.pool is None and result.pod is None

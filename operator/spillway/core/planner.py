@@ -59,12 +59,16 @@ MAX_API_SERVERS = 4
 # (docs/planning.md#batched-tokens-vllms-default-measured).
 
 # The startup probe's budget: a large model's load plus the pool, which vLLM sets up before /health, at half the
-# slowest measured rate (0.84 GiB/s): docs/planning.md#memory-of-one-replica, bench/results/h200-2026-12-01*.
+# slowest measured rate: 0.84 GiB/s from one thread (vLLM's own pre-fault; bench/results/h200-2026-12-01*), at
+# most 4.0 GiB/s from the image's 16 pre-faulting threads (64 GiB pre-faulted and registered in 16 s in a real
+# engine, the slowest of its starts: bench/results/h200-2026-12-02-pool/). docs/planning.md#memory-of-one-replica.
 ENGINE_START_SECONDS = 1800
+POOL_SETUP_BYTES_PER_S_PER_THREAD = 0.84 * GiB
+POOL_SETUP_BYTES_PER_S_MAX = 4.0 * GiB
 # Threads that pre-fault the pool, at most: 16 took a 64 GiB pool from 41 s to 7.2-7.8 s on the H200's 16 cores
-# (bench/results/h200-2026-12-02/pool_setup.json); more were not measured.
+# (bench/results/h200-2026-12-02/pool_setup.json), and from 39 s to 5.5-8.9 s in an engine
+# (h200-2026-12-02-pool/); more were not measured.
 MAX_PREFAULT_THREADS = 16
-POOL_SETUP_BYTES_PER_S = 0.42 * GiB
 
 
 @dataclass(frozen=True)
@@ -490,7 +494,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
             disk = disk_tier.judge(disk, geometry.config, request.tensor_parallel_size, geometry.max_model_len,
                                    node.disk_read_gbps, reload.reload_tokens_per_s if reload else None)
         pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
-                        request.tensor_parallel_size)
+                        request.tensor_parallel_size, prefault_threads(prefault_env(engine, pool, request)))
     env = {**engine_env(request), **prefault_env(engine, pool, request),
            **(disk_tier.engine_env() if disk_tier.active(disk) else {})}
     args = engine_args(layout, request.offload, pool, disk_tier.active(disk))
@@ -514,6 +518,11 @@ def api_servers(cpu_millis: int | None, replicas_per_node: int, node_name: str =
     return EnginePlan(count, f"{cores} CPU cores per replica ({cpu_millis / 1000:g} allocatable on {node_name} / "
                              f"{replicas_per_node} per node): one API server per {CORES_PER_API_SERVER} cores, "
                              f"at most {MAX_API_SERVERS}", max(cores, 1))
+
+
+def prefault_threads(env: dict[str, str]) -> int:
+    """The threads the planned engine pre-faults its pool with: vLLM's own one, unless the plan set more."""
+    return int(env.get(api.ENV_PREFAULT_THREADS, 1))
 
 
 def prefault_env(engine: EnginePlan, pool: PoolPlan | None, request: ServingRequest) -> dict[str, str]:
@@ -540,23 +549,31 @@ def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
     if api.FLAG_API_SERVER_COUNT in args:
         at = args.index(api.FLAG_API_SERVER_COUNT)
         del args[at:at + 2]
-    pod = p.pod
-    if pod is not None:
-        pod = _pod_plan(p.pool, process_reserve(pod.gpus, engine.api_servers, is_multimodal(geometry)), pod.gpus)
     env = {k: v for k, v in p.env.items() if k != api.ENV_PREFAULT_THREADS}
     if api.ENV_PREFAULT_THREADS in p.env:
         env[api.ENV_PREFAULT_THREADS] = str(min(engine.cores or int(p.env[api.ENV_PREFAULT_THREADS]),
                                                 MAX_PREFAULT_THREADS))
+    pod = p.pod
+    if pod is not None:
+        pod = _pod_plan(p.pool, process_reserve(pod.gpus, engine.api_servers, is_multimodal(geometry)), pod.gpus,
+                        prefault_threads(env))
     return replace(p, args=args + api_server_args(engine), engine=engine, pod=pod, env=env)
 
 
+def pool_setup_seconds(footprint: int, prefault_threads: int) -> int:
+    """The startup probe's allowance for the pool: its setup at half the slowest rate measured for this many
+    pre-faulting threads."""
+    rate = min(prefault_threads * POOL_SETUP_BYTES_PER_S_PER_THREAD, POOL_SETUP_BYTES_PER_S_MAX) / 2
+    return math.ceil(footprint / rate)
+
+
 @functools.lru_cache(maxsize=256)
-def _pod_plan(pool: PoolPlan | None, reserve: int, gpus: int) -> PodPlan:
+def _pod_plan(pool: PoolPlan | None, reserve: int, gpus: int, prefault_threads: int = 1) -> PodPlan:
     """The pod around a pool: Guaranteed memory for the pool's footprint, /dev/shm's extra and the process."""
     footprint = pool.footprint_bytes if pool else 0
     shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
     limit = _round_up(footprint + SHM_EXTRA_BYTES + reserve, MiB)
-    startup = ENGINE_START_SECONDS + math.ceil(footprint / POOL_SETUP_BYTES_PER_S)
+    startup = ENGINE_START_SECONDS + pool_setup_seconds(footprint, prefault_threads)
     return PodPlan(limit, limit, shm, reserve, gpus, startup)
 
 
