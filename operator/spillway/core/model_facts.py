@@ -284,7 +284,8 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         return _int({"v": value}, "v", name, default) if value is not None or default else _int(config, keys[0], name)
 
     hidden = config.get("hidden_size") or 0
-    if model_type.startswith(("qwen3_next", "qwen3_5")):
+    # olmo_hybrid.py sizes its gated delta-net state with the same calculator and fields as Qwen3-Next
+    if model_type.startswith(("qwen3_next", "qwen3_5", "olmo_hybrid")):
         return MambaShape("gdn", conv_kernel=get("linear_conv_kernel_dim", default=4),
                           k_heads=get("linear_num_key_heads"), v_heads=get("linear_num_value_heads"),
                           k_dim=get("linear_key_head_dim"), v_dim=get("linear_value_head_dim"))

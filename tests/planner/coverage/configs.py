@@ -61,6 +61,9 @@ PATCHES: dict[str, dict] = {
     "Param2MoEForCausalLM": {"num_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 1408,
                              "moe_shared_expert_intermediate_size": None, "num_shared_experts": 2,
                              "first_k_dense_replace": 1, "rope_scaling": None},
+    # allenai/Molmo-7B-D-0924's config.json (remote code): the fields molmo.py reads beside the generic ones
+    "MolmoForCausalLM": {"embedding_size": 32000, "attention_layer_norm": False, "layer_norm_eps": 1e-6,
+                         "layer_norm_type": "rms", "norm_after": False, "qkv_bias": True, "weight_tying": False},
     # stepfun-ai/step3: the MoE layers as the comma-separated string its config.json carries
     "Step3TextForCausalLM": {"moe_layers_enum": ",".join(str(i) for i in range(4, 60))},
     # baidu/ERNIE-4.5-VL-28B-A3B: its resampler's fields on the top-level config (the vision width, 2 x 2 spatial
@@ -104,7 +107,9 @@ SHAPED_AS = {"MistralLarge3ForCausalLM": "deepseek_v3", "Qwen3ASRRealtimeGenerat
              # fields: bee.py and rvl.py subclass LlavaOnevisionForConditionalGeneration, cosmos3.py
              # Qwen3VLForConditionalGeneration, interns2_preview.py Qwen3_5MoeForConditionalGeneration
              "BeeForConditionalGeneration": "llava_onevision", "RForConditionalGeneration": "llava_onevision",
-             "Cosmos3ForConditionalGeneration": "qwen3_vl", "InternS2PreviewForConditionalGeneration": "qwen3_5_moe"}
+             "Cosmos3ForConditionalGeneration": "qwen3_vl", "InternS2PreviewForConditionalGeneration": "qwen3_5_moe",
+             # interns2_mobius.py subclasses InternS2PreviewForConditionalGeneration
+             "InternS2MobiusForConditionalGeneration": "qwen3_5_moe"}
 
 # Keys a config class's to_dict writes that its own __init__ then refuses (DbrxConfig, in it and its sub-configs).
 DROPPED = {"DbrxForCausalLM": ("_name_or_path", "output_attentions")}

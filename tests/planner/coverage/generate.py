@@ -56,7 +56,7 @@ def _overlay(tree: str, work: Path) -> Path:
 
 
 def _env(overlay: Path | None) -> dict[str, str]:
-    # torchvision: absent from the venv, imported by vLLM's multimodal modules (absent/torchvision)
+    # torchvision, torchaudio: absent from the venv, imported by vLLM's multimodal modules (absent/)
     paths = [str(HERE / "absent"), os.environ.get("PYTHONPATH", "")]
     if overlay is None:
         return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))

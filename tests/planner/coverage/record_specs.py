@@ -73,6 +73,12 @@ def main() -> None:
     source, target = sys.argv[1:3]
     cases = json.loads(Path(source).read_text())
     import torch
+    from vllm import triton_utils
+
+    if not hasattr(triton_utils.triton, "set_allocator"):
+        # vLLM's stand-in for a triton it cannot use lacks it, and OLMo-Hybrid's gated delta-net sets one when it
+        # builds (vllm/triton_utils/allocation.py); the recorder launches no kernel, so nothing is allocated through it
+        triton_utils.triton.set_allocator = lambda allocator: None
     from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
     from vllm.distributed.parallel_state import (
         destroy_model_parallel,
