@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "connector"), str(REPO / "operator"), str(REPO / "tests")]
 
-from routing.replicas import BLOCK, GROUPS_WORKLOAD, TENANTS, best_cpu_hit, start_replicas
+from routing.replicas import BLOCK, DEBUG_LOG, GROUPS_WORKLOAD, TENANTS, best_cpu_hit, kv_decisions, start_replicas
 from spillway.core import router_api as R
 from support.tools import require_binary
 from support.vllm_router import VllmRouter
@@ -43,6 +43,8 @@ POLICIES = {
     "kv_aware_t0.3": (R.POLICY_KV_AWARE, [R.FLAG_ROUTER_TEMPERATURE, "0.3"], []),
     "kv_aware_t1": (R.POLICY_KV_AWARE, [R.FLAG_ROUTER_TEMPERATURE, "1"], []),
     "kv_aware_t0.1_host1": (R.POLICY_KV_AWARE, [R.FLAG_ROUTER_TEMPERATURE, "0.1", R.FLAG_KV_PENALTY_HOST, "1"], []),
+    # A weaker CPU-hit credit: whether a busy holder then loses a known prefix to an idle replica (balance).
+    "kv_aware_t0.1_host0.3": (R.POLICY_KV_AWARE, [R.FLAG_ROUTER_TEMPERATURE, "0.1", R.FLAG_KV_PENALTY_HOST, "0.3"], []),
     "cache_aware": (R.POLICY_CACHE_AWARE, [], []),
     # Load-balance on any difference in in-flight requests: whether the thresholds can spread new prefixes.
     "cache_aware_balance_any": (R.POLICY_CACHE_AWARE,
@@ -55,17 +57,18 @@ POLICIES = {
 }
 
 
-def run(replicas, name: str, workload: dict, concurrency: int, out: Path) -> dict:
+def run(replicas, name: str, workload: dict, concurrency: int, out: Path, repeat: int = 0) -> dict:
     policy, extra, client_args = POLICIES[name]
     binary = require_binary(R.ROUTER_COMMAND)
     urls = [s.base_url for s in replicas]
     events = {s.base_url: s.kv_events_endpoint for s in replicas} if policy == R.POLICY_KV_AWARE else None
     # Its own route name per run: the prompts are drawn from it, so no run finds another's blocks in the pools.
-    route = f"{workload['name']}-{name}-c{concurrency}"
+    route = f"{workload['name']}-{name}-c{concurrency}" + (f"-r{repeat}" if repeat else "")
     output = out / f"{route}.json"
+    # kv_aware's debug log says, per request, how many prompt tokens it credited to the replica it chose.
     with VllmRouter(urls, policy=policy, binary=binary, event_sources=events,
                     block_size=BLOCK if events else None, model=replicas[0].model if events else None,
-                    extra_args=extra) as router:
+                    extra_args=[*extra, *(DEBUG_LOG if events else ())]) as router:
         cmd = [sys.executable, "-m", "spillway.cli", "loadtest", "prefix-groups", "run",
                "--route", f"{route}={router.base_url}", "--router-metrics", f"{route}={router.metrics_url}",
                *[a for u in urls for a in ("--replica", u)], *workload["args"], *client_args,
@@ -73,14 +76,20 @@ def run(replicas, name: str, workload: dict, concurrency: int, out: Path) -> dic
         done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise SystemExit(f"{name}: {done.stdout}\n{done.stderr}\n{router.log_tail()}")
+        decisions = kv_decisions(router) if events else []
     route = json.loads(output.read_text())["routes"][0]
-    return {"workload": workload["name"], "policy": name, "concurrency": concurrency,
+    credited: dict[int, int] = {}
+    for _, credit in decisions[-route["ok"]:] if decisions else ():
+        credited[credit] = credited.get(credit, 0) + 1
+    return {"workload": workload["name"], "policy": name, "concurrency": concurrency, "repeat": repeat,
             "tenant_key": client_args == TENANT_KEY,
             "cpu_hit_rate": route["cpu_hit_rate"], "best_cpu_hit_rate": best_cpu_hit(workload),
             "requests_per_replica": [r["requests"] for r in route["replicas"]],
             "cpu_hit_per_replica": [r["cpu_hit_rate"] for r in route["replicas"]],
             "prompt_tokens_per_s": route["prompt_tokens_per_s"], "ttft_p50_s": route["ttft_s"]["p50"],
-            "errors": route["errors"]}
+            "errors": route["errors"], "warmup_requests_per_replica": route["warmup"].get("requests_per_replica"),
+            # timed requests by the prompt tokens kv_aware credited to the replica it chose (0: it knew no holder)
+            "credited_tokens": {str(k): v for k, v in sorted(credited.items())}}
 
 
 def main() -> int:
@@ -88,19 +97,21 @@ def main() -> int:
     p.add_argument("--out", type=Path, help="where the JSON goes (default: a new temporary directory)")
     p.add_argument("--policies", nargs="*", default=list(POLICIES))
     p.add_argument("--workloads", nargs="*", default=["tenants", "groups"])
+    p.add_argument("--repeats", type=int, default=1, help="runs of each line, each with its own prompts")
     args = p.parse_args()
     args.out = args.out or Path(tempfile.mkdtemp(prefix="routing-policies-"))
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"results in {args.out}", flush=True)
     rows = []
     with start_replicas() as replicas:
-        for name in args.policies:
-            for concurrency in (1, 3) if "tenants" in args.workloads else ():
-                rows.append(run(replicas, name, TENANTS, concurrency, args.out))
+        for repeat in range(args.repeats):
+            for name in args.policies:
+                for concurrency in (1, 3) if "tenants" in args.workloads else ():
+                    rows.append(run(replicas, name, TENANTS, concurrency, args.out, repeat))
+                    print(json.dumps(rows[-1]), flush=True)
+            for name in args.policies if "groups" in args.workloads else ():
+                rows.append(run(replicas, name, GROUPS_WORKLOAD, 1, args.out, repeat))
                 print(json.dumps(rows[-1]), flush=True)
-        for name in args.policies if "groups" in args.workloads else ():
-            rows.append(run(replicas, name, GROUPS_WORKLOAD, 1, args.out))
-            print(json.dumps(rows[-1]), flush=True)
     (args.out / f"summary-{'-'.join(args.workloads)}.json").write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
