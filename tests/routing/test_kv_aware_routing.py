@@ -3,8 +3,8 @@ the settings `spillway route` runs it with (router_api.KV_AWARE_SETTINGS), one e
 
 - "tenants" (6 prefixes of 8 blocks x 8 prompts, random order, no warm-up: every prefix is new when it first
   arrives), at 1 and at 3 in flight. One at a time: the CPU-pool hit rate within 10% of the best possible and
-  every replica used (a new prefix no longer lands where the others are). Three in flight: balanced within
-  1.5x of an even share, and the hit rate no longer the best possible (what is measured and why: docs/routing.md);
+  not every request on one replica (a new prefix no longer lands where the others are). Three in flight: every
+  replica used, and the hit rate short of the best possible (what is measured and why: docs/routing.md);
 - "groups" (12 prefixes of 6 blocks x 4 prompts after a warm-up), one at a time, against round_robin;
 - a scale-up from 2 to 3 replicas between two passes of the same prompts, through the router's worker API as
   `spillway route` does it: the first two replicas' hit rate does not fall (the router kept its index).
@@ -92,12 +92,13 @@ def test_one_at_a_time_tenants_keep_locality_and_spread(tenants, capsys):
 
 
 def test_three_in_flight_tenants_balance(tenants, capsys):
-    """The load term spreads concurrent prompts; a prompt whose prefix's first prompt is still in flight finds
-    no holder in the index (the replica publishes the blocks only once they are stored), so locality is partly
-    lost: measured 51-55% against the best possible 82% (round_robin 52%)."""
+    """The load term spreads the first concurrent prompts; a prompt whose prefix's first prompt is still in
+    flight finds no holder in the index (the replica publishes the blocks only once they are stored), so
+    locality is partly lost: measured 50.0-68.1% against the best possible 82.4% (round_robin 52%)."""
     route, requests = _tenants(tenants[3], capsys)
-    # Measured 14/18/16, 15/17/16 and 9/6/33 in three runs (docs/routing.md): spread, but not evenly enough for
-    # the 1.5x goal on every run, so only the spread itself is asserted.
+    # Once indexed, a prefix stays with its holder whatever its load, so the balance rests on where the new
+    # prefixes fell: 3/42/3 to 14/15/19 in seven runs (docs/routing.md). The first three prompts arrive together
+    # and the load term has spread them over the three replicas in every run: that much is asserted.
     assert min(requests) > 0, requests
     assert route["cpu_hit_rate"] >= 0.55 * best_cpu_hit(TENANTS), route["cpu_hit_rate"]  # round_robin: 52%
 

@@ -4,10 +4,12 @@ vllm-router takes each worker's KV event source as a static WORKER_URL=tcp://HOS
 change. The ModelServer's headless Service <name>-replicas answers DNS with the IPs of its ready pods, so this
 supervisor needs no Kubernetes API access: it resolves that name, starts vllm-router with one worker URL and
 one event source per ready pod, and follows changes through the router's own worker API (/add_worker,
-/remove_worker) so the index of the pods that stay is kept. vllm-router 0.1.17 indexes a worker added that
-way only if the worker answers /get_server_info, which vLLM does not serve: an added pod takes requests at
-once, and its blocks join the index when the router next starts (a removed one leaves nothing behind). The
-router is started again only when it exits or when its API does not answer. Without a ready pod no router
+/remove_worker) so the index of the pods that stay is kept. vllm-router 0.1.17 subscribes to a worker's KV
+events only for the --kv-event-source pairs it starts with: /add_worker starts no subscription, whatever the
+worker serves (a worker answering /get_server_info with its block size was not indexed either; measured,
+docs/routing.md). An added pod takes requests at once, and its blocks join the index when the router next
+starts (a removed one leaves nothing behind). The router is started again only when it exits or when its API
+does not answer. Without a ready pod no router
 runs: the router pod is then not ready (its readiness probe fails), which is the truth, and nothing
 crash-loops.
 
