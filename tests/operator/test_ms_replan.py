@@ -12,7 +12,7 @@ from spillway.adapters.model_config import resolve_geometry
 from spillway.controller import plan_cache
 from spillway.controller.facts import eligibility, summarize_node
 from spillway.controller.manifests import plan_for_nodes
-from spillway.controller.replan import Replanner
+from spillway.controller.replan import ApiLane, Replanner
 from spillway.controller.spec import parse_spec
 from spillway.core.errors import PoolDoesNotFit
 from spillway.core.planner import plan
@@ -63,3 +63,58 @@ def test_one_plan_per_node_shape_picks_what_planning_every_node_would(memories):
     assert (node.name, chosen.pod, chosen.pool) == (every[1].name, every[0].pod, every[0].pool)
     again, _ = plan_for_nodes(geometry, spec, nodes)
     assert again is chosen  # the cache's own object: planned once
+
+
+def test_a_re_plans_requests_go_first_and_handlers_still_progress():
+    """While a re-plan runs, kopf's handlers keep at most their share of requests in flight (the re-plan's are
+    never held); one that waits gets its turn when a handler's request ends; with no re-plan, none waits."""
+    lane = ApiLane(handler_requests=1)
+    release, entered = threading.Event(), []
+
+    def handler_request(name: str) -> None:
+        with lane.request():
+            entered.append(name)
+            release.wait(10)
+
+    first = threading.Thread(target=handler_request, args=("first",))
+    first.start()
+    _until(lambda: entered == ["first"])
+    replan_started, replan_done, replan_requests = threading.Event(), threading.Event(), []
+
+    def replan() -> None:
+        with lane.replanning():
+            replan_started.set()
+            for _ in range(3):
+                with lane.request():  # not held, though a handler's request is in flight
+                    replan_requests.append(1)
+            replan_done.wait(10)
+
+    replanning = threading.Thread(target=replan)
+    replanning.start()
+    replan_started.wait(10)
+    _until(lambda: len(replan_requests) == 3)
+    second = threading.Thread(target=handler_request, args=("second",))
+    second.start()
+    time.sleep(0.2)
+    assert entered == ["first"], "a second handler request went ahead while a re-plan runs"
+    release.set()  # the first ends: the waiting one goes, the re-plan still running
+    _until(lambda: entered == ["first", "second"])
+    replan_done.set()
+    for thread in (first, second, replanning):
+        thread.join(10)
+
+    release.clear()
+    many = [threading.Thread(target=handler_request, args=(f"free-{i}",)) for i in range(3)]
+    for thread in many:
+        thread.start()
+    _until(lambda: len(entered) == 5)  # no re-plan running: all three at once
+    release.set()
+    for thread in many:
+        thread.join(10)
+
+
+def _until(check, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

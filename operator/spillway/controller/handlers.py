@@ -43,7 +43,7 @@ from . import drift, metrics
 from .disk_volume import check_disk_volume
 from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
-from .replan import Replanner
+from .replan import LanedKube, Replanner
 from .routing_objects import host_tier_credit, router_name, routing_object_keys
 from .routing_status import REASON_NOT_ROUTED, REASON_PRUNE_FORBIDDEN, ROUTED, routing_status
 from .settings import OperatorSettings
@@ -72,7 +72,7 @@ def kube() -> Kube:
     global _kube
     if _kube is None:
         load_config()
-        _kube = Kube()
+        _kube = LanedKube(_replanner.lane)  # node-driven re-plans' requests go first (replan.py)
     return _kube
 
 
