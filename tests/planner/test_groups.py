@@ -35,11 +35,37 @@ def test_tokens_held_count_each_groups_window_once_per_request():
     assert groups.chunks_per_request(100) == 7 + 7  # short requests: every chunk still in the window
 
 
-@pytest.mark.parametrize("model_type", ["gemma4_text", "hy_v4"])
+@pytest.mark.parametrize("model_type", ["deepseek_v4", "hy_v4"])
 def test_caches_spillway_does_not_model_are_refused_by_name(model_type):
     config = {"architectures": ["X"], "model_type": model_type, "num_hidden_layers": 4, "num_attention_heads": 4}
     with pytest.raises(ModelGeometryUnknown, match=f"{model_type}.*does not model"):
         geometry_from_config(config)
+
+
+def _gemma4(**fields) -> dict:
+    return {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "num_hidden_layers": 30,
+            "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 512,
+            "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5, **fields}
+
+
+def test_gemma4_global_layers_of_another_head_size_pack_as_vllm_033_groups_them():
+    # the per_layer_config transformers derives from global_head_dim, or the one a config.json carries
+    derived = kv_groups(_gemma4(global_head_dim=512), (0, 33), block_size=128)
+    written = kv_groups(_gemma4(per_layer_config={f"{i:02d}": {"head_dim": 512} for i in range(5, 30, 6)}),
+                        (0, 33), block_size=128)
+    assert derived == written
+    sliding_page, full_page = 128 * 4 * 2 * 256 * 2, 128 * 4 * 2 * 512 * 2
+    assert [(g.kind, g.layers, g.page_bytes) for g in derived.groups] == [
+        (SLIDING, 9, 9 * sliding_page), (SLIDING, 8, 8 * sliding_page), (SLIDING, 8, 8 * sliding_page),
+        (FULL, 5, 5 * full_page)]
+    assert derived.row_bytes == 5 * full_page
+    with pytest.raises(ModelGeometryUnknown, match="different page sizes"):
+        kv_groups(_gemma4(global_head_dim=512), (0, 32), block_size=128)
+
+
+def test_gemma4_layers_sharing_kv_are_refused():
+    with pytest.raises(ModelGeometryUnknown, match="num_kv_shared_layers"):
+        kv_groups(_gemma4(num_kv_shared_layers=10), (0, 33))
 
 
 def test_a_loop_coder_keeps_one_full_and_loop_num_minus_one_window_caches_per_layer():

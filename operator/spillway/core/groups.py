@@ -180,11 +180,7 @@ def _layer_caches(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[Laye
     if facts.mla:
         token = facts.head_dim * dtype_bytes  # one latent (kv_lora_rank + qk_rope_head_dim), on every rank
     else:
-        kv_heads = facts.num_kv_heads
-        if kv_heads % tp and tp % kv_heads:
-            raise InvalidSpec(f"{name}: {kv_heads} KV heads neither split over nor replicate across "
-                              f"tensor parallel size {tp}")
-        token = max(1, kv_heads // tp) * (facts.head_dim + facts.v_head_dim) * dtype_bytes
+        token = _token_bytes(facts.num_kv_heads, facts.head_dim + facts.v_head_dim, tp, dtype_bytes, name)
     state = 0
     if facts.mamba is not None:
         model_bytes = DTYPE_BYTES[facts.dtype]
@@ -192,14 +188,22 @@ def _layer_caches(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[Laye
                                   name)
     # Layers of one kind keep equal caches: one LayerCache per distinct layer (a handful), shared by all its
     # layers, keeps a cold plan within bench/plan.py's 50 us goal (constructing one per layer was ~13 of them).
-    made: dict[tuple[str, ...], tuple[LayerCache, ...]] = {}
-    out: list[LayerCache] = []
-    for kinds in facts.kinds:
-        caches = made.get(kinds)
-        if caches is None:
-            caches = made[kinds] = _caches_of(kinds, token, state, facts)
-        out.extend(caches)
-    return tuple(out)
+    if facts.layer_heads is None:
+        made = {kinds: _caches_of(kinds, token, state, facts) for kinds in set(facts.kinds)}
+        return tuple(cache for kinds in facts.kinds for cache in made[kinds])
+    # Gemma 4: each layer's own KV heads and head size (K and V alike)
+    layers = tuple(zip(facts.kinds, facts.layer_heads))
+    made_per_head = {(kinds, heads): _caches_of(kinds, _token_bytes(heads[0], 2 * heads[1], tp, dtype_bytes, name),
+                                                state, facts) for kinds, heads in set(layers)}
+    return tuple(cache for layer in layers for cache in made_per_head[layer])
+
+
+def _token_bytes(kv_heads: int, kv_head_dims: int, tp: int, dtype_bytes: int, name: str) -> int:
+    """One token's K and V on one rank: KV heads split over the ranks, or replicated when fewer than ranks."""
+    if kv_heads % tp and tp % kv_heads:
+        raise InvalidSpec(f"{name}: {kv_heads} KV heads neither split over nor replicate across "
+                          f"tensor parallel size {tp}")
+    return max(1, kv_heads // tp) * kv_head_dims * dtype_bytes
 
 
 def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts) -> tuple[LayerCache, ...]:
@@ -232,7 +236,8 @@ def kv_groups(config: Mapping[str, Any] | ModelFacts, release: tuple[int, int], 
 def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size: int, kv_cache_dtype: str,
                kernel_block: int) -> KVGroups:
     layers = _layer_caches(facts, tp, kv_cache_dtype)
-    groups = group_layers(layers, block_size, kernel_block, _state_chunk(facts, release), facts.name)
+    groups = group_layers(layers, block_size, kernel_block, _state_chunk(facts, release), facts.name,
+                          packed=release >= (0, 33))
     refusal = release_refusal(release, groups)
     if refusal:
         raise ModelGeometryUnknown(f"{facts.name}: {refusal}")
@@ -244,8 +249,9 @@ def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size:
 # -- grouping ---------------------------------------------------------------------------------------
 
 def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: int = GPU_KERNEL_BLOCK,
-                 state_chunk: int | None = None, name: str = "model") -> tuple[CacheGroup, ...]:
-    """vLLM's grouping of per-layer caches into KV-cache groups, pages unified."""
+                 state_chunk: int | None = None, name: str = "model", packed: bool = False) -> tuple[CacheGroup, ...]:
+    """vLLM's grouping of per-layer caches into KV-cache groups, pages unified. `packed`: vLLM 0.33's grouping of
+    attention layers of different pages (_packed_groups)."""
     # Each distinct cache with its layer count, in order of first appearance: layers share their LayerCache
     # objects (_layer_caches), so counting by identity is one C-level pass, and equal caches built apart merge here.
     counts = Counter(map(id, layers))
@@ -268,6 +274,8 @@ def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: in
             first = next(iter(runs))
             page = sum(block_size * layer.token_bytes * count for layer, count in runs.items())
             return (CacheGroup(first.kind, sum(runs.values()), page, block_size, first.window, True),)
+        if packed and len(runs) == len(attention):
+            return _packed_groups(runs, block_size, name)
         raise ModelGeometryUnknown(f"{name}: attention layers of different page sizes per token "
                                    f"{sorted(token_bytes)}")
     per_token = token_bytes.pop()
@@ -295,6 +303,34 @@ def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: in
         num_groups = _cdiv(count, group_size)
         for i in range(num_groups):
             groups.append(CacheGroup(kind, len(range(i, count, num_groups)), page, block_size, window))
+    return tuple(groups)
+
+
+def _packed_groups(runs: Mapping[LayerCache, int], block_size: int, name: str) -> tuple[CacheGroup, ...]:
+    """vLLM 0.33's grouping of attention layers whose pages differ (vllm/v1/core/kv_cache_planning.py
+    _get_packed_kv_cache_groups, the block-outermost layout): layers of one type form a bucket (one
+    UniformTypeKVCacheSpecs group, its page the sum of its layers'); a sliding-window bucket is a state bucket and
+    splits round-robin into groups of as many layers as fit the widest bucket's page. Written for buckets of one
+    page size each (Gemma 4: sliding layers of one head size, full ones of another); a bucket mixing page sizes is
+    refused."""
+    buckets: dict[tuple[str, int | None], list[int]] = {}  # (kind, window) -> [token bytes, layers]
+    for layer, count in runs.items():
+        if layer.kind not in (FULL, SLIDING):
+            raise ModelGeometryUnknown(f"{name}: {layer.kind} layers beside attention of other pages are not modelled")
+        key = (layer.kind, layer.window if layer.kind == SLIDING else None)
+        bucket = buckets.setdefault(key, [layer.token_bytes, 0])
+        if bucket[0] != layer.token_bytes:
+            raise ModelGeometryUnknown(f"{name}: {layer.kind} layers of different page sizes in one group are not "
+                                       "modelled")
+        bucket[1] += count
+    # the widest group's page: a state (sliding) bucket down to one layer per group, any other bucket whole
+    anchor = max(token * (1 if kind == SLIDING else count) for (kind, _), (token, count) in buckets.items())
+    groups = []
+    for (kind, window), (token, count) in buckets.items():
+        num_groups = _cdiv(count, max(anchor // token, 1)) if kind == SLIDING else 1
+        for i in range(num_groups):
+            layers = len(range(i, count, num_groups))
+            groups.append(CacheGroup(kind, layers, layers * block_size * token, block_size, window, True))
     return tuple(groups)
 
 

@@ -52,6 +52,10 @@ MLA_MODEL_TYPES = frozenset({
     "kimi_linear", "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid",
     "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp",
 })
+# Gemma 4 (and DiffusionGemma, its attention): each layer's head size and KV heads from per_layer_config, which
+# transformers' Gemma4TextConfig builds from global_head_dim (default 512) and num_global_key_value_heads for the
+# full-attention layers when a config.json does not carry it (vllm/model_executor/models/gemma4.py reads it).
+PER_LAYER_HEADS = frozenset({"gemma4", "gemma4_text", "diffusion_gemma", "diffusion_gemma_text"})
 # vllm/model_executor/models/longcat_flash.py: each decoder layer holds two attention blocks, each its own cache
 ATTENTIONS_PER_LAYER = {"longcat_flash": 2}
 # Transformers configs keep their own names in config.json; their attribute_map gives vLLM the standard ones.
@@ -60,12 +64,6 @@ ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_atte
 # Model types whose vLLM model code builds caches the config fields above do not describe; refused by name until
 # the planner models them (each reason says what vLLM does differently).
 UNMODELLED = {
-    "gemma4": "global layers of another head size than the sliding ones (global_head_dim)",
-    "gemma4_text": "global layers of another head size than the sliding ones (global_head_dim)",
-    # vllm/model_executor/models/diffusion_gemma.py: Gemma 4's attention (recorded: head size 512 on the global
-    # layers, 256 on the sliding ones)
-    "diffusion_gemma": "global layers of another head size than the sliding ones (global_head_dim)",
-    "diffusion_gemma_text": "global layers of another head size than the sliding ones (global_head_dim)",
     "hy_v4": "MLA on some layers only, with a compressed-attention schedule",
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
 }
@@ -104,6 +102,8 @@ class ModelFacts:
     kinds: tuple[tuple[str, ...], ...]  # per decoder layer, each cache it keeps (Falcon-H1: attention and Mamba)
     window: int | None  # sliding window / attention chunk, in tokens, as vLLM passes it
     indexer_bytes: int  # DeepSeek-V3.2: bytes per token of one layer's indexer cache (0: none)
+    # per decoder layer (KV heads, head size) where layers differ (Gemma 4's full-attention layers), else None
+    layer_heads: tuple[tuple[int, int], ...] | None
     mamba: MambaShape | None
     ssm_dtype: str | None  # the Mamba temporal state's dtype when the config names one
     mamba_chunk: int  # ModelConfig.get_mamba_chunk_size (0.26 aligns hybrid blocks to it)
@@ -308,6 +308,31 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
                                "not model")
 
 
+def _layer_heads(config: Mapping[str, Any], kinds: list[tuple[str, ...]], kv_heads: int, head_dim: int,
+                 name: str) -> tuple[tuple[int, int], ...] | None:
+    if config.get("num_kv_shared_layers"):
+        # gemma4.py, as gemma3n.py: the last layers read an earlier layer's KV; not written for Gemma 4 here
+        raise ModelGeometryUnknown(f"{name}: Gemma 4 layers sharing another layer's KV (num_kv_shared_layers) are "
+                                   "not modelled")
+    overrides = config.get("per_layer_config")
+    if overrides is None:
+        # transformers' Gemma4TextConfig.__post_init__: the full-attention layers take global_head_dim, and
+        # num_global_key_value_heads where attention_k_eq_v (absent: true) and it is set
+        override: dict[str, Any] = {"head_dim": config.get("global_head_dim") or 512}
+        if config.get("attention_k_eq_v", True) and config.get("num_global_key_value_heads") is not None:
+            override["num_key_value_heads"] = config["num_global_key_value_heads"]
+        overrides = {i: override for i, layer in enumerate(kinds) if layer == (FULL,)}
+    if not isinstance(overrides, Mapping):
+        raise ModelGeometryUnknown(f"{name}: config.json field 'per_layer_config' must map layers to fields")
+    out = [(kv_heads, head_dim)] * len(kinds)
+    for key, fields_ in overrides.items():
+        index = int(key) if str(key).isdigit() else -1  # transformers writes the keys zero-padded ("05")
+        if not 0 <= index < len(kinds) or not isinstance(fields_, Mapping):
+            raise ModelGeometryUnknown(f"{name}: per_layer_config entry {key!r} names no layer of {len(kinds)}")
+        out[index] = (_int(fields_, "num_key_value_heads", name, kv_heads), _int(fields_, "head_dim", name, head_dim))
+    return tuple(out) if len(set(out)) > 1 else None
+
+
 def _mla(config: Mapping[str, Any], model_type: str) -> bool:
     return model_type in MLA_MODEL_TYPES and config.get("kv_lora_rank") is not None
 
@@ -366,6 +391,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         ssm_dtype = "float32"  # vllm/model_executor/models/config.py: NemotronH keeps its SSM state in float32
     max_len = text.get("max_position_embeddings")
     chunk = int(text.get("mamba_chunk_size") or text.get("chunk_size") or 2048)
+    layer_heads = _layer_heads(text, kinds, kv_heads, head_dim, name) if model_type in PER_LAYER_HEADS else None
     return ModelFacts(name, architecture, model_type, dtype, num_layers, heads, kv_heads, head_dim, v_head_dim,
-                      mla, tuple(kinds), window, indexer, mamba, str(ssm_dtype) if ssm_dtype else None, chunk,
+                      mla, tuple(kinds), window, indexer, layer_heads, mamba, str(ssm_dtype) if ssm_dtype else None, chunk,
                       max_len if isinstance(max_len, int) and max_len > 0 else None, multimodal)

@@ -60,8 +60,10 @@ def planner_answer(entry: dict, arch: str, pool_bytes: int, max_model_len: int) 
     groups = kv_groups(planner_config(entry), RELEASE, 1, block, name=arch, kernel_block=CPU_KERNEL_BLOCK)
     chunk = groups.chunk_bytes()
     chunks = pool_bytes // chunk
-    return {"groups": [(g.kind if not g.uniform_type else "uniform", g.layers, g.page_bytes, g.block_size, g.window)
-                       for g in groups.groups],
+    # a UniformTypeKVCacheSpecs group records no window of its own (vLLM keeps it on its layers' specs); the
+    # windows in chunks below still compare it
+    return {"groups": [(g.kind, g.layers, g.page_bytes, g.block_size, g.window) if not g.uniform_type else
+                       ("uniform", g.layers, g.page_bytes, g.block_size, None) for g in groups.groups],
             "windows": [groups.window_chunks(g) for g in groups.groups], "row": groups.row_bytes, "chunk": chunk,
             "chunks": chunks, "tokens": groups.tokens_held(chunks, max_model_len) if chunks else 0}
 

@@ -213,6 +213,10 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "Granite4VisionForConditionalGeneration": (("text_config",), "GraniteForCausalLM", "granite"),
     "Phi4MMForCausalLM": ((), "LlamaForCausalLM", "phi3"),  # phi4mm.py: LlamaModel on the model's own Phi-3 config
     "GLM4VForCausalLM": ((), "ChatGLMModel", "chatglm"),
+    # gemma4_mm.py, gemma4_unified.py: init_vllm_registered_model(hf_config=config.text_config,
+    # architectures=["Gemma4ForCausalLM"]); their default vision configs do not build on the CPU venv
+    "Gemma4ForConditionalGeneration": (("text_config",), "Gemma4ForCausalLM", "gemma4_text"),
+    "Gemma4UnifiedForConditionalGeneration": (("text_config",), "Gemma4ForCausalLM", "gemma4_text"),
     # gemma3n_mm.py: its vision tower needs timm; the language model is Gemma3nForCausalLM's on text_config
     "Gemma3nForConditionalGeneration": (("text_config",), "Gemma3nForCausalLM", "gemma3n_text"),
     # voxtral_realtime.py subclasses Voxtral (init_vllm_registered_model on config.text_config) and wants a Mistral
