@@ -97,7 +97,7 @@ def test_three_in_flight_tenants_balance(tenants, capsys):
     locality is partly lost: measured 50.0-68.1% against the best possible 82.4% (round_robin 52%)."""
     route, requests = _tenants(tenants[3], capsys)
     # Once indexed, a prefix stays with its holder whatever its load, so the balance rests on where the new
-    # prefixes fell: 3/42/3 to 14/15/19 in seven runs (docs/routing.md). The first three prompts arrive together
+    # prefixes fell: 3/42/3 to 14/15/19 in eight runs (docs/routing.md). The first three prompts arrive together
     # and the load term has spread them over the three replicas in every run: that much is asserted.
     assert min(requests) > 0, requests
     assert route["cpu_hit_rate"] >= 0.55 * best_cpu_hit(TENANTS), route["cpu_hit_rate"]  # round_robin: 52%
