@@ -32,6 +32,7 @@ LAYER_TYPE_KINDS = {
     "sliding_attention": SLIDING, "sliding_window": SLIDING, "local": SLIDING, "local_attention": SLIDING,
     "chunked_attention": CHUNKED,
     "linear_attention": MAMBA, "mamba": MAMBA, "mamba2": MAMBA,
+    "conv": MAMBA,  # LFM2's short convolution: a recurrent conv state (vllm/model_executor/layers/mamba/short_conv.py)
     # DeepSeek-V3.2-style sparse MLA (GLM-5's glm_moe_dsa): an MLA latent, its indexer cache from index_head_dim
     # (read_facts); _layer_kinds admits it only there
     "indexed_attention": FULL,
@@ -74,7 +75,7 @@ class MambaShape:
     """One recurrent layer's state, before tensor parallelism (vllm/model_executor/layers/mamba/mamba_utils.py
     MambaStateShapeCalculator): `kind` names the calculator, the numbers are its arguments."""
 
-    kind: str  # "mamba1", "mamba2", "gdn"
+    kind: str  # "mamba1", "mamba2", "gdn", "short_conv"
     intermediate: int = 0
     groups: int = 0
     heads: int = 0
@@ -289,6 +290,11 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         return MambaShape("gdn", conv_kernel=get("linear_conv_kernel_dim", default=4),
                           k_heads=get("linear_num_key_heads"), v_heads=get("linear_num_value_heads"),
                           k_dim=get("linear_key_head_dim"), v_dim=get("linear_value_head_dim"))
+    if model_type in ("lfm2", "lfm2_moe"):
+        # lfm2.py / lfm2_moe.py get_mamba_state_shape_from_config: short_conv_state_shape over conv_dim (LFM2-MoE:
+        # hidden_size) channels and conv_L_cache taps
+        channels = get("conv_dim") if model_type == "lfm2" else get("hidden_size")
+        return MambaShape("short_conv", intermediate=channels, conv_kernel=get("conv_L_cache"))
     if model_type in ("jamba", "mamba"):
         intermediate = config.get("intermediate_size") if model_type == "mamba" else None
         intermediate = intermediate or get("mamba_expand", default=2) * hidden

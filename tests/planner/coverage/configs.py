@@ -82,6 +82,10 @@ PATCHES: dict[str, dict] = {
 _GEMMA3N_DENSE = {"activation_sparsity_pattern": [0.0] * 35}  # Gemma3nTextConfig's 35 layers
 PATCHES["Gemma3nForCausalLM"] = _GEMMA3N_DENSE
 
+# transformers' Lfm2MoeConfig leaves layer_types unset, which lfm2_moe.py indexes per layer; LFM2's checkpoints
+# interleave short-convolution layers with full attention: here a full-attention layer after every three conv ones.
+PATCHES["Lfm2MoeForCausalLM"] = {"layer_types": ["conv", "conv", "conv", "full_attention"] * 8}  # its 32 layers
+
 # LongCat-Flash-Lite (longcat_flash_ngram.py) is LongCat-Flash's FlashModel under an n-gram embedding, on a
 # LongcatFlashConfig: the flash model's fields, and the embedding's sizes (no KV-cache spec reads them).
 PATCHES["LongcatFlashNgramForCausalLM"] = {**PATCHES["LongcatFlashForCausalLM"], "ngram_vocab_size_ratio": 1,
