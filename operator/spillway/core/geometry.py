@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import InvalidSpec, ModelGeometryUnknown
-from .model_facts import ModelFacts, read_facts, text_config
+from .model_facts import ModelFacts, cached_hash, read_facts, text_config
 from .options import Attention
 from .vllm_coverage import REFUSED, SIZED
 
@@ -44,6 +44,7 @@ class ModelGeometry:
     config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     max_model_len: int | None = None  # vLLM's default: the config's max_position_embeddings
     facts: ModelFacts | None = field(default=None, repr=False)  # compared: two models differ by their facts
+    __hash__ = cached_hash  # memoized steps hash it on every call (model_facts.cached_hash)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k not in ("config", "facts")}

@@ -26,13 +26,25 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from .errors import InvalidSpec, ModelGeometryUnknown
-from .model_facts import CHUNKED, DTYPE_BYTES, FULL, INDEXER, MAMBA, MLA, SLIDING, MambaShape, ModelFacts, read_facts
+from .model_facts import (
+    CHUNKED,
+    DTYPE_BYTES,
+    FULL,
+    INDEXER,
+    MAMBA,
+    MLA,
+    SLIDING,
+    MambaShape,
+    ModelFacts,
+    cached_hash,
+    read_facts,
+)
 
 ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, MLA, INDEXER)
 
@@ -78,6 +90,7 @@ class KVGroups:
     groups: tuple[CacheGroup, ...]
     copies: int  # rank copies the host keeps per row
     replicated: bool  # every rank holds the same bytes (MLA, or fewer KV heads than ranks)
+    __hash__ = cached_hash  # memoized steps hash it on every call, nested in others' keys
 
     @property
     def block_size(self) -> int:
@@ -192,12 +205,12 @@ def _layer_caches(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[Laye
     # layers, keeps a cold plan within bench/plan.py's 50 us goal (constructing one per layer was ~13 of them).
     if facts.layer_heads is None:
         made = {kinds: _caches_of(kinds, token, state, facts) for kinds in set(facts.kinds)}
-        return tuple(cache for kinds in facts.kinds for cache in made[kinds])
+        return tuple(chain.from_iterable(map(made.__getitem__, facts.kinds)))
     # Gemma 4: each layer's own KV heads and head size (K and V alike)
     layers = tuple(zip(facts.kinds, facts.layer_heads))
     made_per_head = {(kinds, heads): _caches_of(kinds, _token_bytes(heads[0], 2 * heads[1], tp, dtype_bytes, name),
                                                 state, facts) for kinds, heads in set(layers)}
-    return tuple(cache for layer in layers for cache in made_per_head[layer])
+    return tuple(chain.from_iterable(map(made_per_head.__getitem__, layers)))
 
 
 def _token_bytes(kv_heads: int, kv_head_dims: int, tp: int, dtype_bytes: int, name: str) -> int:
@@ -256,13 +269,11 @@ def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: in
     attention layers of different pages (_packed_groups)."""
     # Each distinct cache with its layer count, in order of first appearance: layers share their LayerCache
     # objects (_layer_caches), so counting by identity is one C-level pass, and equal caches built apart merge here.
-    counts = Counter(map(id, layers))
-    by_id = dict(zip(map(id, layers), layers))
+    ids = list(map(id, layers))
     runs: dict[LayerCache, int] = {}
-    for key, count in counts.items():
-        layer = by_id[key]
+    for key, layer in dict(zip(ids, layers)).items():
         if layer.kind:
-            runs[layer] = runs.get(layer, 0) + count
+            runs[layer] = runs.get(layer, 0) + ids.count(key)
     if not runs:
         raise ModelGeometryUnknown(f"{name}: the model has no layer with a KV cache")
     attention = [layer for layer in runs if layer.kind in ATTENTION_KINDS]

@@ -9,8 +9,9 @@ layers. `read_facts` does that reading once; everything else works on the frozen
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 from .errors import ModelGeometryUnknown
@@ -70,6 +71,25 @@ UNMODELLED = {
 }
 
 
+_HASHED_FIELDS: dict[type, Callable[[Any], tuple]] = {}
+
+
+def cached_hash(self) -> int:
+    """A frozen dataclass's hash (its hashed fields, as dataclasses hash them), computed once per object: the
+    planner's memoized steps hash their inputs on every call, several of them the same request, model and groups,
+    nested. `__hash__ = cached_hash` in the class body (a dataclass keeps a __hash__ its body defines)."""
+    value = self.__dict__.get("_hash")
+    if value is None:
+        fields_of = _HASHED_FIELDS.get(type(self))
+        if fields_of is None:
+            names = [f.name for f in fields(self) if (f.compare if f.hash is None else f.hash)]
+            fields_of = _HASHED_FIELDS[type(self)] = attrgetter(*names, *names[:1]) if len(names) == 1 else \
+                attrgetter(*names)  # one name: attrgetter would give the value, not a tuple
+        value = hash(fields_of(self))
+        object.__setattr__(self, "_hash", value)
+    return value
+
+
 @dataclass(frozen=True)
 class MambaShape:
     """One recurrent layer's state, before tensor parallelism (vllm/model_executor/layers/mamba/mamba_utils.py
@@ -111,13 +131,7 @@ class ModelFacts:
     max_model_len: int | None
     multimodal: bool
 
-    def __hash__(self) -> int:
-        # hashed once: the planner's memoized steps key on the facts, whose per-layer tuple is long
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", cached)
-        return cached
+    __hash__ = cached_hash  # the planner's memoized steps key on the facts, whose per-layer tuple is long
 
     @property
     def attention_layers(self) -> int:

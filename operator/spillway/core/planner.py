@@ -34,6 +34,7 @@ from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
 from .footprint import MAX_PIN_CALL_BYTES, Footprint, footprint, largest_pin_call, largest_pool, pinned_tensors, pins
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
 from .groups import FULL, MAMBA, MLA, CacheGroup, KVGroups, clear_group_caches, host_copies, kv_groups
+from .model_facts import cached_hash
 from .options import Attention, Connector, EvictionPolicy, Layout, choices
 from .quantity import GiB, MiB, format_bytes, parse_bytes
 from .rates import interpolate_log2
@@ -81,6 +82,7 @@ class NodeFacts:
     cpu_millis: int | None = None  # allocatable CPU in millicores, if known
     ephemeral_storage: int | None = None  # allocatable ephemeral-storage bytes, if known (the disk tier's auto)
     disk_read_gbps: float | None = None  # qualified disk -> CPU pool read rate (the annotation), if known
+    __hash__ = cached_hash  # memoized steps hash it on every call (model_facts.cached_hash)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class OffloadRequest:
     offload_block_size: int | None = None  # tokens per offloaded chunk; a multiple of block_size
     connector: Connector = Connector.SPILLWAY
     disk: disk_tier.DiskTierRequest = field(default_factory=disk_tier.DiskTierRequest)  # the disk tier under the pool
+    __hash__ = cached_hash  # memoized steps hash it on every call (model_facts.cached_hash)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class ServingRequest:
     replicas_per_node: int | None = None
     offload: OffloadRequest = field(default_factory=OffloadRequest)
     vllm_version: str = api.IMAGE_VLLM_VERSION
+    __hash__ = cached_hash  # memoized steps hash it on every call (model_facts.cached_hash)
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ class NodePlan:
     share_bytes: int  # one replica's share of the node
     fixed_bytes: int  # process reserve + shm extra: what the pod needs with no pool
     max_pool_bytes: int
+    __hash__ = cached_hash  # memoized steps hash it on every call (model_facts.cached_hash)
 
 
 @dataclass(frozen=True)
@@ -305,6 +310,7 @@ class _PoolShape:
     ranks: int
     tensors: tuple[int, ...]
     max_model_len: int
+    __hash__ = cached_hash  # memoized steps hash it on every call (model_facts.cached_hash)
 
     def footprint(self, chunks: int) -> Footprint:
         return footprint(self.groups.release, chunks * self.chunk_bytes, self.ranks, self.tensors)
@@ -478,12 +484,13 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     groups = model_groups(geometry, request)
     node_plan = pool = pod = disk = None
     engine = NO_NODE_ENGINE
+    prefault: dict[str, str] = {}
     if node is not None:
         multimodal = is_multimodal(geometry)
         node_plan, engine = _node_plan(node, request, multimodal)
         shape = _pool_shape(geometry, groups, request)
-        node_plan = replace(node_plan, max_pool_bytes=shape.largest(node_plan.share_bytes - node_plan.fixed_bytes)
-                            * shape.chunk_bytes)
+        node_plan = _with_max_pool(node_plan, shape.largest(node_plan.share_bytes - node_plan.fixed_bytes)
+                                   * shape.chunk_bytes)
         if request.offload.enabled:
             pool = _pool_plan(shape, node_plan, request.offload)
         if pool is not None and request.offload.disk.enabled:
@@ -493,11 +500,12 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
             reload = _transfer_plan(layout, request, node)  # a disk hit is read into the pool, then reloaded
             disk = disk_tier.judge(disk, geometry.config, request.tensor_parallel_size, geometry.max_model_len,
                                    node.disk_read_gbps, reload.reload_tokens_per_s if reload else None)
+        prefault = prefault_env(engine, pool, request)
         pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
-                        request.tensor_parallel_size, prefault_threads(prefault_env(engine, pool, request)))
-    env = {**engine_env(request), **prefault_env(engine, pool, request),
-           **(disk_tier.engine_env() if disk_tier.active(disk) else {})}
-    args = engine_args(layout, request.offload, pool, disk_tier.active(disk))
+                        request.tensor_parallel_size, prefault_threads(prefault))
+    active_disk = disk_tier.active(disk)
+    env = {**engine_env(request), **prefault, **(disk_tier.engine_env() if active_disk else {})}
+    args = engine_args(layout, request.offload, pool, active_disk)
     if pool is not None and any(g.kind == MAMBA for g in groups.groups):
         args.append(api.FLAG_ENABLE_PREFIX_CACHING)  # vLLM: "Hybrid models (e.g. Mamba+Attention) need it"
     args += api_server_args(engine)
@@ -505,6 +513,12 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     warnings = _warnings(layout, node_plan, node, pool, request, transfer)
     warnings += disk_tier.warning(disk)
     return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine, disk)
+
+
+def _with_max_pool(node: NodePlan, max_pool_bytes: int) -> NodePlan:
+    # dataclasses.replace, spelled out: replace inspects the fields on every call, on the cold path of every plan
+    return NodePlan(node.name, node.allocatable_bytes, node.reserve_bytes, node.replicas_per_node, node.share_bytes,
+                    node.fixed_bytes, max_pool_bytes)
 
 
 @functools.lru_cache(maxsize=256)
