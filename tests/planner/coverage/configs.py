@@ -64,6 +64,10 @@ PATCHES: dict[str, dict] = {
     # allenai/Molmo-7B-D-0924's config.json (remote code): the fields molmo.py reads beside the generic ones
     "MolmoForCausalLM": {"embedding_size": 32000, "attention_layer_norm": False, "layer_norm_eps": 1e-6,
                          "layer_norm_type": "rms", "norm_after": False, "qkv_bias": True, "weight_tying": False},
+    # step3p5.py reads these unguarded; transformers' Step-3.5 class keeps its RoPE in rope_parameters (10000) and
+    # has no switch for the router's fp32 gate, bias and expert-weight norm (none reaches a KV-cache spec)
+    "Step3p5ForCausalLM": {"rope_theta": 10000.0, "need_fp32_gate": True, "norm_expert_weight": True,
+                           "use_moe_router_bias": True},
     # stepfun-ai/step3: the MoE layers as the comma-separated string its config.json carries
     "Step3TextForCausalLM": {"moe_layers_enum": ",".join(str(i) for i in range(4, 60))},
     # baidu/ERNIE-4.5-VL-28B-A3B: its resampler's fields on the top-level config (the vision width, 2 x 2 spatial
@@ -120,6 +124,7 @@ TEXT_PATCHES: dict[str, dict] = {
     "Qwen3VLMoeForConditionalGeneration": {"text_config": {"norm_topk_prob": True}},  # Qwen/Qwen3-VL-30B-A3B
     "Glm4vMoeForConditionalGeneration": {"text_config": {"head_dim": 128, "use_qk_norm": False}},  # zai-org/GLM-4.5V
     "Step3VLForConditionalGeneration": {"text_config": PATCHES["Step3TextForCausalLM"]},  # stepfun-ai/step3
+    "Step3p7ForConditionalGeneration": {"text_config": PATCHES["Step3p5ForCausalLM"]},
     "DbrxForCausalLM": {"attn_config": {"rope_theta": 500000.0}},  # databricks/dbrx-instruct
     # baidu/ERNIE-4.5-VL's vision_config names its width embed_dim (= hidden_size) and its MLP by mlp_ratio
     # (intermediate_size / hidden_size), which ernie45_vl.py reads; transformers' class has neither
@@ -134,13 +139,18 @@ FLAT_TEXT = frozenset({"Ernie4_5_VLMoeForConditionalGeneration"})
 # Fields a released config.json carries equal to another of its fields (LiquidAI/LFM2-1.2B: block_dim and conv_dim
 # are its hidden_size), for configs whose class lacks them.
 SAME_AS: dict[str, dict[str, str]] = {
+    # step3p5.py reads Step's own names for fields transformers' Step-3.5 class names otherwise (its KV heads
+    # among them: num_attention_groups, which vLLM's config reader also takes for KV heads)
+    "Step3p5ForCausalLM": {"moe_num_experts": "n_routed_experts", "moe_top_k": "num_experts_per_tok",
+                           "num_attention_groups": "num_key_value_heads"},
     # hy_v3.py sizes its experts by expert_hidden_dim, transformers' HYV3Config by moe_intermediate_size
     "HYV3ForCausalLM": {"expert_hidden_dim": "moe_intermediate_size"},
     "Ernie4_5_VLMoeForConditionalGeneration": {"im_patch_id": "image_token_id"},  # ERNIE-4.5-VL's image patch id
     "Lfm2ForCausalLM": {"block_dim": "hidden_size", "conv_dim": "hidden_size", "conv_dim_out": "hidden_size",
                         "block_ff_dim": "intermediate_size"},
 }
-TEXT_SAME_AS = {"Lfm2VlForConditionalGeneration": SAME_AS["Lfm2ForCausalLM"]}
+TEXT_SAME_AS = {"Lfm2VlForConditionalGeneration": SAME_AS["Lfm2ForCausalLM"],
+                "Step3p7ForConditionalGeneration": SAME_AS["Step3p5ForCausalLM"]}
 
 
 # Models whose construction reads tensor values (meta tensors have none: ALiBi slopes, xIELU's parameters) are
@@ -217,6 +227,9 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "Granite4VisionForConditionalGeneration": (("text_config",), "GraniteForCausalLM", "granite"),
     "Phi4MMForCausalLM": ((), "LlamaForCausalLM", "phi3"),  # phi4mm.py: LlamaModel on the model's own Phi-3 config
     "GLM4VForCausalLM": ((), "ChatGLMModel", "chatglm"),
+    # step3p7.py: init_vllm_registered_model(hf_config=config.text_config), a Step-3.5 text config; its vision
+    # config lacks a field the tower reads
+    "Step3p7ForConditionalGeneration": (("text_config",), "Step3p5ForCausalLM", "step3p5"),
     # gemma4_mm.py, gemma4_unified.py: init_vllm_registered_model(hf_config=config.text_config,
     # architectures=["Gemma4ForCausalLM"]); their default vision configs do not build on the CPU venv
     "Gemma4ForConditionalGeneration": (("text_config",), "Gemma4ForCausalLM", "gemma4_text"),
