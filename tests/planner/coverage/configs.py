@@ -90,6 +90,10 @@ PATCHES["Gemma3nForCausalLM"] = _GEMMA3N_DENSE
 # interleave short-convolution layers with full attention: here a full-attention layer after every three conv ones.
 PATCHES["Lfm2MoeForCausalLM"] = {"layer_types": ["conv", "conv", "conv", "full_attention"] * 8}  # its 32 layers
 
+# sarvam.py: SarvamMoEForCausalLM is BailingMoeForCausalLM, reading the Bailing MoE fields (Ling-lite's values
+# above; none reaches a KV-cache spec, the generic config's attention stays)
+PATCHES["SarvamMoEForCausalLM"] = PATCHES["BailingMoeForCausalLM"]
+
 # LongCat-Flash-Lite (longcat_flash_ngram.py) is LongCat-Flash's FlashModel under an n-gram embedding, on a
 # LongcatFlashConfig: the flash model's fields, and the embedding's sizes (no KV-cache spec reads them).
 PATCHES["LongcatFlashNgramForCausalLM"] = {**PATCHES["LongcatFlashForCausalLM"], "ngram_vocab_size_ratio": 1,
