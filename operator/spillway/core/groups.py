@@ -187,6 +187,25 @@ def layer_caches(config: Mapping[str, Any] | ModelFacts, tensor_parallel_size: i
 
 @functools.lru_cache(maxsize=256)
 def _layer_caches(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[LayerCache, ...]:
+    keys, made = _distinct_layers(facts, tp, kv_cache_dtype)
+    return tuple(chain.from_iterable(map(made.__getitem__, keys)))
+
+
+def _layer_runs(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> dict[LayerCache, int]:
+    """Each distinct cache with its number of layers, in order of first appearance: what the grouping needs,
+    without a per-layer sequence (a cold plan stays within bench/plan.py's 50 us goal)."""
+    keys, made = _distinct_layers(facts, tp, kv_cache_dtype)
+    runs: dict[LayerCache, int] = {}
+    for key, caches in made.items():
+        count = keys.count(key)
+        for cache in caches:
+            runs[cache] = runs.get(cache, 0) + count
+    return runs
+
+
+def _distinct_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[tuple, dict[Any, tuple[LayerCache, ...]]]:
+    """Per layer a key (its kinds, with Gemma 4 its heads), and the caches of each distinct key in order of first
+    appearance: layers of one kind keep equal caches, built once, not once per layer."""
     name = facts.name
     cache_dtype = facts.dtype if kv_cache_dtype == "auto" else kv_cache_dtype
     if cache_dtype not in DTYPE_BYTES or cache_dtype == "float32":
@@ -201,16 +220,12 @@ def _layer_caches(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[Laye
         model_bytes = DTYPE_BYTES[facts.dtype]
         state = mamba_state_bytes(facts.mamba, tp, model_bytes, DTYPE_BYTES.get(facts.ssm_dtype or facts.dtype, 4),
                                   name)
-    # Layers of one kind keep equal caches: one LayerCache per distinct layer (a handful), shared by all its
-    # layers, keeps a cold plan within bench/plan.py's 50 us goal (constructing one per layer was ~13 of them).
     if facts.layer_heads is None:
-        made = {kinds: _caches_of(kinds, token, state, facts) for kinds in set(facts.kinds)}
-        return tuple(chain.from_iterable(map(made.__getitem__, facts.kinds)))
+        return facts.kinds, {kinds: _caches_of(kinds, token, state, facts) for kinds in dict.fromkeys(facts.kinds)}
     # Gemma 4: each layer's own KV heads and head size (K and V alike)
-    layers = tuple(zip(facts.kinds, facts.layer_heads))
-    made_per_head = {(kinds, heads): _caches_of(kinds, _token_bytes(heads[0], 2 * heads[1], tp, dtype_bytes, name),
-                                                state, facts) for kinds, heads in set(layers)}
-    return tuple(chain.from_iterable(map(made_per_head.__getitem__, layers)))
+    keys = tuple(zip(facts.kinds, facts.layer_heads))
+    return keys, {(kinds, heads): _caches_of(kinds, _token_bytes(heads[0], 2 * heads[1], tp, dtype_bytes, name),
+                                             state, facts) for kinds, heads in dict.fromkeys(keys)}
 
 
 def _token_bytes(kv_heads: int, kv_head_dims: int, tp: int, dtype_bytes: int, name: str) -> int:
@@ -250,9 +265,8 @@ def kv_groups(config: Mapping[str, Any] | ModelFacts, release: tuple[int, int], 
 @functools.lru_cache(maxsize=256)
 def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size: int, kv_cache_dtype: str,
                kernel_block: int) -> KVGroups:
-    layers = _layer_caches(facts, tp, kv_cache_dtype)
-    groups = group_layers(layers, block_size, kernel_block, _state_chunk(facts, release), facts.name,
-                          packed=release >= (0, 33))
+    groups = _group_runs(_layer_runs(facts, tp, kv_cache_dtype), block_size, kernel_block,
+                         _state_chunk(facts, release), facts.name, packed=release >= (0, 33))
     refusal = release_refusal(release, groups)
     if refusal:
         raise ModelGeometryUnknown(f"{facts.name}: {refusal}")
@@ -272,8 +286,13 @@ def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: in
     ids = list(map(id, layers))
     runs: dict[LayerCache, int] = {}
     for key, layer in dict(zip(ids, layers)).items():
-        if layer.kind:
-            runs[layer] = runs.get(layer, 0) + ids.count(key)
+        runs[layer] = runs.get(layer, 0) + ids.count(key)
+    return _group_runs(runs, block_size, kernel_block, state_chunk, name, packed)
+
+
+def _group_runs(runs: Mapping[LayerCache, int], block_size: int, kernel_block: int, state_chunk: int | None,
+                name: str, packed: bool) -> tuple[CacheGroup, ...]:
+    runs = {layer: count for layer, count in runs.items() if layer.kind}
     if not runs:
         raise ModelGeometryUnknown(f"{name}: the model has no layer with a KV cache")
     attention = [layer for layer in runs if layer.kind in ATTENTION_KINDS]
