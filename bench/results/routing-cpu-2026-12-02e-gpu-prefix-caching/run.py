@@ -1,16 +1,22 @@
 """The tenants workload at 3, 1, 3, 1, 3 in flight through kv_aware (--router-temperature 0.1) over three replicas
 with GPU prefix caching on (vLLM's default), so the router also hears of a prefix from the GPU BlockStored events
 published in the step that computes it. Run from the repository root: .venv/bin/python <this file> OUT_DIR."""
-import json, sys, shutil, contextlib
+import shutil
+import sys
 from pathlib import Path
+
 REPO = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(REPO / "connector"), str(REPO / "operator"), str(REPO / "tests")]
 import routing.replicas as RP
-from routing.replicas import TENANTS, BLOCK, DEBUG_LOG, best_cpu_hit, router, run_prefix_groups, kv_decisions
-from spillway.core import router_api as R, routing, vllm_api as V
+from routing.replicas import BLOCK, DEBUG_LOG, TENANTS, kv_decisions, router, run_prefix_groups
+from spillway.core import router_api as R
+from spillway.core import routing
+from spillway.core import vllm_api as V
 from spillway_connector.host_backend import cpu_offload_args
 from support import VllmServer
 from support.vllm_server import free_port
+
+
 def replica():
     port = free_port()
     s = VllmServer(model=RP.MODEL, num_gpu_blocks=RP.GPU_BLOCKS, block_size=BLOCK, max_model_len=RP.MAX_MODEL_LEN, max_num_seqs=2,
