@@ -545,7 +545,11 @@ def prefault_env(engine: EnginePlan, pool: PoolPlan | None, request: ServingRequ
     which on a shared node are the node's, not the replica's)."""
     if pool is None or engine.cores is None or _version_tuple(request.vllm_version) < api.PREFAULT_PATCH_RELEASE:
         return {}
-    return {api.ENV_PREFAULT_THREADS: str(min(engine.cores, MAX_PREFAULT_THREADS))}
+    return {api.ENV_PREFAULT_THREADS: _prefault_threads_value(engine.cores)}
+
+
+def _prefault_threads_value(cores: int) -> str:
+    return str(min(cores, MAX_PREFAULT_THREADS))
 
 
 def api_server_args(engine: EnginePlan) -> list[str]:
@@ -563,10 +567,9 @@ def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
     if api.FLAG_API_SERVER_COUNT in args:
         at = args.index(api.FLAG_API_SERVER_COUNT)
         del args[at:at + 2]
-    env = {k: v for k, v in p.env.items() if k != api.ENV_PREFAULT_THREADS}
-    if api.ENV_PREFAULT_THREADS in p.env:
-        env[api.ENV_PREFAULT_THREADS] = str(min(engine.cores or int(p.env[api.ENV_PREFAULT_THREADS]),
-                                                MAX_PREFAULT_THREADS))
+    env = dict(p.env)
+    if api.ENV_PREFAULT_THREADS in env and engine.cores is not None:  # planned: the new engine's cores
+        env[api.ENV_PREFAULT_THREADS] = _prefault_threads_value(engine.cores)
     pod = p.pod
     if pod is not None:
         pod = _pod_plan(p.pool, process_reserve(pod.gpus, engine.api_servers, is_multimodal(geometry)), pod.gpus,
