@@ -38,6 +38,7 @@ LAYER_TYPE_KINDS = {
     # (read_facts); _layer_kinds admits it only there
     "indexed_attention": FULL,
     "mlp": NONE,  # an MLP-only layer (vllm/model_executor/models/dory.py, beam: no attention, so no cache)
+    "moe": NONE,  # Nemotron-H's MoE layer (nemotron_h.py: an MLP block, no cache)
 }
 # vllm/model_executor/models/commandr.py, cohere2_moe.py: Cohere's sliding layers see [pos - window, pos], so vLLM
 # passes sliding_window + 1.
@@ -54,6 +55,13 @@ MLA_MODEL_TYPES = frozenset({
     "kimi_linear", "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid",
     "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp",
 })
+# Architectures whose model code builds MLA attention on every layer whatever the model type (vLLM's
+# is_deepseek_mla does not list theirs; the layer's MLAAttention keeps an MLAAttentionSpec all the same):
+# vllm/model_executor/models/sarvam.py SarvamMLAAttention
+MLA_ARCHITECTURES = frozenset({"SarvamMLAForCausalLM"})
+# Model types whose attention takes each layer's window from interleaved_sliding_window (None: global attention),
+# ahead of layer_types: vllm/model_executor/models/plamo3.py (indexed by layer), openpangu.py (cyclic)
+INTERLEAVED_WINDOWS = frozenset({"plamo3", "openpangu"})
 # Gemma 4 (and DiffusionGemma, its attention): each layer's head size and KV heads from per_layer_config, which
 # transformers' Gemma4TextConfig builds from global_head_dim (default 512) and num_global_key_value_heads for the
 # full-attention layers when a config.json does not carry it (vllm/model_executor/models/gemma4.py reads it).
@@ -207,6 +215,21 @@ def _attention_geometry(config: Mapping[str, Any], heads: int, name: str) -> tup
     return kv, head_dim
 
 
+def _interleaved_windows(config: Mapping[str, Any], num_layers: int, name: str) -> list[int | None] | None:
+    windows = config.get("interleaved_sliding_window")
+    if windows is None or isinstance(windows, list) and not windows:
+        return None
+    if isinstance(windows, int) and not isinstance(windows, bool):
+        windows = [windows]
+    if not isinstance(windows, list):
+        raise ModelGeometryUnknown(f"{name}: interleaved_sliding_window must be a window or a list of them")
+    per_layer = [windows[i % len(windows)] for i in range(num_layers)]
+    for window in per_layer:
+        if window is not None:
+            _int({"w": window}, "w", name)
+    return per_layer
+
+
 def _listed_kinds(config: Mapping[str, Any], num_layers: int, name: str) -> list[str] | None:
     for key in ("layer_types", "layers_block_type", "layer_type"):
         listed = config.get(key)
@@ -247,6 +270,14 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         if config.get("sliding_window") is not None:
             raise ModelGeometryUnknown(f"{name}: a loop coder with a sliding first loop is not modelled")
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
+    windows = _interleaved_windows(config, num_layers, name) if model_type in INTERLEAVED_WINDOWS else None
+    if windows is not None:
+        listed = config["interleaved_sliding_window"]
+        if model_type == "plamo3" and (not isinstance(listed, list) or len(listed) < num_layers):
+            # plamo3.py indexes the list by layer: an entry per layer
+            raise ModelGeometryUnknown(f"{name}: interleaved_sliding_window needs an entry for each of {num_layers} "
+                                       "layers")
+        return [(FULL,) if window is None else (SLIDING,) for window in windows]
     types = config.get("layer_types")
     if isinstance(types, list) and "indexed_attention" in types:
         # vllm/models/deepseek_v32/attention.py: every layer's indexer keeps keys unless index_topk_freq or
@@ -354,6 +385,8 @@ def _layer_heads(config: Mapping[str, Any], kinds: list[tuple[str, ...]], kv_hea
 
 
 def _mla(config: Mapping[str, Any], model_type: str) -> bool:
+    if config.get("architectures") and config["architectures"][0] in MLA_ARCHITECTURES:
+        return True
     return model_type in MLA_MODEL_TYPES and config.get("kv_lora_rank") is not None
 
 
@@ -373,6 +406,9 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     if model_type in UNMODELLED:
         raise ModelGeometryUnknown(f"{name}: model_type {model_type!r} keeps a cache Spillway does not model yet: "
                                    f"{UNMODELLED[model_type]}")
+    if text.get("num_hidden_layers") is None and model_type == "nemotron_h" and text.get("layers_block_type"):
+        # transformers' NemotronHConfig.num_hidden_layers is the length of its layers_block_type
+        text = {**text, "num_hidden_layers": len(text["layers_block_type"])}
     num_layers = _int(text, "num_hidden_layers", name) * ATTENTIONS_PER_LAYER.get(model_type, 1)
     dtype = _dtype(text, name)
     kinds = _layer_kinds(text, model_type, num_layers, name)
@@ -395,6 +431,12 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     window = None
     if SLIDING in flat and model_type == "iquest_loopcoder":
         window = _int(text, "loop_window_size", name, 64)
+    elif SLIDING in flat and model_type in INTERLEAVED_WINDOWS:
+        distinct = {w for w in _interleaved_windows(text, num_layers, name) or () if w is not None}
+        if len(distinct) != 1:
+            raise ModelGeometryUnknown(f"{name}: sliding layers of different windows {sorted(distinct)} are not "
+                                       "modelled")
+        window = distinct.pop()
     elif SLIDING in flat:
         window = _int(text, "sliding_window", name) + WINDOW_OFFSET.get(model_type, 0)
     elif CHUNKED in flat:

