@@ -1,9 +1,9 @@
-"""Which vllm-router policy balances the replicas and keeps prefix locality (the measurement behind the kv-aware
-router's settings, docs/routing.md).
+"""Which routing policy balances the replicas and keeps prefix locality: `spillway route` (kv-aware mode's own
+router) against vllm-router's policies (the measurement behind the kv-aware router, docs/routing.md).
 
 Three real vLLM CPU replicas (tiny random-weight Llama, offloading through the Spillway connector, KV events on,
-no GPU prefix caching: every hit is a CPU-pool hit) behind the real vllm-router from PyPI. Each policy gets a
-fresh router and its own never-seen prompts through `spillway loadtest prefix-groups`:
+no GPU prefix caching: every hit is a CPU-pool hit) behind `spillway route` or the real vllm-router from PyPI.
+Each policy gets a fresh router and its own never-seen prompts through `spillway loadtest prefix-groups`:
 
 - "tenants": 6 prefixes of 8 blocks x 8 prompts with their own sub-block suffixes, random order, no warm-up
   (every prefix is new when it first arrives), at 1 and at 3 in flight;
@@ -28,7 +28,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "connector"), str(REPO / "operator"), str(REPO / "tests")]
 
-from routing.replicas import BLOCK, DEBUG_LOG, GROUPS_WORKLOAD, TENANTS, best_cpu_hit, kv_decisions, start_replicas
+from routing.replicas import (
+    BLOCK,
+    DEBUG_LOG,
+    GROUPS_WORKLOAD,
+    TENANTS,
+    best_cpu_hit,
+    kv_decisions,
+    spillway_router,
+    start_replicas,
+)
 from spillway.core import router_api as R
 from support.tools import require_binary
 from support.vllm_router import VllmRouter
@@ -36,7 +45,12 @@ from support.vllm_router import VllmRouter
 # name: (policy, router flags, load-test flags). TENANT_KEY: each prompt names its tenant (prefix group) in an
 # x-session-id header, the session key vllm-router's affinity, sticky and hashing policies read.
 TENANT_KEY = ["--tenant-session"]
+SPILLWAY = "spillway"  # `spillway route` with the flags given
 POLICIES = {
+    "spillway": (SPILLWAY, [], []),
+    # A holder passed over once it has 2 more requests in flight than the least loaded replica (the replicas'
+    # max_num_seqs): what locality costs when the bound bites three in flight.
+    "spillway_imbalance2": (SPILLWAY, ["--max-imbalance", "2"], []),
     "round_robin": (R.POLICY_ROUND_ROBIN, [], []),
     "kv_aware": (R.POLICY_KV_AWARE, [], []),
     "kv_aware_t0.1": (R.POLICY_KV_AWARE, [R.FLAG_ROUTER_TEMPERATURE, "0.1"], []),
@@ -59,16 +73,19 @@ POLICIES = {
 
 def run(replicas, name: str, workload: dict, concurrency: int, out: Path, repeat: int = 0) -> dict:
     policy, extra, client_args = POLICIES[name]
-    binary = require_binary(R.ROUTER_COMMAND)
     urls = [s.base_url for s in replicas]
     events = {s.base_url: s.kv_events_endpoint for s in replicas} if policy == R.POLICY_KV_AWARE else None
     # Its own route name per run: the prompts are drawn from it, so no run finds another's blocks in the pools.
     route = f"{workload['name']}-{name}-c{concurrency}" + (f"-r{repeat}" if repeat else "")
     output = out / f"{route}.json"
     # kv_aware's debug log says, per request, how many prompt tokens it credited to the replica it chose.
-    with VllmRouter(urls, policy=policy, binary=binary, event_sources=events,
-                    block_size=BLOCK if events else None, model=replicas[0].model if events else None,
-                    extra_args=[*extra, *(DEBUG_LOG if events else ())]) as router:
+    if policy == SPILLWAY:
+        router = spillway_router(replicas, extra)
+    else:
+        router = VllmRouter(urls, policy=policy, binary=require_binary(R.ROUTER_COMMAND), event_sources=events,
+                            block_size=BLOCK if events else None, model=replicas[0].model if events else None,
+                            extra_args=[*extra, *(DEBUG_LOG if events else ())])
+    with router:
         cmd = [sys.executable, "-m", "spillway.cli", "loadtest", "prefix-groups", "run",
                "--route", f"{route}={router.base_url}", "--router-metrics", f"{route}={router.metrics_url}",
                *[a for u in urls for a in ("--replica", u)], *workload["args"], *client_args,
@@ -89,7 +106,8 @@ def run(replicas, name: str, workload: dict, concurrency: int, out: Path, repeat
             "prompt_tokens_per_s": route["prompt_tokens_per_s"], "ttft_p50_s": route["ttft_s"]["p50"],
             "errors": route["errors"], "warmup_requests_per_replica": route["warmup"].get("requests_per_replica"),
             # timed requests by the prompt tokens kv_aware credited to the replica it chose (0: it knew no holder)
-            "credited_tokens": {str(k): v for k, v in sorted(credited.items())}}
+            "credited_tokens": {str(k): v for k, v in sorted(credited.items())},
+            "router": route["router"]}
 
 
 def main() -> int:

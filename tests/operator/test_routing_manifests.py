@@ -9,12 +9,11 @@ import sys
 import kubernetes_validate
 import pytest
 import yaml
-from spillway.commands.route import resolve_ips, router_args
+from spillway.commands.route import resolve_ips
 from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired, selector
 from spillway.controller.routing_objects import routing_warnings
 from spillway.core import k8s_names as names
-from spillway.core import router_api as R
 from spillway.core import routing
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec
@@ -73,7 +72,10 @@ def test_kv_aware_puts_the_router_behind_the_users_service():
     assert command[:2] == ["spillway", "route"]
     assert command[command.index("--replicas") + 1] == "llama-replicas.default.svc"
     assert command[command.index("--block-size") + 1] == "64"  # the planner's default block
-    assert container["readinessProbe"]["httpGet"]["path"] == R.ROUTER_HEALTH_PATH
+    # The index remembers per pod what the planned pool holds
+    assert int(command[command.index("--index-blocks") + 1]) == result_pool_blocks(render(routing.MODE_KV_AWARE))
+    assert "env" not in container  # the router holds no secret: clients' tokens pass through to the pods
+    assert container["readinessProbe"]["httpGet"]["path"] == routing.ROUTER_HEALTH_PATH
     assert "livenessProbe" not in container  # no replica ready must not restart the router in a loop
     assert {p["name"] for p in container["ports"]} == {names.PORT_NAME_HTTP, names.PORT_NAME_METRICS}
     assert container["resources"]["limits"]["memory"]
@@ -87,16 +89,22 @@ def test_kv_aware_puts_the_router_behind_the_users_service():
     assert {"from": [this_router], "ports": [{"port": routing.KV_EVENTS_PORT, "protocol": "TCP"}]} in policy["spec"]["ingress"]
 
 
-def test_host_tier_credit_follows_the_qualified_node_or_the_override():
-    def credit(result):
-        command = kinds(result)[("Deployment", "llama-router")]["spec"]["template"]["spec"]["containers"][0]["command"]
-        return float(command[command.index("--host-tier-credit") + 1]) if "--host-tier-credit" in command else None
+def result_pool_blocks(result) -> int:
+    return result.plan.pool.tokens // result.spec.request.block_size
 
-    assert credit(render(routing.MODE_KV_AWARE)) is None  # unqualified node: the router's own default
-    fast, slow = render(routing.MODE_KV_AWARE, dma="50"), render(routing.MODE_KV_AWARE, dma="10")
+
+def test_host_tier_credit_weighs_llm_ds_cpu_tier_from_the_qualified_node_or_the_override():
+    def credit(result):
+        config = yaml.safe_load(kinds(result)[("ConfigMap", "llama-epp")]["data"]["config.yaml"])
+        producer = next(p for p in config["plugins"] if p["type"] == "precise-prefix-cache-producer")
+        tiers = producer["parameters"]["indexerConfig"]["kvCacheBackendConfigs"]
+        return next(t["weight"] for t in tiers if t["name"] == routing.LLM_D_CPU_TIER)
+
+    assert credit(render(routing.MODE_LLM_D)) == routing.LLM_D_CPU_TIER_WEIGHT  # unqualified node: the default
+    fast, slow = render(routing.MODE_LLM_D, dma="50"), render(routing.MODE_LLM_D, dma="10")
     assert 0 < credit(slow) < credit(fast) <= routing.MAX_HOST_TIER_CREDIT
-    assert credit(render(routing.MODE_KV_AWARE, dma="2")) == 0  # reloading slower than an H200 recomputes
-    assert credit(render(routing.MODE_KV_AWARE, dma="50", routing_extra={"hostTierCredit": 0.3})) == 0.3
+    assert credit(render(routing.MODE_LLM_D, dma="2")) == 0  # reloading slower than an H200 recomputes
+    assert credit(render(routing.MODE_LLM_D, dma="50", routing_extra={"hostTierCredit": 0.3})) == 0.3
 
 
 def test_host_tier_credit_arithmetic():
@@ -134,10 +142,10 @@ def test_routed_objects_validate_strictly(mode):
 @pytest.mark.parametrize(("routing_spec", "extra", "message"), [
     ({"mode": "kv-aware"}, {"extraArgs": ["--kv-events-config", "{}"]}, "routing.mode kv-aware writes"),
     ({"mode": "none"}, {"extraArgs": ['--kv-events-config={"endpoint": "tcp://*:8000"}']}, "the pod's HTTP port"),
-    ({"mode": "llm-d", "hostTierCredit": 0.5}, {}, "kv-aware router's setting"),
+    ({"mode": "kv-aware", "hostTierCredit": 0.5}, {}, "weighs llm-d's CPU tier"),
     ({"mode": "none", "router": {"replicas": 2}}, {}, "configures the kv-aware router"),
     ({"mode": "kv-aware", "router": {"replicas": 0}}, {}, "router.replicas"),
-    ({"mode": "kv-aware", "hostTierCredit": 1.5}, {}, "hostTierCredit"),
+    ({"mode": "llm-d", "hostTierCredit": 1.5}, {}, "hostTierCredit"),
     ({"mode": "round-robin"}, {}, "routing.mode must be one of"),
     ({"mode": "kv-aware", "speed": 1}, {}, "speed"),
     ({"mode": "kv-aware"}, {"env": [{"name": "PYTHONHASHSEED", "value": "7"}]}, "PYTHONHASHSEED"),
@@ -152,20 +160,11 @@ def test_one_replica_gets_a_warning():
     assert not routing_warnings(render(routing.MODE_KV_AWARE, replicas=2).spec)
 
 
-# -- spillway route: the router pod's supervisor ------------------------------------------------------------------
+# -- spillway route: how the router pod finds the replicas ------------------------------------------------------------------
 
 def test_replicas_are_found_by_dns():
     assert "127.0.0.1" in resolve_ips("localhost")
     assert resolve_ips("no-replica-is-ready.invalid") == []  # a headless Service without endpoints
-
-
-def test_router_args_give_each_pod_its_event_source():
-    args = router_args(["10.0.0.2", "fd00::3"], model="m", block_size=16, host_tier_credit=0.9)
-    assert args[args.index(R.FLAG_POLICY) + 1] == R.POLICY_KV_AWARE
-    sources = [args[i + 1] for i, a in enumerate(args) if a == R.FLAG_KV_EVENT_SOURCE]
-    assert sources == [f"http://10.0.0.2:8000=tcp://10.0.0.2:{routing.KV_EVENTS_PORT}",
-                       f"http://[fd00::3]:8000=tcp://[fd00::3]:{routing.KV_EVENTS_PORT}"]
-    assert args[args.index(R.FLAG_KV_PENALTY_HOST) + 1] == "0.9" and "--api-key" not in args
 
 
 def test_spillway_render_shows_the_router_and_the_publishing_pods(tmp_path):
@@ -189,12 +188,11 @@ def test_spillway_render_shows_the_router_and_the_publishing_pods(tmp_path):
 # -- the CRD: schema and CEL at the API server -------------------------------------------------------------------
 
 @pytest.mark.parametrize(("routing_spec", "error"), [
-    ({"mode": "kv-aware", "hostTierCredit": 0.9, "router": {"replicas": 2, "resources": {"requests": {"cpu": "1"}}}},
-     None),
-    ({"mode": "llm-d"}, None),
-    ({"mode": "llm-d", "hostTierCredit": 0.5}, "hostTierCredit is the kv-aware router's setting"),
+    ({"mode": "kv-aware", "router": {"replicas": 2, "resources": {"requests": {"cpu": "1"}}}}, None),
+    ({"mode": "llm-d", "hostTierCredit": 0.9}, None),
+    ({"mode": "kv-aware", "hostTierCredit": 0.5}, "hostTierCredit weighs llm-d's CPU tier"),
     ({"router": {"replicas": 2}}, "router configures the kv-aware router"),
-    ({"mode": "kv-aware", "hostTierCredit": 2}, "hostTierCredit"),
+    ({"mode": "llm-d", "hostTierCredit": 2}, "hostTierCredit"),
     ({"mode": "random"}, "routing.mode"),
     ({"mode": "kv-aware", "router": {"replicas": 0}}, "router.replicas"),
 ])

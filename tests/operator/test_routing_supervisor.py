@@ -1,7 +1,7 @@
-"""`spillway route` against the real vllm-router (PyPI wheel) with stand-in workers (stdlib HTTP servers that
-answer /health and record what reaches them): the workers' API key travels over a pipe and is on no command
-line nor in the router's environment, and clients' own tokens pass through to the workers; a change of the ready pods goes through the router's worker API with the same
-process (its index kept), and the router is started again only when it exits or its API fails."""
+"""`spillway route` as its own process over stand-in workers (stdlib HTTP servers that record what reaches them):
+prompts of one prefix reach one worker and new prefixes spread; a streamed answer passes through whole; a
+worker that is gone is a 502, not a hung client; the worker set follows a file without a restart (the index of
+the others kept); /health says whether there is a worker; and bad settings are refused with a message."""
 from __future__ import annotations
 
 import http.server
@@ -10,33 +10,46 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from spillway.commands.route import RouterWorkers, Supervisor, launch_router, read_api_key
-from spillway.core import router_api as R
-from support.tools import require_binary
+from spillway.core import routing
 from support.vllm_server import free_port
+
+BLOCK = 16
 
 
 class _Worker(http.server.ThreadingHTTPServer):
     def __init__(self):
-        self.seen: list[tuple[str, str | None]] = []
+        self.seen: list[tuple[str, str | None, bytes]] = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def _answer(self):
-                outer.seen.append((self.path, self.headers.get("Authorization")))
-                length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
-                body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}
-                                  if "models" in self.path else {"choices": [{"text": "x", "index": 0}]}).encode()
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.seen.append((self.path, self.headers.get("Authorization"), body))
+                if b'"stream": true' in body:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for i in range(3):
+                        data = f"data: {json.dumps({'i': i})}\n\n".encode()
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                        time.sleep(0.05)
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                answer = json.dumps({"worker": outer.url, "path": self.path}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(answer)
 
             do_GET = do_POST = _answer
 
@@ -48,9 +61,57 @@ class _Worker(http.server.ThreadingHTTPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
+class _Router:
+    def __init__(self, workers_file: Path, *extra: str) -> None:
+        self.port, self.metrics_port = free_port(), free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "spillway.cli", "route", "--workers-file", str(workers_file), "--block-size",
+             str(BLOCK), "--host", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+             "--poll-seconds", "0.2", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def health(self) -> int:
+        try:
+            with urllib.request.urlopen(self.url(routing.ROUTER_HEALTH_PATH), timeout=2) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def wait(self, status: int) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.communicate()[0]
+            try:
+                if self.health() == status:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"/health never answered {status}")
+
+    def post(self, body: dict, headers: dict | None = None) -> tuple[int, bytes]:
+        request = urllib.request.Request(self.url("/v1/completions"), data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}{routing.ROUTER_METRICS_PATH}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        return self.proc.communicate(timeout=20)[0]
+
+
 @pytest.fixture
 def workers():
-    require_binary(R.ROUTER_COMMAND)
     started = [_Worker() for _ in range(3)]
     yield started
     for w in started:
@@ -58,121 +119,85 @@ def workers():
         w.server_close()
 
 
-def _wait_healthy(port: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the router exited"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{R.ROUTER_HEALTH_PATH}", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError("vllm-router did not become healthy")
+def _prompt(prefix: int, suffix: int) -> dict:
+    return {"model": "m", "max_tokens": 1, "prompt": [prefix] * (4 * BLOCK) + [suffix] * 5}
 
 
-def _listed(port: int) -> list[str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{R.ROUTER_LIST_WORKERS_PATH}", timeout=5) as response:
-        return sorted(json.loads(response.read())["urls"])
+def _served(workers) -> list[int]:
+    return [sum(1 for path, _, _ in w.seen if path == "/v1/completions") for w in workers]
 
 
-def _start(urls: list[str], port: int, key: str | None) -> subprocess.Popen:
-    """The router as `spillway route` launches it; round_robin, since the stand-ins publish no KV events."""
-    args = [R.FLAG_HOST, "127.0.0.1", R.FLAG_PORT, str(port), R.FLAG_POLICY, R.POLICY_ROUND_ROBIN,
-            R.FLAG_WORKER_URLS, *urls, R.FLAG_PROMETHEUS_HOST, "127.0.0.1", R.FLAG_PROMETHEUS_PORT, str(free_port()),
-            R.FLAG_WORKER_STARTUP_CHECK_INTERVAL, "1"]
-    return launch_router(args, key)
-
-
-def test_the_api_key_reaches_the_workers_and_no_command_line(workers):
-    port = free_port()
-    proc = _start([workers[0].url], port, "s3cret-key")
+def test_prefixes_stick_spread_and_follow_pod_changes(workers, tmp_path):
+    listed = tmp_path / "workers"
+    listed.write_text(f"{workers[0].url}\n# a comment\n{workers[1].url}\n")
+    router = _Router(listed)
     try:
-        _wait_healthy(port, proc)
-        for visible in ("cmdline", "environ"):  # what `ps e` shows of the process
-            assert b"s3cret-key" not in Path(f"/proc/{proc.pid}/{visible}").read_bytes()
-        body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 1}).encode()
-        for auth in ({}, {"Authorization": "Bearer client-key"}):
-            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json", **auth})
-            with urllib.request.urlopen(request, timeout=30) as response:
-                response.read()
-        # vllm-router 0.1.17 forwards the client's own bearer token and adds none of its own to completions:
-        # with spec.apiKeySecretRef, clients send the key to the router as they would to vLLM.
-        completions = [auth for path, auth in workers[0].seen if path == "/v1/completions"]
-        assert completions == [None, "Bearer client-key"]
+        router.wait(200)
+        where = {}
+        for suffix in range(4):
+            for prefix in range(4):
+                status, body = router.post(_prompt(prefix, suffix))
+                assert status == 200
+                where.setdefault(prefix, set()).add(json.loads(body)["worker"])
+        assert all(len(w) == 1 for w in where.values()), where  # each prefix on one worker
+        assert _served(workers) == [8, 8, 0]  # four prefixes over two workers: two each
+        listed.write_text("\n".join(w.url for w in workers) + "\n")  # a third pod became ready
+        time.sleep(1.0)
+        for prefix in range(4):  # known prefixes stay where they are
+            assert json.loads(router.post(_prompt(prefix, 9))[1])["worker"] in where[prefix]
+        assert json.loads(router.post(_prompt(50, 0))[1])["worker"] == workers[2].url  # a new one: the new pod
+        metrics = router.metrics()
+        assert f'{routing.ROUTER_METRIC_REQUESTS}{{worker="{workers[2].url}",decision="new"}} 1' in metrics
+        assert f"{routing.ROUTER_METRIC_WORKERS} 3" in metrics
+        listed.write_text("")  # no ready pod: not ready, nothing crashes
+        router.wait(503)
+        status, body = router.post(_prompt(1, 1))
+        assert status == 503 and b"no ready vLLM pod" in body
     finally:
-        proc.terminate()
-        proc.wait(20)
+        log = router.stop()
+    assert "the index of the others is kept" in log
 
 
-def test_pod_changes_go_through_the_worker_api_of_the_same_router(workers):
-    port = free_port()
-    ips = {w.url: w.url for w in workers}
-    answers = [[workers[0].url, workers[1].url], [workers[0].url, workers[1].url, workers[2].url], [workers[2].url]]
-    log: list[str] = []
-    supervisor = Supervisor(lambda: answers.pop(0), lambda found: _start(found, port, None),
-                            workers=RouterWorkers(port), log=log.append, url=lambda ip: ips[ip])
+def test_streams_pass_through_and_tokens_are_the_clients(workers, tmp_path):
+    listed = tmp_path / "workers"
+    listed.write_text(workers[0].url)
+    router = _Router(listed)
     try:
-        supervisor.step()
-        first = supervisor.proc
-        _wait_healthy(port, first)
-        supervisor.step()  # a third pod became ready: added in place
-        assert supervisor.proc is first and first.poll() is None and "kept its index" in log[-1]
-        assert _listed(port) == sorted(w.url for w in workers)
-        supervisor.step()  # two went away: removed in place
-        assert supervisor.proc is first and _listed(port) == [workers[2].url]
-        first.terminate()
-        first.wait(20)
-        answers.append([workers[0].url])
-        supervisor.step()  # the router exited: started again over the pods there are now
-        assert supervisor.proc is not first and "exited" in log[-2]
+        router.wait(200)
+        status, body = router.post({**_prompt(1, 1), "stream": True}, {"Authorization": "Bearer client-key"})
+        assert status == 200 and body.count(b"data: ") == 3, body
+        assert router.post(_prompt(1, 2))[0] == 200
+        # The client's own token reaches the pod (which checks it, spec.apiKeySecretRef); the router adds none.
+        assert [auth for _, auth, _ in workers[0].seen] == ["Bearer client-key", None]
+        with urllib.request.urlopen(router.url("/v1/models"), timeout=5) as response:  # any other path passes too
+            assert json.loads(response.read())["path"] == "/v1/models"
     finally:
-        supervisor.stop_router()
+        router.stop()
 
 
-def test_a_failing_worker_api_restarts_the_router():
-    class Refusing:
-        def add(self, url):
-            raise ConnectionRefusedError("router API down")
-
-        def remove(self, url):
-            raise ConnectionRefusedError("router API down")
-
-    answers = [["10.0.0.1"], ["10.0.0.1", "10.0.0.2"], OSError("resolver down"), []]
-
-    def discover():
-        item = answers.pop(0)
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def launch(found):
-        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *found])
-
-    log: list[str] = []
-    supervisor = Supervisor(discover, launch, workers=Refusing(), log=log.append)
+def test_a_gone_worker_is_a_502(tmp_path):
+    listed = tmp_path / "workers"
+    listed.write_text(f"http://127.0.0.1:{free_port()}\n")  # nothing listens there
+    router = _Router(listed)
     try:
-        supervisor.step()
-        first = supervisor.proc
-        supervisor.step()  # the API refuses: restarted with both
-        assert first.poll() is not None and supervisor.proc.args[-2:] == ["10.0.0.1", "10.0.0.2"]
-        assert any("worker API failed" in m for m in log)
-        second = supervisor.proc
-        supervisor.step()  # the resolver fails: the router keeps running
-        assert supervisor.proc is second and second.poll() is None and "cannot resolve" in log[-1]
-        supervisor.step()  # no ready pod: no router
-        assert supervisor.proc is None and second.poll() is not None and "no ready vLLM pod" in log[-1]
+        router.wait(200)
+        status, body = router.post(_prompt(1, 1))
+        assert status == 502 and b"did not answer" in body
+        assert f"{routing.ROUTER_METRIC_UPSTREAM_ERRORS}" in router.metrics()
     finally:
-        supervisor.stop_router()
+        router.stop()
 
 
-def test_the_api_key_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_API_KEY", "from-env")
-    assert read_api_key(None) == "from-env"
-    key = tmp_path / "key"
-    key.write_text("from-file\n")
-    assert read_api_key(key) == "from-file"
-    with pytest.raises(SystemExit, match="cannot read --api-key-file"):
-        read_api_key(tmp_path / "missing")
-    monkeypatch.delenv("VLLM_API_KEY")
-    assert read_api_key(None) is None
+@pytest.mark.parametrize("args, message", [
+    (["--block-size", "0"], "block_tokens must be"),
+    (["--max-imbalance", "-2"], "max_imbalance must be"),
+    (["--replicas", "not a name!"], "is not a DNS name"),
+])
+def test_bad_settings_are_refused_with_a_message(args, message, tmp_path):
+    listed = tmp_path / "workers"
+    listed.write_text("")
+    base = ["--block-size", "16"] if "--block-size" not in args else []
+    source = [] if "--replicas" in args else ["--workers-file", str(listed)]
+    done = subprocess.run([sys.executable, "-m", "spillway.cli", "route", *source, *base, *args],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, done.stderr

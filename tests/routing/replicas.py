@@ -21,7 +21,7 @@ from spillway.core import vllm_api as V
 from spillway_connector.host_backend import cpu_offload_args
 from support import TinyLlama, VllmServer, require_vllm
 from support.tools import require_binary
-from support.vllm_router import VllmRouter
+from support.vllm_router import SpillwayRouter, VllmRouter
 from support.vllm_server import free_port
 
 BLOCK = 32  # the CPU attention kernel takes multiples of 32
@@ -111,11 +111,18 @@ def run_prefix_groups(routes: dict[str, VllmRouter], replicas: list[VllmServer],
 
 
 def router(replicas: list[VllmServer], policy: str, extra: Sequence[str] = ()) -> VllmRouter:
-    """vllm-router over these replicas; kv_aware with each replica's KV event source."""
+    """vllm-router over these replicas with one of its policies; kv_aware with each replica's KV event source
+    (bench/routing_policies.py compares them)."""
     kv = policy == R.POLICY_KV_AWARE
     return VllmRouter([s.base_url for s in replicas], policy=policy, binary=require_binary(R.ROUTER_COMMAND),
                       event_sources={s.base_url: s.kv_events_endpoint for s in replicas} if kv else None,
                       block_size=BLOCK if kv else None, model=replicas[0].model if kv else None, extra_args=extra)
+
+
+def spillway_router(replicas: list[VllmServer], extra: Sequence[str] = ()) -> SpillwayRouter:
+    """`spillway route` over these replicas, with the pool's blocks as the index bound, as the operator runs it."""
+    return SpillwayRouter([s.base_url for s in replicas], block_size=BLOCK,
+                          extra_args=["--index-blocks", str(POOL_CHUNKS), *extra])
 
 
 # kv_aware's debug log names the worker it chose for each request and the prompt tokens it credited there.

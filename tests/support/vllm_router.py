@@ -1,7 +1,10 @@
-"""The real vllm-router (the vLLM project's Rust router, from its PyPI wheel) in front of VllmServer replicas.
+"""The routers in front of VllmServer replicas: the real vllm-router (the vLLM project's Rust router, from its
+PyPI wheel; the tests' baseline policies) and `spillway route` (kv-aware mode's own router) as its own process.
 
-    with VllmRouter([a, b], policy="kv_aware", event_sources={a.base_url: a.kv_events_endpoint, ...}) as router:
+    with VllmRouter([a, b], policy="round_robin", binary=...) as router:
         requests.post(router.url("/v1/completions"), ...)
+    with SpillwayRouter([a, b], block_size=32) as router:
+        router.set_workers([a, b, c])   # as a pod becoming ready: the router follows without a restart
 
 The router runs in its own process group, killed on exit; its log is quoted when the start fails.
 """
@@ -17,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from spillway.core import router_api as R
+from spillway.core import routing
 
 from .vllm_server import ServerStartError, _die_with_parent, _kill_group, free_port
 
@@ -48,6 +52,9 @@ class VllmRouter:
         self._proc: subprocess.Popen | None = None
         self._log = None
 
+    health_path = R.ROUTER_HEALTH_PATH
+    name = "vllm-router"
+
     def start(self) -> VllmRouter:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - held until stop()
         self._proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -56,15 +63,15 @@ class VllmRouter:
         try:
             while time.monotonic() < deadline:
                 if self._proc.poll() is not None:
-                    raise ServerStartError(f"vllm-router exited with {self._proc.returncode}:\n{self.log_tail()}")
+                    raise ServerStartError(f"{self.name} exited with {self._proc.returncode}:\n{self.log_tail()}")
                 try:
-                    with urllib.request.urlopen(self.url(R.ROUTER_HEALTH_PATH), timeout=2) as response:
+                    with urllib.request.urlopen(self.url(self.health_path), timeout=2) as response:
                         if response.status == 200:
                             return self
                 except (urllib.error.URLError, OSError):
                     pass
                 time.sleep(0.5)
-            raise ServerStartError(f"vllm-router not healthy after {STARTUP_TIMEOUT_S:.0f}s:\n{self.log_tail()}")
+            raise ServerStartError(f"{self.name} not healthy after {STARTUP_TIMEOUT_S:.0f}s:\n{self.log_tail()}")
         except BaseException:
             self.close()
             raise
@@ -103,3 +110,39 @@ class VllmRouter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class SpillwayRouter(VllmRouter):
+    """`spillway route` over a workers file this object writes (what DNS gives it in Kubernetes)."""
+
+    health_path = routing.ROUTER_HEALTH_PATH
+    name = "spillway route"
+
+    def __init__(self, worker_urls: Sequence[str], *, block_size: int, extra_args: Sequence[str] = ()) -> None:
+        import sys
+
+        self.policy = "spillway"
+        self.port, self.metrics_port = free_port(), free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}{routing.ROUTER_METRICS_PATH}"
+        self._workdir = Path(tempfile.mkdtemp(prefix="spillway-route-"))
+        self.log_path = self._workdir / "router.log"
+        self.workers_file = self._workdir / "workers"
+        self.set_workers(worker_urls)
+        self.args = [sys.executable, "-m", "spillway.cli", "route", "--workers-file", str(self.workers_file),
+                     "--block-size", str(block_size), "--host", "127.0.0.1", "--port", str(self.port),
+                     "--metrics-port", str(self.metrics_port), "--poll-seconds", "0.5", *extra_args]
+        self._proc = None
+        self._log = None
+
+    def set_workers(self, urls: Sequence[str]) -> None:
+        tmp = self.workers_file.with_suffix(".tmp")
+        tmp.write_text("".join(f"{u}\n" for u in urls))
+        tmp.replace(self.workers_file)  # whole or not at all: the router reads it every half second
+
+    def workers(self) -> list[str]:
+        """The workers the router routes to now: those its in-flight gauge lists."""
+        import re
+
+        gauge = re.compile(rf'^{routing.ROUTER_METRIC_IN_FLIGHT}{{worker="([^"]+)"}}', re.MULTILINE)
+        return sorted(gauge.findall(self.metrics_text()))

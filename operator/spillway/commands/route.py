@@ -1,53 +1,53 @@
-"""`spillway route`: run vllm-router's kv_aware policy over a ModelServer's ready vLLM pods.
+"""`spillway route`: Spillway's prefix-affinity router over a ModelServer's ready vLLM pods.
 
-vllm-router takes each worker's KV event source as a static WORKER_URL=tcp://HOST:PORT pair, and pod IPs
-change. The ModelServer's headless Service <name>-replicas answers DNS with the IPs of its ready pods, so this
-supervisor needs no Kubernetes API access: it resolves that name, starts vllm-router with one worker URL and
-one event source per ready pod, and follows changes through the router's own worker API (/add_worker,
-/remove_worker) so the index of the pods that stay is kept. vllm-router 0.1.17 subscribes to a worker's KV
-events only for the --kv-event-source pairs it starts with: /add_worker starts no subscription, whatever the
-worker serves (a worker answering /get_server_info with its block size was not indexed either; measured,
-docs/routing.md). An added pod takes requests at once, and its blocks join the index when the router next
-starts (a removed one leaves nothing behind). The router is started again only when it exits or when its API
-does not answer. Without a ready pod no router
-runs: the router pod is then not ready (its readiness probe fails), which is the truth, and nothing
-crash-loops.
+An OpenAI endpoint that sends each request to one pod by the policy in core/affinity.py: the pod that was sent
+the longest run of the prompt's leading blocks, unless it is too far above the least loaded one; a new prefix to
+the pod holding the fewest. The router records its own placements as it routes, so it needs no KV events, keeps
+what it knows when pods come and go, and knows a prefix from its first prompt on (why not vllm-router's
+kv_aware: docs/routing.md).
 
-The workers' API key (spec.apiKeySecretRef) comes from $VLLM_API_KEY or --api-key-file and reaches the
-router through a pipe, never a command line (which every process on the node can read).
+Pods are found without Kubernetes API access: the ModelServer's headless Service <name>-replicas answers DNS
+with the IPs of its ready pods, resolved every few seconds; a new pod joins the index empty, a gone one is
+forgotten, the others keep their entries. Without a ready pod /health answers 503, so the router pod is not
+ready (the truth) and nothing crash-loops.
 
-    spillway route --replicas llama-replicas.team-a.svc --model NAME --block-size 64 [--host-tier-credit 0.9]
+The router holds no secret: a client's Authorization header passes through to the pod, which checks it as it
+would without the router (spec.apiKeySecretRef), and the router itself asks nothing of the pods.
+
+    spillway route --replicas llama-replicas.team-a.svc --block-size 64 [--index-blocks N] [--max-imbalance K]
+    spillway route --workers-file workers.txt --block-size 64     # outside Kubernetes: one URL per line
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import os
 import re
 import signal
 import socket
-import subprocess
 import sys
-import threading
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
-from ..core import router_api as R
-from ..core import routing
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+
+from ..core import affinity, routing
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 
 POLL_SECONDS = 5.0
-STOP_GRACE_SECONDS = 10.0
-ADMIN_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 10.0
+# A 128K-token prompt as JSON token ids is about 0.8 MB; text and chat bodies with images are larger still.
+MAX_BODY_BYTES = 64 << 20
+# Headers that belong to one connection (RFC 9110 7.6.1), plus those aiohttp sets for the body it sends.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "transfer-encoding", "upgrade", "host", "content-length"})
 
 
 def resolve_ips(host: str) -> list[str]:
-    """The addresses DNS gives for `host`, sorted (the router's worker order is then stable); [] when the name
-    has none (a headless Service without a ready pod). Other resolver failures raise OSError."""
+    """The addresses DNS gives for `host`, sorted; [] when the name has none (a headless Service without a
+    ready pod). Other resolver failures raise OSError."""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
@@ -57,152 +57,181 @@ def resolve_ips(host: str) -> list[str]:
     return sorted({info[4][0] for info in infos})
 
 
-def _host(ip: str) -> str:
-    return f"[{ip}]" if ":" in ip else ip
-
-
 def worker_url(ip: str) -> str:
-    return f"http://{_host(ip)}:{api.SERVER_PORT}"
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{api.SERVER_PORT}"
 
 
-def router_args(ips: Sequence[str], *, model: str, block_size: int, host_tier_credit: float | None,
+class Router:
+    """The proxy: one AffinityIndex, the requests in flight per worker, and the router's counters."""
+
+    def __init__(self, settings: affinity.AffinitySettings, log=print) -> None:
+        self.index = affinity.AffinityIndex(settings)
+        self.log = log
+        self.in_flight: Counter[str] = Counter()
+        self.decisions: Counter[tuple[str, str]] = Counter()  # (worker, reason) -> requests
+        self.matched_blocks: Counter[str] = Counter()
+        self.prompt_blocks: Counter[str] = Counter()
+        self.upstream_errors: Counter[str] = Counter()
+        self.session: ClientSession | None = None
+
+    def set_workers(self, urls: list[str]) -> None:
+        added, removed = self.index.sync(urls)
+        if added or removed:
+            self.log(f"spillway route: routing over {len(urls)} ready pods (added {added}, removed {removed}; "
+                     f"the index of the others is kept)")
+
+    async def start(self) -> None:
+        # No total timeout: a long generation streams for minutes. auto_decompress off: bodies pass through
+        # byte for byte with their Content-Encoding.
+        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+                                     auto_decompress=False)
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_get(routing.ROUTER_HEALTH_PATH, self.health)
+        app.router.add_route("*", "/{tail:.*}", self.forward)
+        return app
+
+    def metrics_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get(routing.ROUTER_METRICS_PATH, self.metrics)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.index.replicas:
+            return web.Response(status=503, text="no ready vLLM pod\n")
+        return web.Response(text="ok\n")
+
+    def _choose(self, body: bytes, method: str) -> affinity.Decision:
+        parsed = None
+        if method == "POST" and body:
+            try:
+                parsed = json.loads(body)
+            except ValueError:
+                parsed = None  # not JSON: the worker answers it; routed as a prompt-less request
+        return self.index.route(parsed if isinstance(parsed, dict) else {}, self.in_flight)
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        try:
+            decision = self._choose(body, request.method)
+        except LookupError:
+            return _error(503, "no ready vLLM pod to route to")
+        worker = decision.replica
+        self.decisions[(worker, decision.reason)] += 1
+        self.matched_blocks[worker] += decision.matched_blocks
+        self.prompt_blocks[worker] += decision.prompt_blocks
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        assert self.session is not None
+        response: web.StreamResponse | None = None
+        self.in_flight[worker] += 1
+        try:
+            async with self.session.request(request.method, f"{worker}{request.rel_url}", data=body,
+                                            headers=headers) as upstream:
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for key, value in upstream.headers.items():
+                    if key.lower() not in HOP_BY_HOP:
+                        response.headers.add(key, value)
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except (TimeoutError, ClientError, OSError) as exc:
+            self.upstream_errors[worker] += 1
+            if response is not None and response.prepared:
+                # The answer had begun (a stream cut by the pod or the client): nothing more can be sent.
+                self.log(f"spillway route: a response from {worker} was cut: {exc.__class__.__name__}: {exc}")
+                return response
+            return _error(502, f"vLLM pod {worker} did not answer: {exc.__class__.__name__}: {exc}")
+        finally:
+            self.in_flight[worker] -= 1
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.exposition(), content_type="text/plain", charset="utf-8",
+                            headers={"Cache-Control": "no-store"})
+
+    def exposition(self) -> str:
+        """Prometheus text format: per worker and decision, requests, matched and prompt blocks."""
+        lines = [f"# TYPE {routing.ROUTER_METRIC_REQUESTS} counter"]
+        lines += [f'{routing.ROUTER_METRIC_REQUESTS}{{worker="{w}",decision="{d}"}} {n}'
+                  for (w, d), n in sorted(self.decisions.items())]
+        for name, counter in ((routing.ROUTER_METRIC_MATCHED_BLOCKS, self.matched_blocks),
+                              (routing.ROUTER_METRIC_PROMPT_BLOCKS, self.prompt_blocks),
+                              (routing.ROUTER_METRIC_UPSTREAM_ERRORS, self.upstream_errors)):
+            lines.append(f"# TYPE {name} counter")
+            lines += [f'{name}{{worker="{w}"}} {n}' for w, n in sorted(counter.items())]
+        lines.append(f"# TYPE {routing.ROUTER_METRIC_IN_FLIGHT} gauge")
+        lines += [f'{routing.ROUTER_METRIC_IN_FLIGHT}{{worker="{w}"}} {self.in_flight[w]}'
+                  for w in self.index.replicas]
+        lines.append(f"# TYPE {routing.ROUTER_METRIC_WORKERS} gauge")
+        lines.append(f"{routing.ROUTER_METRIC_WORKERS} {len(self.index.replicas)}")
+        return "\n".join(lines) + "\n"
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "spillway_router_error", "code": status}},
+                             status=status)
+
+
+async def follow_workers(router: Router, discover: Callable[[], list[str]], poll_s: float,
+                         stopped: asyncio.Event) -> None:
+    """Resolve the ready pods every poll_s and hand them to the router (the resolver's trouble keeps the set)."""
+    loop = asyncio.get_running_loop()
+    while not stopped.is_set():
+        try:
+            urls = await loop.run_in_executor(None, discover)
+        except OSError as exc:
+            router.log(f"spillway route: cannot resolve the replicas ({exc}); keeping the current pods")
+        else:
+            if not urls and router.index.replicas:
+                router.log("spillway route: no ready vLLM pod; answering 503 until one is ready")
+            router.set_workers(urls)
+        try:
+            await asyncio.wait_for(stopped.wait(), poll_s)
+        except TimeoutError:
+            pass
+
+
+async def serve(router: Router, discover: Callable[[], list[str]], *, host: str = "0.0.0.0",
                 port: int = routing.ROUTER_PORT, metrics_port: int = routing.ROUTER_METRICS_PORT,
-                events_port: int = routing.KV_EVENTS_PORT) -> list[str]:
-    """vllm-router's arguments for these worker pods (no secret among them)."""
-    urls = [worker_url(ip) for ip in ips]
-    args = [R.FLAG_HOST, "0.0.0.0", R.FLAG_PORT, str(port), R.FLAG_POLICY, R.POLICY_KV_AWARE,
-            *R.KV_AWARE_SETTINGS, R.FLAG_WORKER_URLS, *urls]
-    for ip, url in zip(ips, urls):
-        args += [R.FLAG_KV_EVENT_SOURCE, f"{url}=tcp://{_host(ip)}:{events_port}"]
-    args += [R.FLAG_KV_EVENT_BLOCK_SIZE, str(block_size), R.FLAG_KV_EVENT_MODEL, model,
-             R.FLAG_PROMETHEUS_HOST, "0.0.0.0", R.FLAG_PROMETHEUS_PORT, str(metrics_port)]
-    if host_tier_credit is not None:
-        args += [R.FLAG_KV_PENALTY_HOST, f"{host_tier_credit:g}"]
-    return args
-
-
-def launch_router(args: Sequence[str], api_key: str | None, python: str = sys.executable) -> subprocess.Popen:
-    """vllm-router in a child Python (the package's own launcher) that reads its arguments and the key from
-    stdin: `ps` shows `-m spillway.commands.router_child` and nothing else."""
-    proc = subprocess.Popen([python, "-m", "spillway.commands.router_child"], stdin=subprocess.PIPE)
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps({"args": list(args), "api_key": api_key}).encode())
-    proc.stdin.close()
-    return proc
-
-
-class RouterWorkers:
-    """The running router's worker API on this pod."""
-
-    def __init__(self, port: int = routing.ROUTER_PORT) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-
-    def _post(self, path: str, url: str) -> None:
-        query = urllib.parse.urlencode({"url": url})
-        request = urllib.request.Request(f"{self.base}{path}?{query}", method="POST", data=b"")
-        with urllib.request.urlopen(request, timeout=ADMIN_TIMEOUT_S) as response:
-            response.read()
-
-    def add(self, url: str) -> None:
-        self._post(R.ROUTER_ADD_WORKER_PATH, url)
-
-    def remove(self, url: str) -> None:
-        self._post(R.ROUTER_REMOVE_WORKER_PATH, url)
-
-
-class Supervisor:
-    """Keeps one vllm-router process running for the current set of ready pods, changing its workers in
-    place."""
-
-    def __init__(self, discover: Callable[[], list[str]], launch: Callable[[list[str]], subprocess.Popen],
-                 workers=None, poll_s: float = POLL_SECONDS, log=print, url: Callable[[str], str] = worker_url) -> None:
-        self.discover, self.launch, self.workers, self.poll_s, self.log = discover, launch, workers, poll_s, log
-        self.url = url
-        self.ips: list[str] | None = None
-        self.proc: subprocess.Popen | None = None
-        self.stopped = threading.Event()
-
-    def step(self) -> None:
-        try:
-            ips = self.discover()
-        except OSError as exc:  # the resolver's trouble: keep the router we have, retry
-            self.log(f"spillway route: cannot resolve the replicas ({exc}); keeping the current router")
-            return
-        exited = self.proc is not None and self.proc.poll() is not None
-        if ips == self.ips and not exited:
-            return
-        if exited:
-            self.log(f"spillway route: vllm-router exited with {self.proc.returncode}; starting it again")
-        elif self.proc is not None and ips and self._change_in_place(ips):
-            return
-        self.stop_router()
-        self.ips = ips
-        if not ips:
-            self.log("spillway route: no ready vLLM pod; no router until one is ready")
-            return
-        self.log(f"spillway route: routing over {len(ips)} ready pods: {', '.join(ips)}")
-        self.proc = self.launch(ips)
-
-    def _change_in_place(self, ips: list[str]) -> bool:
-        """Add and remove workers through the router's API; False (restart it) when that API fails."""
-        if self.workers is None or self.ips is None:
-            return False
-        old, new = set(self.ips), set(ips)
-        try:
-            for ip in sorted(old - new):
-                self.workers.remove(self.url(ip))
-            for ip in sorted(new - old):
-                self.workers.add(self.url(ip))
-        except (OSError, urllib.error.URLError) as exc:
-            self.log(f"spillway route: the router's worker API failed ({exc}); starting it again")
-            return False
-        self.log(f"spillway route: now routing over {len(ips)} ready pods (added {sorted(new - old)}, "
-                 f"removed {sorted(old - new)}; the router kept its index)")
-        self.ips = ips
-        return True
-
-    def stop_router(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def run(self) -> None:
-        while not self.stopped.is_set():
-            self.step()
-            self.stopped.wait(self.poll_s)
-        self.stop_router()
+                poll_s: float = POLL_SECONDS, stopped: asyncio.Event | None = None) -> None:
+    stopped = stopped or asyncio.Event()
+    await router.start()
+    runners = [web.AppRunner(router.app(), access_log=None), web.AppRunner(router.metrics_app(), access_log=None)]
+    try:
+        for runner, bind in zip(runners, (port, metrics_port)):
+            await runner.setup()
+            await web.TCPSite(runner, host, bind).start()
+        await follow_workers(router, discover, poll_s, stopped)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+        await router.close()
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("route", help="run vllm-router (kv_aware) over a ModelServer's ready vLLM pods "
-                                            "(the kv-aware router pod's entry point)")
-    p.add_argument("--replicas", required=True, help="DNS name of the replicas' headless Service")
-    p.add_argument("--model", required=True, help="the served model name (the router's KV event model)")
+    p = subparsers.add_parser("route", help="route a ModelServer's requests to its ready vLLM pods by prefix "
+                                            "affinity (the kv-aware router pod's entry point)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--replicas", help="DNS name of the replicas' headless Service (in Kubernetes)")
+    source.add_argument("--workers-file", type=Path,
+                        help="a file of worker URLs, one per line, read again every --poll-seconds (elsewhere)")
     p.add_argument("--block-size", type=int, required=True, help="the pods' --block-size")
-    p.add_argument("--host-tier-credit", type=float, help="vllm-router --kv-penalty-host (default: the router's)")
-    p.add_argument("--api-key-file", type=Path,
-                   help=f"a file holding the workers' API key (default: ${api.ENV_API_KEY}, if set)")
+    p.add_argument("--index-blocks", type=int, default=routing.DEFAULT_INDEX_BLOCKS,
+                   help="blocks remembered per pod: its GPU and CPU caches' blocks (the operator passes the plan's)")
+    p.add_argument("--max-imbalance", type=int, default=routing.DEFAULT_MAX_IMBALANCE,
+                   help="requests in flight beyond the least loaded pod at which a prefix's holder is passed over")
+    p.add_argument("--port", type=int, default=routing.ROUTER_PORT)
+    p.add_argument("--metrics-port", type=int, default=routing.ROUTER_METRICS_PORT)
+    p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--poll-seconds", type=float, default=POLL_SECONDS)
     p.set_defaults(func=cmd_route)
-
-
-def read_api_key(path: Path | None) -> str | None:
-    """The key from the file when one is named, else from the environment; None when neither has one."""
-    if path is not None:
-        try:
-            key = path.read_text().strip()
-        except OSError as exc:
-            raise SystemExit(f"spillway route: cannot read --api-key-file {path}: {exc.strerror}") from None
-        if not key:
-            raise SystemExit(f"spillway route: --api-key-file {path} is empty")
-        return key
-    return os.environ.get(api.ENV_API_KEY) or None
 
 
 DNS_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?$")
@@ -218,15 +247,42 @@ def check_dns_name(value: str, flag: str) -> str:
     return value
 
 
+def read_workers_file(path: Path) -> list[str]:
+    """The URLs a workers file lists (blank lines and #-comments skipped); OSError when it cannot be read."""
+    urls = []
+    for line in path.read_text().splitlines():
+        url = line.split("#", 1)[0].strip()
+        if url:
+            if not url.startswith(("http://", "https://")):
+                raise OSError(f"{path}: {url[:80]!r} is not an http(s) URL")
+            urls.append(url.rstrip("/"))
+    return urls
+
+
+def settings_from(args: argparse.Namespace) -> affinity.AffinitySettings:
+    try:
+        return affinity.AffinitySettings(block_tokens=args.block_size, index_blocks=args.index_blocks,
+                                         max_imbalance=args.max_imbalance)
+    except ValueError as exc:
+        raise InvalidSpec(f"spillway route: {exc}") from None
+
+
 def cmd_route(args: argparse.Namespace) -> int:
-    check_dns_name(args.replicas, "--replicas")
-    api_key = read_api_key(args.api_key_file)  # the workers' bearer token (spec.apiKeySecretRef)
-    supervisor = Supervisor(lambda: resolve_ips(args.replicas),
-                            lambda ips: launch_router(router_args(ips, model=args.model, block_size=args.block_size,
-                                                                  host_tier_credit=args.host_tier_credit), api_key),
-                            workers=RouterWorkers(), poll_s=args.poll_seconds,
-                            log=lambda m: print(m, file=sys.stderr, flush=True))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: supervisor.stopped.set())
-    supervisor.run()
+    if args.replicas is not None:
+        check_dns_name(args.replicas, "--replicas")
+        discover = lambda: [worker_url(ip) for ip in resolve_ips(args.replicas)]
+    else:
+        discover = lambda: read_workers_file(args.workers_file)
+    settings = settings_from(args)
+    router = Router(settings, log=lambda m: print(m, file=sys.stderr, flush=True))
+
+    async def main() -> None:
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopped.set)
+        await serve(router, discover, host=args.host,
+                    port=args.port, metrics_port=args.metrics_port, poll_s=args.poll_seconds, stopped=stopped)
+
+    asyncio.run(main())
     return 0

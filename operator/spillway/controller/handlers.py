@@ -37,7 +37,7 @@ from ..core.errors import (
     PoolDoesNotFit,
     SpillwayError,
 )
-from ..core.routing import MODE_NONE
+from ..core.routing import MODE_LLM_D, MODE_NONE
 from . import conditions as cond
 from . import drift, metrics
 from .disk_volume import check_disk_volume
@@ -399,7 +399,8 @@ def _routing_status(namespace: str, name: str, spec: Any, deployment: Mapping[st
     if not isinstance(spec, ModelServerSpec):
         return None
     router = kube().get(path("apps/v1", "Deployment", namespace, router_name(name))) if spec.routing.enabled else None
-    credit = host_tier_credit(spec, result.plan) if result is not None and spec.routing.enabled else None
+    llm_d = spec.routing.mode == MODE_LLM_D
+    credit = host_tier_credit(spec, result.plan) if result is not None and llm_d else None
     update["routing"], routed = routing_status(name, namespace, spec, deployment, router, generation, credit)
     return routed
 

@@ -1,10 +1,9 @@
 """spec.routing -> the objects in front of the replicas, and what routing changes on the vLLM pods.
 
-kv-aware: the Service <name> (the user's endpoint) selects a vllm-router Deployment <name>-router. Its pods run
-`spillway route`, which resolves the headless Service <name>-replicas (DNS answers with the ready vLLM pods'
-IPs: no Kubernetes API access, so no RBAC and no service account token) and runs vllm-router's kv_aware policy
-with one static KV event source per pod (vllm-router 0.1.17 takes no event sources from its own Kubernetes
-discovery).
+kv-aware: the Service <name> (the user's endpoint) selects a router Deployment <name>-router. Its pods run
+`spillway route` (prefix affinity, core/affinity.py), which resolves the headless Service <name>-replicas (DNS
+answers with the ready vLLM pods' IPs: no Kubernetes API access, so no RBAC and no service account token) and
+remembers up to the planned pool's blocks per pod.
 llm-d: an InferencePool selecting the vLLM pods and a ConfigMap with the endpoint picker's configuration for
 llm-d-router, which the user's Gateway runs; the Service <name> keeps pointing at the pods.
 Both: every vLLM pod publishes KV events (ZMQ, port kv-events) with self-describing CPU-medium stores and a
@@ -19,11 +18,10 @@ from typing import Any
 import yaml
 
 from ..core import k8s_names as names
-from ..core import router_api as R
 from ..core import routing
 from ..core import vllm_api as api
 from ..core.planner import Plan
-from .hardening import PROMETHEUS_NAME, api_key_env
+from .hardening import PROMETHEUS_NAME
 from .objects import derived_name, labels, owner_reference, selector, with_hash
 from .spec import ModelServerSpec
 
@@ -65,7 +63,9 @@ def routing_object_keys(name: str) -> list[tuple[str, str, str]]:
 
 
 def host_tier_credit(spec: ModelServerSpec, result: Plan) -> float | None:
-    """The override, else reload (the qualified node) against recompute (the model); None: the router's default."""
+    """What a CPU-pool hit saves against a GPU hit: the override, else reload (the qualified node) against recompute
+    (the model); None when unknown. llm-d weighs its index's CPU tier by it (kv-aware's own router does not tell
+    the tiers apart); the status shows it."""
     if spec.routing.host_tier_credit is not None:
         return spec.routing.host_tier_credit
     recompute = routing.recompute_tokens_per_s(result.layout.geometry.config, spec.request.tensor_parallel_size)
@@ -111,17 +111,22 @@ def _router_probe(path: str, period: int, failures: int) -> dict[str, Any]:
             "failureThreshold": failures}
 
 
-def router_command(body: Mapping[str, Any], spec: ModelServerSpec, credit: float | None) -> list[str]:
+def pool_blocks(spec: ModelServerSpec, result: Plan) -> int:
+    return (result.pool.tokens // spec.request.block_size) if result.pool is not None else 0
+
+
+def router_command(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks: int) -> list[str]:
+    """`spillway route` over the replicas, remembering per pod what its pool holds (the default without a pool)."""
     name = body["metadata"]["name"]
     namespace = body["metadata"].get("namespace") or "default"
     args = ["spillway", "route", "--replicas", f"{replicas_service_name(name)}.{namespace}.svc",
-            "--model", spec.served_model_name or spec.model, "--block-size", str(spec.request.block_size)]
-    if credit is not None:
-        args += ["--host-tier-credit", f"{credit:g}"]
+            "--block-size", str(spec.request.block_size)]
+    if index_blocks > 0:
+        args += ["--index-blocks", str(index_blocks)]
     return args
 
 
-def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, credit: float | None,
+def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks: int,
                    owner: dict | None, image: str) -> list[dict[str, Any]]:
     """The headless Service over the replicas and the router's Deployment; `image` is the router image when
     spec.routing.router.image names none (the operator's setting)."""
@@ -140,15 +145,14 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, credit: float
     container = {
         "name": names.CONTAINER_ROUTER,
         "image": spec.routing.router_image or image,
-        "command": router_command(body, spec, credit),
-        "env": api_key_env(spec),  # vllm-router forwards it to the workers (`spillway route` reads it)
+        "command": router_command(body, spec, index_blocks),
         "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": routing.ROUTER_PORT, "protocol": "TCP"},
                   {"name": names.PORT_NAME_METRICS, "containerPort": routing.ROUTER_METRICS_PORT, "protocol": "TCP"}],
         "resources": {"requests": {**ROUTER_REQUESTS, **resources.get("requests", {})},
                       "limits": {**ROUTER_LIMITS, **resources.get("limits", {})}},
-        # Readiness only: with no ready vLLM pod no router runs, and a liveness probe would restart the pod in
-        # a loop for what is the replicas' state; `spillway route` restarts a router that exits by itself.
-        "readinessProbe": _router_probe(R.ROUTER_HEALTH_PATH, 5, 2),
+        # Readiness only: with no ready vLLM pod /health answers 503, and a liveness probe would restart the
+        # pod in a loop for what is the replicas' state.
+        "readinessProbe": _router_probe(routing.ROUTER_HEALTH_PATH, 5, 2),
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
     }
@@ -236,10 +240,11 @@ def epp_config(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
     name = body["metadata"]["name"]
     namespace = (body.get("metadata") or {}).get("namespace") or "default"
     block = spec.request.block_size
-    pool_blocks = (result.pool.tokens // block) if result.pool is not None else 0
-    keys, entries = routing.llm_d_index_capacity(spec.replicas, pool_blocks)
+    blocks = pool_blocks(spec, result)
+    keys, entries = routing.llm_d_index_capacity(spec.replicas, blocks)
+    credit = host_tier_credit(spec, result)
     index: dict[str, Any] = {"enableMetrics": True}
-    if keys > 0 and pool_blocks:
+    if keys > 0 and blocks:
         index["inMemoryConfig"] = {"size": keys, "podCacheSize": entries}
     selector_text = ",".join(f"{k}={v}" for k, v in sorted(selector(name).items()))
     plugins: list[dict[str, Any]] = [
@@ -255,7 +260,8 @@ def epp_config(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
             "indexerConfig": {
                 "kvBlockIndexConfig": index,
                 "kvCacheBackendConfigs": [{"name": routing.LLM_D_GPU_TIER, "weight": 1.0},
-                                          {"name": routing.LLM_D_CPU_TIER, "weight": routing.LLM_D_CPU_TIER_WEIGHT}]},
+                                          {"name": routing.LLM_D_CPU_TIER,
+                                           "weight": routing.LLM_D_CPU_TIER_WEIGHT if credit is None else credit}]},
             "kvEventsConfig": {
                 "topicFilter": routing.LLM_D_TOPIC_FILTER, "engineType": "vllm", "discoverPods": True,
                 "podDiscoveryConfig": {"podLabelSelector": selector_text, "podNamespace": namespace,
@@ -325,8 +331,7 @@ def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, objects
             obj = with_hash(only_the_router(obj, name) if mode == routing.MODE_KV_AWARE else admit_router_to_events(obj))
         out.append(obj)
     if mode == routing.MODE_KV_AWARE:
-        credit = host_tier_credit(spec, result)
-        out += [with_hash(o) for o in router_objects(body, spec, credit, owner, router_image)]
+        out += [with_hash(o) for o in router_objects(body, spec, pool_blocks(spec, result), owner, router_image)]
         if spec.network_policy:
             out.append(with_hash(router_network_policy(body, spec, owner)))
     else:

@@ -61,8 +61,8 @@ def parse_routing(spec: Mapping[str, Any]) -> RoutingSpec:
     if credit is not None:
         if isinstance(credit, bool) or not isinstance(credit, (int, float)) or not 0 <= credit <= 1:
             raise InvalidSpec(f"{where}.hostTierCredit must be a number in [0, 1], got {credit!r}")
-        if mode != routing.MODE_KV_AWARE:
-            raise InvalidSpec(f"{where}.hostTierCredit is the kv-aware router's setting; mode is {mode}")
+        if mode != routing.MODE_LLM_D:
+            raise InvalidSpec(f"{where}.hostTierCredit weighs llm-d's CPU tier; mode is {mode}")
     router = value.get("router")
     if router is not None and mode != routing.MODE_KV_AWARE:
         raise InvalidSpec(f"{where}.router configures the kv-aware router; mode is {mode}")

@@ -47,8 +47,6 @@ def routing_status(name: str, namespace: str, spec: ModelServerSpec, vllm: Mappi
     if mode == routing.MODE_KV_AWARE:
         ready, wanted = _ready(router)
         status["routerReady"] = f"{ready}/{wanted}"
-        if credit is not None:
-            status["hostTierCredit"] = credit
         if router is None or ready < wanted or wanted == 0:
             return status, cond.condition(
                 ROUTED, False, REASON_ROUTER_NOT_READY,
@@ -57,6 +55,8 @@ def routing_status(name: str, namespace: str, spec: ModelServerSpec, vllm: Mappi
                 generation)
     else:
         status["endpoint"] = f"InferencePool {name} (llm-d-router: ConfigMap {name}-epp)"
+        if credit is not None:
+            status["hostTierCredit"] = credit  # the weight of llm-d's CPU tier
     if spec.replicas <= 1:
         return status, cond.condition(ROUTED, False, REASON_SINGLE_REPLICA, warnings[0], generation)
     reason = REASON_ROUTER_READY if mode == routing.MODE_KV_AWARE else REASON_POOL_APPLIED

@@ -1,13 +1,14 @@
 """KV-aware routing in front of the replicas: what the vLLM pods publish and what the router assumes (pure).
 
-A router that sees each replica's KV events (GPU and, with offloading, CPU-medium blocks) sends a request to
-the replica that already holds its prefix. Two numbers come from the plan:
+A router sends a request to the replica that already holds its prefix: kv-aware mode's own router by where
+it sent each prefix (core/affinity.py), llm-d's by the replicas' KV events (GPU and, with offloading,
+CPU-medium blocks). Two numbers come from the plan:
 
-- the host-tier credit (vllm-router's --kv-penalty-host, 0..1): how much of a prefix's prefill a CPU-pool hit
-  saves. Reloading t tokens costs t / reload_rate, recomputing them t / recompute_rate, so a hit saves
+- the host-tier credit (0..1; llm-d's weight of its index's CPU tier): how much of a prefix's prefill a CPU-pool
+  hit saves. Reloading t tokens costs t / reload_rate, recomputing them t / recompute_rate, so a hit saves
   1 - recompute_rate / reload_rate of the recompute (nothing when reloading is slower than recomputing).
-- the CPU capacity llm-d's approximate prefix scorer must assume per server (lruCapacityPerServer): the
-  planned pool's blocks.
+- the blocks each replica holds, which bound the router's index (kv-aware: `spillway route --index-blocks`;
+  llm-d: its in-memory index size): the planned pool's blocks.
 """
 from __future__ import annotations
 
@@ -24,7 +25,24 @@ MODES = (MODE_NONE, MODE_KV_AWARE, MODE_LLM_D)
 
 KV_EVENTS_PORT = 5557  # the vLLM pods' ZMQ publisher (container port name: names.PORT_NAME_KV_EVENTS)
 ROUTER_PORT = 8000  # the router's OpenAI endpoint: the port clients already use
-ROUTER_METRICS_PORT = 29000  # vllm-router's default --prometheus-port
+ROUTER_METRICS_PORT = 29000  # the router's Prometheus endpoint (NetworkPolicy admits Prometheus to it)
+ROUTER_HEALTH_PATH = "/health"  # 200 while the router has a ready pod to route to, else 503 (readiness)
+ROUTER_METRICS_PATH = "/metrics"
+
+# `spillway route`'s metrics (labels worker, and decision: core/affinity.py DECISIONS)
+ROUTER_METRIC_REQUESTS = "spillway_router_requests_total"
+ROUTER_METRIC_MATCHED_BLOCKS = "spillway_router_matched_blocks_total"  # prompt blocks the chosen pod was sent before
+ROUTER_METRIC_PROMPT_BLOCKS = "spillway_router_prompt_blocks_total"
+ROUTER_METRIC_UPSTREAM_ERRORS = "spillway_router_upstream_errors_total"  # requests a pod did not answer (502)
+ROUTER_METRIC_IN_FLIGHT = "spillway_router_in_flight"
+ROUTER_METRIC_WORKERS = "spillway_router_workers"
+ROUTER_METRIC_PREFIX = "spillway_router_"
+# Blocks the router remembers per pod when no plan says (`spillway route` outside the operator): a 512 GiB pool
+# of 2 MiB blocks; an entry costs about 100 bytes.
+DEFAULT_INDEX_BLOCKS = 262_144
+# A prefix's holder is passed over when it has this many requests in flight beyond the least loaded pod:
+# measured on the tenants workload (docs/routing.md, bench/results/routing-cpu-2026-12-02f).
+DEFAULT_MAX_IMBALANCE = 8
 EPP_PORT = 9002  # llm-d-router's endpoint picker (gRPC ext-proc): endpointPickerRef.port.number
 # llm-d-router v0.10.0 apix/config/v1alpha1 (GroupName llm-d.ai); the older inference.networking.x-k8s.io is deprecated
 EPP_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"

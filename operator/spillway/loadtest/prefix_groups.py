@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core import routing
 from ..core.errors import InvalidSpec, SpillwayError
-from ..core.vllm_api import Metric
+from ..core.vllm_api import METRICS_PATH, Metric
 from .client import Completion, EndpointError, OpenAIClient
 from .http1 import DEFAULT_REQUEST_TIMEOUT_S
 from .job import ENV_API_KEY
@@ -38,7 +39,8 @@ from .results import percentiles, write_atomic
 
 SCHEMA = "spillway.loadtest.prefix-groups/v1"
 EXPERIMENT = "prefix-groups"
-ROUTER_METRIC_PREFIX = "vllm_router_"  # vllm-router's own metrics; recorded as counter deltas
+# The router's own metrics, recorded as counter deltas: `spillway route`'s, or vllm-router's where it is compared
+ROUTER_METRIC_PREFIXES = (routing.ROUTER_METRIC_PREFIX, "vllm_router_")
 ERROR_SAMPLES = 5
 SESSION_HEADER = "x-session-id"  # the session key vllm-router's affinity, sticky and hashing policies read first
 REPLICA_COUNTERS = (Metric.EXTERNAL_HITS, Metric.EXTERNAL_QUERIES, Metric.PREFIX_HITS, Metric.PREFIX_QUERIES,
@@ -156,7 +158,7 @@ def router_deltas(before: str | None, after: str | None) -> dict[str, float]:
     def keyed(text: str) -> dict[str, float]:
         out: dict[str, float] = {}
         for s in parse(text):
-            if s.name.startswith(ROUTER_METRIC_PREFIX) and not s.name.endswith(("_bucket", "_sum")):
+            if s.name.startswith(ROUTER_METRIC_PREFIXES) and not s.name.endswith(("_bucket", "_sum")):
                 key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
                                 if s.labels else "")
                 out[key] = out.get(key, 0.0) + s.value
@@ -179,7 +181,9 @@ async def run_route(route: Route, plan: PrefixGroupsPlan, replicas: list[str], *
     async with OpenAIClient(route.endpoint, api_key=api_key, concurrency=max(plan.concurrency, plan.groups),
                             request_timeout_s=timeout) as client:
         replica_clients = [OpenAIClient(url, api_key=api_key, request_timeout_s=60) for url in replicas]
-        router = OpenAIClient(route.router_metrics, request_timeout_s=60) if route.router_metrics else None
+        # --router-metrics names the router's /metrics URL; the client appends the path itself
+        metrics_base = route.router_metrics.removesuffix("/").removesuffix(METRICS_PATH) if route.router_metrics else None
+        router = OpenAIClient(metrics_base, request_timeout_s=60) if metrics_base else None
         for c in replica_clients + ([router] if router else []):
             await c.__aenter__()
         try:
