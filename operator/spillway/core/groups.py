@@ -222,9 +222,9 @@ def _distinct_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[t
                                   name)
     if facts.layer_heads is None:
         return facts.kinds, {kinds: _caches_of(kinds, token, state, facts) for kinds in dict.fromkeys(facts.kinds)}
-    # Gemma 4: each layer's own KV heads and head size (K and V alike)
+    # Gemma 4, MiMo-V2: each layer's own KV heads and K and V head sizes
     keys = tuple(zip(facts.kinds, facts.layer_heads))
-    return keys, {(kinds, heads): _caches_of(kinds, _token_bytes(heads[0], 2 * heads[1], tp, dtype_bytes, name),
+    return keys, {(kinds, heads): _caches_of(kinds, _token_bytes(heads[0], heads[1] + heads[2], tp, dtype_bytes, name),
                                              state, facts) for kinds, heads in dict.fromkeys(keys)}
 
 

@@ -62,6 +62,10 @@ MLA_ARCHITECTURES = frozenset({"SarvamMLAForCausalLM"})
 # Model types whose attention takes each layer's window from interleaved_sliding_window (None: global attention),
 # ahead of layer_types: vllm/model_executor/models/plamo3.py (indexed by layer), openpangu.py (cyclic)
 INTERLEAVED_WINDOWS = frozenset({"plamo3", "openpangu"})
+# vllm/model_executor/models/mimo_v2.py (MiMo-V2-Omni builds its MiMoV2FlashForCausalLM): a 0/1
+# hybrid_layer_pattern (1: sliding, over sliding_window_size tokens), the sliding layers with heads of their own
+# (swa_*), V heads of their own size (v_head_dim) on both kinds
+SWA_HEADS = frozenset({"mimo_v2", "mimo_v2_flash", "mimo_v2_omni"})
 # Gemma 4 (and DiffusionGemma, its attention): each layer's head size and KV heads from per_layer_config, which
 # transformers' Gemma4TextConfig builds from global_head_dim (default 512) and num_global_key_value_heads for the
 # full-attention layers when a config.json does not carry it (vllm/model_executor/models/gemma4.py reads it).
@@ -131,8 +135,9 @@ class ModelFacts:
     kinds: tuple[tuple[str, ...], ...]  # per decoder layer, each cache it keeps (Falcon-H1: attention and Mamba)
     window: int | None  # sliding window / attention chunk, in tokens, as vLLM passes it
     indexer_bytes: int  # DeepSeek-V3.2: bytes per token of one layer's indexer cache (0: none)
-    # per decoder layer (KV heads, head size) where layers differ (Gemma 4's full-attention layers), else None
-    layer_heads: tuple[tuple[int, int], ...] | None
+    # per decoder layer (KV heads, K head size, V head size) where layers differ (Gemma 4's full-attention layers,
+    # MiMo-V2's sliding ones), else None
+    layer_heads: tuple[tuple[int, int, int], ...] | None
     mamba: MambaShape | None
     ssm_dtype: str | None  # the Mamba temporal state's dtype when the config names one
     mamba_chunk: int  # ModelConfig.get_mamba_chunk_size (0.26 aligns hybrid blocks to it)
@@ -270,6 +275,11 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         if config.get("sliding_window") is not None:
             raise ModelGeometryUnknown(f"{name}: a loop coder with a sliding first loop is not modelled")
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
+    if model_type in SWA_HEADS:
+        pattern = config.get("hybrid_layer_pattern")
+        if not isinstance(pattern, list) or len(pattern) < num_layers:
+            raise ModelGeometryUnknown(f"{name}: hybrid_layer_pattern needs an entry for each of {num_layers} layers")
+        return [(SLIDING,) if kind == 1 else (FULL,) for kind in pattern[:num_layers]]
     windows = _interleaved_windows(config, num_layers, name) if model_type in INTERLEAVED_WINDOWS else None
     if windows is not None:
         listed = config["interleaved_sliding_window"]
@@ -302,6 +312,10 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         first = config.get("n_input_layers") or 0
         recurrent = range(first, first + (config.get("n_recurrent_layers") or 0))
         return [(kind,) * (loops if i in recurrent else 1) if kind else () for i, kind in enumerate(listed)]
+    if listed is not None and model_type == "rnj1":
+        # vllm/model_executor/models/rnj1.py: a chunked layer attends its chunk and one before it, which vLLM keeps as
+        # a sliding window of config.sliding_window (per_layer_sliding_window with chunk_lookback 1)
+        return [((SLIDING,) if kind == CHUNKED else (kind,)) if kind else () for kind in listed]
     if listed is not None:
         return [(kind,) if kind else () for kind in listed]
     if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"):
@@ -375,13 +389,23 @@ def _layer_heads(config: Mapping[str, Any], kinds: list[tuple[str, ...]], kv_hea
         overrides = {i: override for i, layer in enumerate(kinds) if layer == (FULL,)}
     if not isinstance(overrides, Mapping):
         raise ModelGeometryUnknown(f"{name}: config.json field 'per_layer_config' must map layers to fields")
-    out = [(kv_heads, head_dim)] * len(kinds)
+    out = [(kv_heads, head_dim, head_dim)] * len(kinds)
     for key, fields_ in overrides.items():
         index = int(key) if str(key).isdigit() else -1  # transformers writes the keys zero-padded ("05")
         if not 0 <= index < len(kinds) or not isinstance(fields_, Mapping):
             raise ModelGeometryUnknown(f"{name}: per_layer_config entry {key!r} names no layer of {len(kinds)}")
-        out[index] = (_int(fields_, "num_key_value_heads", name, kv_heads), _int(fields_, "head_dim", name, head_dim))
+        heads, size = _int(fields_, "num_key_value_heads", name, kv_heads), _int(fields_, "head_dim", name, head_dim)
+        out[index] = (heads, size, size)
     return tuple(out) if len(set(out)) > 1 else None
+
+
+def _swa_heads(config: Mapping[str, Any], kinds: list[tuple[str, ...]], full: tuple[int, int, int],
+               name: str) -> tuple[tuple[int, int, int], ...] | None:
+    """mimo_v2.py: the sliding layers' own KV heads, K and V head sizes (swa_*; V absent: K's size)."""
+    k_dim = _int(config, "swa_head_dim", name)
+    swa = (_int(config, "swa_num_key_value_heads", name), k_dim, _int(config, "swa_v_head_dim", name, k_dim))
+    out = tuple(swa if layer == (SLIDING,) else full for layer in kinds)
+    return out if len(set(out)) > 1 else None
 
 
 def _mla(config: Mapping[str, Any], model_type: str) -> bool:
@@ -427,10 +451,12 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         v_head_dim = head_dim
     elif attention:
         kv_heads, head_dim = _attention_geometry(text, heads, name)
-        v_head_dim = head_dim
+        v_head_dim = _int(text, "v_head_dim", name, head_dim) if model_type in SWA_HEADS else head_dim
     window = None
     if SLIDING in flat and model_type == "iquest_loopcoder":
         window = _int(text, "loop_window_size", name, 64)
+    elif SLIDING in flat and model_type in SWA_HEADS:
+        window = _int(text, "sliding_window_size", name)
     elif SLIDING in flat and model_type in INTERLEAVED_WINDOWS:
         distinct = {w for w in _interleaved_windows(text, num_layers, name) or () if w is not None}
         if len(distinct) != 1:
@@ -453,7 +479,11 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         ssm_dtype = "float32"  # vllm/model_executor/models/config.py: NemotronH keeps its SSM state in float32
     max_len = text.get("max_position_embeddings")
     chunk = int(text.get("mamba_chunk_size") or text.get("chunk_size") or 2048)
-    layer_heads = _layer_heads(text, kinds, kv_heads, head_dim, name) if model_type in PER_LAYER_HEADS else None
+    layer_heads = None
+    if model_type in PER_LAYER_HEADS:
+        layer_heads = _layer_heads(text, kinds, kv_heads, head_dim, name)
+    elif model_type in SWA_HEADS and SLIDING in flat:
+        layer_heads = _swa_heads(text, kinds, (kv_heads, head_dim, v_head_dim), name)
     return ModelFacts(name, architecture, model_type, dtype, num_layers, heads, kv_heads, head_dim, v_head_dim,
                       mla, tuple(kinds), window, indexer, layer_heads, mamba, str(ssm_dtype) if ssm_dtype else None, chunk,
                       max_len if isinstance(max_len, int) and max_len > 0 else None, multimodal)

