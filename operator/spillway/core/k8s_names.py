@@ -33,7 +33,7 @@ METRIC_MODELSERVER_PLANNED = "spillway_modelserver_planned"
 
 DEFAULT_VLLM_IMAGE = "ghcr.io/spillway-dev/spillway-vllm:0.1.0-vllm0.33.0"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/spillway-dev/spillway-operator:0.1.0"
-# The router runs `spillway route` over vllm-router (router_api.ROUTER_VERSION): the operator image carries both.
+# The router pods run `spillway route`, which the operator image carries.
 DEFAULT_ROUTER_IMAGE = DEFAULT_OPERATOR_IMAGE
 
 # -- what the operator writes for a ModelServer ---------------------------------------------------
