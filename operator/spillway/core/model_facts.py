@@ -47,6 +47,12 @@ WINDOW_OFFSET = {"cohere2": 1, "cohere2_moe": 1}
 # "llm_config": vllm/transformers_utils/config.py _CONFIG_ATTRS_MAPPING).
 TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
 MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config", "vision_tower_config", "visual")
+# vllm/transformers_utils/configs/moondream3.py: Moondream3Config builds its text model from config["text"]
+# (Moondream3TextConfig: its names, its defaults where a field is absent) and overwrites the top-level fields
+# with that model's
+MOONDREAM3_TEXT = {"hidden_size": ("dim", 2048), "num_hidden_layers": ("n_layers", 24),
+                   "num_attention_heads": ("n_heads", 32), "num_key_value_heads": ("n_kv_heads", 32),
+                   "max_position_embeddings": ("max_context", 4096)}
 # vllm/transformers_utils/model_arch_config_convertor.py is_deepseek_mla: the model types whose kv_lora_rank is an
 # MLA latent (MiniCPM3 also has one, but vLLM gives it full attention)
 MLA_MODEL_TYPES = frozenset({
@@ -167,6 +173,13 @@ def text_config(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
     """The language model's config of a multimodal wrapper (nested as Qwen2.5-Omni's thinker's is), with the
     wrapper's architectures and dtype, and whether the config describes a multimodal model."""
     multimodal = any(key in config for key in MULTIMODAL_CONFIG_KEYS)
+    if config.get("model_type") == "moondream3":
+        nested = config.get("config")
+        text = nested.get("text") if isinstance(nested, Mapping) else None
+        text = text if isinstance(text, Mapping) else {}
+        read = {key: text.get(own, default) for key, (own, default) in MOONDREAM3_TEXT.items()}
+        keep = {key: config.get(key) for key in ("architectures", "model_type", "dtype", "torch_dtype")}
+        return {**keep, **read}, True
     for key in TEXT_CONFIG_KEYS:
         inner = config.get(key)
         if isinstance(inner, Mapping) and inner and "num_hidden_layers" not in config:

@@ -110,6 +110,12 @@ PATCHES["PanguUltraMoEForCausalLM"] = {
     "first_k_dense_replace": 3, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "qkv_bias": False,
     "router_enable_expert_bias": True, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
+# Moondream3Config (vllm/transformers_utils/configs/moondream3.py) reads the text model from config["text"]: here
+# its own defaults, written out
+PATCHES["HfMoondream"] = PATCHES["Moondream3ForCausalLM"] = {
+    "config": {"text": {"dim": 2048, "ff_dim": 8192, "n_layers": 24, "n_heads": 32, "n_kv_heads": 32,
+                        "max_context": 4096}}}
+
 # openpangu.py builds PanguProMoEV2ForCausalLM's MoE from DeepSeek-style fields the generic config lacks; they size
 # experts only (no KV-cache spec reads them, the generic config's attention stays; not a published config's values)
 PATCHES["PanguProMoEV2ForCausalLM"] = {
@@ -170,6 +176,18 @@ PATCHES["MiMoV2ForCausalLM"] = {
 # mimo_v2_omni.py builds MiMoV2FlashForCausalLM on the model's own config (LANGUAGE_MODELS)
 PATCHES["MiMoV2OmniForCausalLM"] = PATCHES["MiMoV2ForCausalLM"]
 
+# Ling 2.5 / 3 (remote code) on the generic config: bailing_moe_linear.py makes every layer_group_size-th layer MLA
+# attention and the others linear attention (a recurrent state per head), bailing_moe_v3.py the others Kimi delta
+# attention; the MLA latent is their code's default (512 + 64). Not a published config's values: a group of four,
+# the MoE sizes of Ling-mini-2.0 above (no KV-cache spec reads them).
+_LING_LINEAR = {"num_experts": 256, "num_shared_experts": 1, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                "moe_shared_expert_intermediate_size": 512, "first_k_dense_replace": 1, "layer_group_size": 4,
+                "use_bias": False, "use_qkv_bias": False, "n_group": 8, "topk_group": 4, "group_norm_size": 1,
+                "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "partial_rotary_factor": 0.5}
+PATCHES["BailingMoeV2_5ForCausalLM"] = _LING_LINEAR
+PATCHES["BailingMoeV3ForCausalLM"] = {**_LING_LINEAR, "short_conv_kernel_size": 4}
+
 # Architectures whose checkpoints vLLM reads as another model type, that class's defaults: Mistral Large 3's
 # params.json becomes a deepseek_v3 config (vllm/transformers_utils/configs/mistral.py); Qwen3-ASR's realtime model
 # is its offline model's class (qwen3_asr_realtime.py subclasses Qwen3ASRForConditionalGeneration) on its config.
@@ -179,10 +197,15 @@ SHAPED_AS = {"MistralLarge3ForCausalLM": "deepseek_v3", "Qwen3ASRRealtimeGenerat
              # fields: bee.py and rvl.py subclass LlavaOnevisionForConditionalGeneration, cosmos3.py
              # Qwen3VLForConditionalGeneration, interns2_preview.py Qwen3_5MoeForConditionalGeneration
              "BeeForConditionalGeneration": "llava_onevision", "RForConditionalGeneration": "llava_onevision",
-             "Cosmos3ForConditionalGeneration": "qwen3_vl", "InternS2PreviewForConditionalGeneration": "qwen3_5_moe"}
+             "Cosmos3ForConditionalGeneration": "qwen3_vl", "InternS2PreviewForConditionalGeneration": "qwen3_5_moe",
+             # interns2_mobius.py subclasses InternS2PreviewForConditionalGeneration
+             "InternS2MobiusForConditionalGeneration": "qwen3_5_moe"}
 
 # Keys a config class's to_dict writes that its own __init__ then refuses (DbrxConfig, in it and its sub-configs).
-DROPPED = {"DbrxForCausalLM": ("_name_or_path", "output_attentions")}
+# Moondream3Config builds its text and vision configs from one nested "config" mapping (the checkpoint's layout) and
+# would keep the text_config and vision_config its to_dict writes as plain dicts: its checkpoints carry "config".
+DROPPED = {"DbrxForCausalLM": ("_name_or_path", "output_attentions"),
+           "HfMoondream": ("text_config", "vision_config"), "Moondream3ForCausalLM": ("text_config", "vision_config")}
 
 TEXT_PATCHES: dict[str, dict] = {
     "Qwen3VLMoeForConditionalGeneration": {"text_config": {"norm_topk_prob": True}},  # Qwen/Qwen3-VL-30B-A3B
@@ -195,6 +218,9 @@ TEXT_PATCHES: dict[str, dict] = {
     "Ernie4_5_VLMoeForConditionalGeneration": {"vision_config": {"embed_dim": 1280, "mlp_ratio": 4}},
 }
 TEXT_PATCHES["Gemma3nForConditionalGeneration"] = {"text_config": _GEMMA3N_DENSE}
+# interns2_mobius.py's decoder layers run num_blocks MoE blocks, a field Qwen3.5-MoE's text config lacks (experts
+# only: no KV-cache spec reads it; not a published config's value)
+TEXT_PATCHES["InternS2MobiusForConditionalGeneration"] = {"text_config": {"num_blocks": 1}}
 for _arch in ("NemotronH_Nano_VL_V2", "NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Super_Omni_Reasoning_V3",
               "NemotronH_Omni_Reasoning_V3"):
     TEXT_PATCHES[_arch] = {"text_config": _NEMOTRON_H_BUILDABLE}
@@ -323,6 +349,10 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     # nano_nemotron_vl.py: init_vllm_registered_model(hf_config=config.text_config), a Nemotron-H config (its
     # RADIO vision tower wants remote fields); the four checkpoints share the wrapper
     "MiMoV2OmniForCausalLM": ((), "MiMoV2FlashForCausalLM", "mimo_v2"),  # mimo_v2_omni.py: on its own config
+    # fireredasr2.py: its decoder is Qwen2ForCausalLM on the model's own config; funasr.py: Qwen3Model on it (the
+    # audio encoders read remote fields, audio_encoder_conf)
+    "FireRedASR2ForConditionalGeneration": ((), "Qwen2ForCausalLM", "qwen2"),
+    "FunASRForConditionalGeneration": ((), "Qwen3ForCausalLM", "qwen3"),
     "NemotronH_Nano_VL_V2": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
     "NemotronH_Nano_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
     "NemotronH_Super_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
