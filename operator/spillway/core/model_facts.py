@@ -59,8 +59,12 @@ MLA_MODEL_TYPES = frozenset({
     "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v41", "dots3_note", "deepseek_mtp",
     "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2",
     "kimi_linear", "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid",
-    "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp",
+    "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp", "hy_v4", "hy_v4_mtp",
 })
+# vllm/models/hy_v4/nvidia/attention.py: every HY-V4 layer is MLA (HYV4MLAAttention); a layer keeps an indexer
+# cache only where index_topk is set, layer_types names it sparse, and it computes its own top-k (not a "shared"
+# layer of indexer_types, nor one index_topk_freq / index_topk_pattern skip)
+HY_V4_SPARSE = ("sparse_attention", "sparse", "indexed_attention")
 # Architectures whose model code builds MLA attention on every layer whatever the model type (vLLM's
 # is_deepseek_mla does not list theirs; the layer's MLAAttention keeps an MLAAttentionSpec all the same):
 # vllm/model_executor/models/sarvam.py SarvamMLAAttention
@@ -84,7 +88,6 @@ ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_atte
 # Model types whose vLLM model code builds caches the config fields above do not describe; refused by name until
 # the planner models them (each reason says what vLLM does differently).
 UNMODELLED = {
-    "hy_v4": "MLA on some layers only, with a compressed-attention schedule",
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
 }
 
@@ -288,6 +291,8 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         if config.get("sliding_window") is not None:
             raise ModelGeometryUnknown(f"{name}: a loop coder with a sliding first loop is not modelled")
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
+    if model_type == "hy_v4":
+        return [(FULL,)] * num_layers
     if model_type in SWA_HEADS:
         pattern = config.get("hybrid_layer_pattern")
         if not isinstance(pattern, list) or len(pattern) < num_layers:
@@ -421,6 +426,21 @@ def _swa_heads(config: Mapping[str, Any], kinds: list[tuple[str, ...]], full: tu
     return out if len(set(out)) > 1 else None
 
 
+def _hy_v4_indexed(config: Mapping[str, Any], num_layers: int, name: str) -> bool:
+    """Whether every HY-V4 layer keeps an indexer cache (False: none does); a schedule of some is refused."""
+    types = config.get("layer_types") or []
+    sparse = {i for i in range(num_layers) if i < len(types) and types[i] in HY_V4_SPARSE}
+    if "index_topk" not in config or not sparse:
+        return False
+    shared = config.get("indexer_types")
+    skipped = isinstance(shared, list) and "shared" in shared
+    skipped = skipped or (config.get("index_topk_freq") or 1) != 1 or config.get("index_topk_pattern") is not None
+    if len(sparse) == num_layers and not skipped:
+        return True
+    raise ModelGeometryUnknown(f"{name}: HY-V4 indexer caches on some layers only (layer_types, indexer_types, "
+                               "index_topk_freq) are not modelled")
+
+
 def _mla(config: Mapping[str, Any], model_type: str) -> bool:
     if config.get("architectures") and config["architectures"][0] in MLA_ARCHITECTURES:
         return True
@@ -481,7 +501,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     elif CHUNKED in flat:
         window = _int(text, "attention_chunk_size", name)
     indexer = 0
-    if mla and text.get("index_head_dim"):
+    if mla and text.get("index_head_dim") and (model_type != "hy_v4" or _hy_v4_indexed(text, num_layers, name)):
         # vllm/model_executor/models/deepseek_v2.py DeepseekV32IndexerCache: fp8 keys plus a 4-byte scale per
         # 128-element quantization block, stored as uint8
         index_dim = _int(text, "index_head_dim", name)
