@@ -35,11 +35,31 @@ def test_tokens_held_count_each_groups_window_once_per_request():
     assert groups.chunks_per_request(100) == 7 + 7  # short requests: every chunk still in the window
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v4", "hy_v4"])
+@pytest.mark.parametrize("model_type", ["deepseek_v4"])
 def test_caches_spillway_does_not_model_are_refused_by_name(model_type):
     config = {"architectures": ["X"], "model_type": model_type, "num_hidden_layers": 4, "num_attention_heads": 4}
     with pytest.raises(ModelGeometryUnknown, match=f"{model_type}.*does not model"):
         geometry_from_config(config)
+
+
+def _hy_v4(**fields) -> dict:
+    return {"architectures": ["HYV4ForCausalLM"], "model_type": "hy_v4", "num_hidden_layers": 4,
+            "num_attention_heads": 32, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "index_topk": 2048,
+            "index_head_dim": 128, **fields}
+
+
+def test_hy_v4_keeps_indexer_caches_only_on_its_sparse_layers():
+    plain = kv_groups(_hy_v4(), (0, 33), block_size=64)  # no sparse layer: MLA latents only, as vLLM records
+    assert [(g.kind, g.layers, g.page_bytes) for g in plain.groups] == [("mla", 4, 64 * 576 * 2)]
+    sparse = kv_groups(_hy_v4(layer_types=["sparse_attention"] * 4), (0, 33), block_size=64)
+    # MLA and its uint8 indexer keys (128 + one 4-byte scale) in one UniformTypeKVCacheSpecs group
+    assert [(g.layers, g.page_bytes) for g in sparse.groups] == [(8, 4 * 64 * (576 * 2 + 132))]
+    with pytest.raises(ModelGeometryUnknown, match="indexer caches on some layers only"):
+        kv_groups(_hy_v4(layer_types=["sparse_attention", "full_attention"] * 2), (0, 33))
+    with pytest.raises(ModelGeometryUnknown, match="indexer caches on some layers only"):
+        kv_groups(_hy_v4(layer_types=["sparse_attention"] * 4, indexer_types=["full", "shared"] * 2), (0, 33))
+    with pytest.raises(ModelGeometryUnknown, match="kv_lora_rank"):  # HYV4MLAAttention is MLA on every layer
+        kv_groups({**_hy_v4(), "kv_lora_rank": None}, (0, 33))
 
 
 def _gemma4(**fields) -> dict:

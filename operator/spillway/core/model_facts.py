@@ -442,7 +442,7 @@ def _hy_v4_indexed(config: Mapping[str, Any], num_layers: int, name: str) -> boo
 
 
 def _mla(config: Mapping[str, Any], model_type: str) -> bool:
-    if config.get("architectures") and config["architectures"][0] in MLA_ARCHITECTURES:
+    if model_type == "hy_v4" or config.get("architectures") and config["architectures"][0] in MLA_ARCHITECTURES:
         return True
     return model_type in MLA_MODEL_TYPES and config.get("kv_lora_rank") is not None
 
