@@ -181,13 +181,6 @@ def test_the_topic_filter_receives_what_the_pods_publish():
     assert parts == ["kv", f"10.1.2.3:{api.SERVER_PORT}", result.spec.served_model_name or result.spec.model]
 
 
-def test_kv_aware_pods_publish_without_a_topic():
-    """vllm-router 0.1.17 drops every message that has a topic."""
-    body = modelserver(replicas=2, routing={"mode": routing.MODE_KV_AWARE})
-    events, _ = _pod_events_config(desired(body, [summarize_node(gpu_node("g"))]))
-    assert routing.KV_EVENTS_TOPIC_KEY not in events
-
-
 @pytest.mark.parametrize(("path", "value"), [
     (("indexerConfig", "backendConfigs"), [{"name": "cpu", "weight": 0.8}]),  # kvCacheBackendConfigs
     (("kvEventsConfig", "podDiscoveryConfig", "port"), 5557),  # socketPort

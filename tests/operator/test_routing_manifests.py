@@ -45,9 +45,17 @@ def test_no_routing_changes_nothing():
     assert api.FLAG_KV_EVENTS_CONFIG not in vllm_container(explicit)["args"]
 
 
-@pytest.mark.parametrize("mode", [routing.MODE_KV_AWARE, routing.MODE_LLM_D])
-def test_vllm_pods_publish_self_describing_kv_events(mode):
-    container = vllm_container(render(mode))
+def test_kv_aware_pods_publish_no_kv_events():
+    """Its router records where it sent each prefix and reads no events: the pods keep their engine cores free
+    of per-block events, and open no port for them."""
+    container = vllm_container(render(routing.MODE_KV_AWARE))
+    assert api.FLAG_KV_EVENTS_CONFIG not in container["args"]
+    assert api.ENV_PYTHONHASHSEED not in {e["name"] for e in container.get("env", [])}
+    assert names.PORT_NAME_KV_EVENTS not in {p["name"] for p in container["ports"]}
+
+
+def test_llm_d_pods_publish_self_describing_kv_events():
+    container = vllm_container(render(routing.MODE_LLM_D))
     args = container["args"]
     events = json.loads(args[args.index(api.FLAG_KV_EVENTS_CONFIG) + 1])
     events.pop(routing.KV_EVENTS_TOPIC_KEY, None)  # llm-d's topic: test_routing_llm_d.py
@@ -82,11 +90,11 @@ def test_kv_aware_puts_the_router_behind_the_users_service():
     assert pod["spec"]["automountServiceAccountToken"] is False  # DNS finds the replicas: no API access at all
     replicas = objects[("Service", "llama-replicas")]
     assert replicas["spec"]["clusterIP"] == "None" and replicas["spec"]["selector"] == selector("llama")
-    assert {p["name"] for p in replicas["spec"]["ports"]} == {names.PORT_NAME_HTTP, names.PORT_NAME_KV_EVENTS}
+    assert {p["name"] for p in replicas["spec"]["ports"]} == {names.PORT_NAME_HTTP}
     assert not any(o["kind"] in ("ServiceAccount", "RoleBinding", "Role") for o in objects.values())
     policy = objects[("NetworkPolicy", "llama")]
     this_router = {"podSelector": {"matchLabels": {names.LABEL_ROLE: names.ROLE_ROUTER, names.LABEL_MODELSERVER: "llama"}}}
-    assert {"from": [this_router], "ports": [{"port": routing.KV_EVENTS_PORT, "protocol": "TCP"}]} in policy["spec"]["ingress"]
+    assert this_router in policy["spec"]["ingress"][0]["from"]
 
 
 def result_pool_blocks(result) -> int:
@@ -140,7 +148,8 @@ def test_routed_objects_validate_strictly(mode):
 
 
 @pytest.mark.parametrize(("routing_spec", "extra", "message"), [
-    ({"mode": "kv-aware"}, {"extraArgs": ["--kv-events-config", "{}"]}, "routing.mode kv-aware writes"),
+    ({"mode": "llm-d"}, {"extraArgs": ["--kv-events-config", "{}"]}, "routing.mode llm-d writes"),
+    ({"mode": "kv-aware"}, {"extraArgs": ['--kv-events-config={"endpoint": "tcp://*:8000"}']}, "the pod's HTTP port"),
     ({"mode": "none"}, {"extraArgs": ['--kv-events-config={"endpoint": "tcp://*:8000"}']}, "the pod's HTTP port"),
     ({"mode": "kv-aware", "hostTierCredit": 0.5}, {}, "weighs llm-d's CPU tier"),
     ({"mode": "none", "router": {"replicas": 2}}, {}, "configures the kv-aware router"),
@@ -148,7 +157,7 @@ def test_routed_objects_validate_strictly(mode):
     ({"mode": "llm-d", "hostTierCredit": 1.5}, {}, "hostTierCredit"),
     ({"mode": "round-robin"}, {}, "routing.mode must be one of"),
     ({"mode": "kv-aware", "speed": 1}, {}, "speed"),
-    ({"mode": "kv-aware"}, {"env": [{"name": "PYTHONHASHSEED", "value": "7"}]}, "PYTHONHASHSEED"),
+    ({"mode": "llm-d"}, {"env": [{"name": "PYTHONHASHSEED", "value": "7"}]}, "PYTHONHASHSEED"),
 ])
 def test_bad_routing_input_is_refused(routing_spec, extra, message):
     with pytest.raises(InvalidSpec, match=message):
@@ -167,9 +176,9 @@ def test_replicas_are_found_by_dns():
     assert resolve_ips("no-replica-is-ready.invalid") == []  # a headless Service without endpoints
 
 
-def test_spillway_render_shows_the_router_and_the_publishing_pods(tmp_path):
+def test_spillway_render_shows_the_router_and_the_pods(tmp_path):
     """`spillway render` of a 3-replica kv-aware ModelServer: the router Deployment and Service in front, the
-    replicas' headless Service, and vLLM pods publishing KV events."""
+    replicas' headless Service, and vLLM pods behind them."""
     import subprocess
 
     path = tmp_path / "ms.yaml"
@@ -181,8 +190,7 @@ def test_spillway_render_shows_the_router_and_the_publishing_pods(tmp_path):
     assert {("Deployment", "llama"), ("Deployment", "llama-router"), ("Service", "llama"),
             ("Service", "llama-replicas")} <= set(docs)
     assert docs[("Service", "llama")]["spec"]["selector"][names.LABEL_COMPONENT] == names.COMPONENT_ROUTER
-    vllm = docs[("Deployment", "llama")]["spec"]["template"]["spec"]["containers"][0]
-    assert api.FLAG_KV_EVENTS_CONFIG in vllm["args"] and docs[("Deployment", "llama")]["spec"]["replicas"] == 3
+    assert docs[("Deployment", "llama")]["spec"]["replicas"] == 3
 
 
 # -- the CRD: schema and CEL at the API server -------------------------------------------------------------------

@@ -6,8 +6,8 @@ answers with the ready vLLM pods' IPs: no Kubernetes API access, so no RBAC and 
 remembers up to the planned pool's blocks per pod.
 llm-d: an InferencePool selecting the vLLM pods and a ConfigMap with the endpoint picker's configuration for
 llm-d-router, which the user's Gateway runs; the Service <name> keeps pointing at the pods.
-Both: every vLLM pod publishes KV events (ZMQ, port kv-events) with self-describing CPU-medium stores and a
-fixed PYTHONHASHSEED.
+llm-d: every vLLM pod publishes KV events (ZMQ, port kv-events) with self-describing CPU-medium stores and a
+fixed PYTHONHASHSEED, which llm-d's indexer reads; kv-aware's router reads none, so its pods publish none.
 """
 from __future__ import annotations
 
@@ -139,9 +139,7 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks:
                 "metadata": _metadata(body, replicas_service_name(name), labels(name), owner),
                 "spec": {"clusterIP": "None", "selector": selector(name), "ports": [
                     {"name": names.PORT_NAME_HTTP, "port": api.SERVER_PORT, "targetPort": names.PORT_NAME_HTTP,
-                     "protocol": "TCP"},
-                    {"name": names.PORT_NAME_KV_EVENTS, "port": routing.KV_EVENTS_PORT,
-                     "targetPort": names.PORT_NAME_KV_EVENTS, "protocol": "TCP"}]}}
+                     "protocol": "TCP"}]}}
     container = {
         "name": names.CONTAINER_ROUTER,
         "image": spec.routing.router_image or image,
@@ -197,14 +195,13 @@ def router_network_policy(body: Mapping[str, Any], spec: ModelServerSpec, owner:
 
 
 def only_the_router(policy: dict[str, Any], name: str) -> dict[str, Any]:
-    """kv-aware: the vLLM pods' NetworkPolicy admits this ModelServer's router (API and KV events), its
-    load-test Jobs (they read each replica's /metrics) and Prometheus; clients reach the pods through the
-    router, whose own policy admits them."""
+    """kv-aware: the vLLM pods' NetworkPolicy admits this ModelServer's router, its load-test Jobs (they read
+    each replica's /metrics) and Prometheus; clients reach the pods through the router, whose own policy admits
+    them."""
     loadtest = {"podSelector": {"matchLabels": {names.LABEL_COMPONENT: names.COMPONENT_LOADTEST,
                                                 names.LABEL_MODELSERVER: name}}}
     policy["spec"]["ingress"] = [
-        {"from": [_this_router(name), loadtest, _prometheus()], "ports": [_port(api.SERVER_PORT)]},
-        {"from": [_this_router(name)], "ports": [_port(routing.KV_EVENTS_PORT)]}]
+        {"from": [_this_router(name), loadtest, _prometheus()], "ports": [_port(api.SERVER_PORT)]}]
     return policy
 
 
@@ -320,11 +317,8 @@ def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, objects
     name, owner = body["metadata"]["name"], owner_reference(body)
     out = []
     for obj in objects:
-        if obj["kind"] == "Deployment":
-            obj = publish_events(obj)
-            if mode == routing.MODE_LLM_D:
-                obj = publish_llm_d_topic(obj, spec)
-            obj = with_hash(obj)
+        if obj["kind"] == "Deployment" and spec.routing.publishes_events:
+            obj = with_hash(publish_llm_d_topic(publish_events(obj), spec))
         elif obj["kind"] == "Service" and mode == routing.MODE_KV_AWARE:
             obj = with_hash(route_service(obj, name))
         elif obj["kind"] == "NetworkPolicy":

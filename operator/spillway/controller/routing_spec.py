@@ -28,6 +28,10 @@ class RoutingSpec:
     def enabled(self) -> bool:
         return self.mode != routing.MODE_NONE
 
+    @property
+    def publishes_events(self) -> bool:
+        return self.mode in routing.EVENT_MODES
+
 
 def _resources(value: Any, where: str) -> dict[str, dict[str, str]]:
     if value is None:
@@ -91,13 +95,13 @@ def _events_flag(arg: str, following: str | None) -> tuple[bool, str | None]:
 
 
 def check_events_args(extra_args: tuple[str, ...], mode: str) -> None:
-    """With routing on the operator writes --kv-events-config; without, a user's own may not take a port the
-    pod already serves on."""
+    """Where the mode's router reads KV events the operator writes --kv-events-config; elsewhere, a user's own
+    may not take a port the pod already serves on."""
     for i, arg in enumerate(extra_args):
         found, value = _events_flag(arg, extra_args[i + 1] if i + 1 < len(extra_args) else None)
         if not found:
             continue
-        if mode != routing.MODE_NONE:
+        if mode in routing.EVENT_MODES:
             raise InvalidSpec(f"spec.extraArgs sets {api.FLAG_KV_EVENTS_CONFIG}, which routing.mode {mode} writes "
                               f"(a ZMQ publisher on port {routing.KV_EVENTS_PORT})")
         try:

@@ -337,7 +337,7 @@ def _routing(spec: Mapping[str, Any]) -> RoutingSpec:
     result = parse_routing(spec)
     check_events_args(tuple(a for a in _list(spec, "extraArgs", "spec") if isinstance(a, str)), result.mode)
     env_names = {e.get("name") for e in _list(spec, "env", "spec") if isinstance(e, Mapping)}
-    if result.enabled and api.ENV_PYTHONHASHSEED in env_names:
+    if result.publishes_events and api.ENV_PYTHONHASHSEED in env_names:
         raise InvalidSpec(f"spec.env sets {api.ENV_PYTHONHASHSEED}, which routing.mode {result.mode} fixes: every "
                           "replica must hash prefixes alike")
     return result

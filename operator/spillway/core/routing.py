@@ -22,6 +22,9 @@ MODE_NONE = "none"
 MODE_KV_AWARE = "kv-aware"
 MODE_LLM_D = "llm-d"
 MODES = (MODE_NONE, MODE_KV_AWARE, MODE_LLM_D)
+# Modes whose router reads the pods' KV events: llm-d's indexer. kv-aware's own router records where it sent
+# each prefix and reads none, so its pods publish none (no per-block events in the engine core, no port).
+EVENT_MODES = (MODE_LLM_D,)
 
 KV_EVENTS_PORT = 5557  # the vLLM pods' ZMQ publisher (container port name: names.PORT_NAME_KV_EVENTS)
 ROUTER_PORT = 8000  # the router's OpenAI endpoint: the port clients already use
