@@ -116,6 +116,10 @@ PATCHES["HfMoondream"] = PATCHES["Moondream3ForCausalLM"] = {
     "config": {"text": {"dim": 2048, "ff_dim": 8192, "n_layers": 24, "n_heads": 32, "n_kv_heads": 32,
                         "max_context": 4096}}}
 
+# cohere_compass.py asserts its language model ties its embeddings; transformers' CohereCompassConfig passes the
+# top-level tie_word_embeddings (default false) down to its text config
+PATCHES["CohereCompassForConditionalGeneration"] = {"tie_word_embeddings": True}
+
 # openpangu.py builds PanguProMoEV2ForCausalLM's MoE from DeepSeek-style fields the generic config lacks; they size
 # experts only (no KV-cache spec reads them, the generic config's attention stays; not a published config's values)
 PATCHES["PanguProMoEV2ForCausalLM"] = {
