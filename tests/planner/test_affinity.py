@@ -39,7 +39,7 @@ def test_text_batches_and_chats_have_blocks(body):
     assert len(A.prompt_blocks(body, BLOCK)) >= 2
 
 
-@pytest.mark.parametrize("body", [{}, {"prompt": []}, {"prompt": [1.5, 2]}, {"prompt": [True] * 9},
+@pytest.mark.parametrize("body", [{}, {"prompt": []}, {"prompt": [1, 2]}, {"prompt": [{"a": 1}] * 9},
                                   {"messages": "hi"}, {"messages": [1, 2]}, {"prompt": {"a": 1}}])
 def test_requests_without_a_usable_prompt_have_no_blocks(body):
     assert A.prompt_blocks(body, BLOCK) == []
