@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from spillway.core import k8s_names, vllm_api
+from spillway.core import k8s_names, routing, vllm_api
 from support.chart_render import (
     CHART,
     MONITORING_API,
@@ -57,7 +57,7 @@ def test_defaults_install_the_operator_without_monitoring_crs(helm):
 def test_prometheus_operator_api_turns_on_monitors_and_rules(helm):
     docs = render_scenario(helm, "prometheus-operator")
     monitors = {m["metadata"]["name"].rsplit("-", 1)[-1]: m for m in of_kind(docs, "PodMonitor")}
-    assert sorted(monitors) == ["operator", "vllm"]
+    assert sorted(monitors) == ["operator", "router", "vllm"]
     pod_monitor = monitors["vllm"]
     assert pod_monitor["spec"]["selector"]["matchLabels"] == {
         k8s_names.LABEL_COMPONENT: k8s_names.COMPONENT_VLLM, k8s_names.LABEL_MANAGED_BY: k8s_names.MANAGED_BY}
@@ -65,6 +65,12 @@ def test_prometheus_operator_api_turns_on_monitors_and_rules(helm):
     endpoint, = pod_monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == k8s_names.PORT_NAME_HTTP
     assert endpoint["path"] == vllm_api.METRICS_PATH
+    # The kv-aware router pods' metrics port (`spillway route`), selected as the operator labels them
+    router = monitors["router"]
+    assert router["spec"]["selector"]["matchLabels"] == {
+        k8s_names.LABEL_COMPONENT: k8s_names.COMPONENT_ROUTER, k8s_names.LABEL_MANAGED_BY: k8s_names.MANAGED_BY}
+    assert router["spec"]["podMetricsEndpoints"][0]["port"] == k8s_names.PORT_NAME_METRICS
+    assert router["spec"]["podMetricsEndpoints"][0]["path"] == routing.ROUTER_METRICS_PATH
     # One PodMonitor for all vLLM pods: the operator is told to write none of its own.
     env = {e["name"]: e.get("value") for e in operator_container(docs)["env"]}
     assert env[k8s_names.ENV_POD_MONITORS] == "false"

@@ -5,6 +5,9 @@
 {{- define "spillway.vllmComponent" -}}vllm{{- end }}
 {{- define "spillway.vllmManagedBy" -}}spillway-operator{{- end }}
 {{- define "spillway.vllmPortName" -}}http{{- end }}
+{{/* The kv-aware router pods (operator/spillway/core/k8s_names.py COMPONENT_ROUTER, PORT_NAME_METRICS). */}}
+{{- define "spillway.routerComponent" -}}router{{- end }}
+{{- define "spillway.routerMetricsPortName" -}}metrics{{- end }}
 {{/* vLLM's OpenAI server port and paths (operator/spillway/vllm_api.py). */}}
 {{- define "spillway.vllmPort" -}}8000{{- end }}
 {{- define "spillway.metricsPath" -}}/metrics{{- end }}
