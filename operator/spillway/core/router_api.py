@@ -1,7 +1,8 @@
-"""The one place that names vllm-router's flags, endpoints and metrics (the vLLM project's Rust router, PyPI
+"""The one place that names vllm-router's flags, endpoints and log lines (the vLLM project's Rust router, PyPI
 `vllm-router`; names as its 0.1.17 `vllm-router --help` prints them).
 
-`spillway route`, the routing tests and the load test's router report take the names from here.
+Spillway's own router (`spillway route`) does not run it: the routing tests and bench/routing_policies.py
+run vllm-router's policies as the baselines it is measured against, with the names from here.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ FLAG_KV_EVENT_BLOCK_SIZE = "--kv-event-block-size"  # must equal the workers' --
 FLAG_KV_EVENT_MODEL = "--kv-event-model"  # the workers' served model name
 FLAG_ROUTER_TEMPERATURE = "--router-temperature"  # kv_aware: softmax temperature over the workers' costs (0: the minimum)
 FLAG_KV_PENALTY_HOST = "--kv-penalty-host"  # host-tier (CPU) KV credit, 0..1: a CPU hit counts this much of a GPU hit
-DEFAULT_KV_PENALTY_HOST = 0.8  # its default (vllm_router/router_args.py RouterArgs.kv_penalty_host, 0.1.17)
 # kv_aware: a request carrying a session key (an x-session-id / x-user-id / x-tenant-id header, or the OpenAI
 # `user` field) goes where that key's previous request went while the key was used within this many seconds.
 FLAG_KV_AWARE_SESSION_AFFINITY_TTL = "--kv-aware-session-affinity-ttl-secs"
@@ -37,23 +37,16 @@ POLICY_CACHE_AWARE = "cache_aware"
 POLICY_STICKY_LEAST_LOADED = "sticky_least_loaded"  # a session key's first request to the least loaded worker, then sticky
 POLICY_CONSISTENT_HASH = "consistent_hash"  # the session key (else the whole request) hashed onto a ring of workers
 
-# The kv_aware settings `spillway route` runs: chosen from bench/results/routing-cpu-2026-12-02 (docs/routing.md,
-# "Choosing the router's settings"). A temperature above 0 samples among workers of equal cost instead of
-# always taking the first, so a new prefix no longer lands where the others are; at 0.1 a cached prefix still
-# wins over an uncached one.
+# The kv_aware settings the baselines run: the best of kv_aware in bench/results/routing-cpu-2026-12-02
+# (docs/routing.md). A temperature above 0 samples among workers of equal cost instead of always taking the
+# first, so a new prefix no longer lands where the others are; at 0.1 a cached prefix still wins.
 ROUTER_TEMPERATURE = "0.1"
 KV_AWARE_SETTINGS = (FLAG_ROUTER_TEMPERATURE, ROUTER_TEMPERATURE)
 
 # -- endpoints --------------------------------------------------------------------------------------------
 ROUTER_HEALTH_PATH = "/health"
 ROUTER_METRICS_PATH = "/metrics"
-ROUTER_ADD_WORKER_PATH = "/add_worker"  # POST ?url=WORKER_URL
-ROUTER_REMOVE_WORKER_PATH = "/remove_worker"  # POST ?url=WORKER_URL
 ROUTER_LIST_WORKERS_PATH = "/list_workers"
-
-# -- metrics (Prometheus, on the --prometheus-port) ---------------------------------------------------------
-METRIC_KV_PLACEMENT_LOOKUPS = "vllm_router_kv_placement_lookups"  # label result: hit | miss
-METRIC_PREFIX_ROUTING_DECISIONS = "vllm_router_prefix_routing_decisions"  # labels policy, stage, outcome
 
 # -- debug log (--log-level debug) -------------------------------------------------------------------------
 # kv_aware's line per routed request (src/policies/kv_aware.rs in 0.1.17): the worker it chose, and how many of
