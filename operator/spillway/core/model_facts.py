@@ -367,6 +367,12 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         return MambaShape("gdn", conv_kernel=get("linear_conv_kernel_dim", default=4),
                           k_heads=get("linear_num_key_heads"), v_heads=get("linear_num_value_heads"),
                           k_dim=get("linear_key_head_dim"), v_dim=get("linear_value_head_dim"))
+    if model_type == "alice_ai":
+        # alice_ai.py get_mamba_state_shape_from_config: kda_state_shape over linear_num_key_heads heads of
+        # linear_key_head_dim (it requires value heads to match), the gated delta-net calculator's arithmetic
+        heads, dim = get("linear_num_key_heads"), get("linear_key_head_dim")
+        return MambaShape("gdn", conv_kernel=get("linear_conv_kernel_dim", default=4), k_heads=heads, v_heads=heads,
+                          k_dim=dim, v_dim=dim)
     if model_type in ("lfm2", "lfm2_moe"):
         # lfm2.py / lfm2_moe.py get_mamba_state_shape_from_config: short_conv_state_shape over conv_dim (LFM2-MoE:
         # hidden_size) channels and conv_L_cache taps
@@ -510,6 +516,8 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     ssm_dtype = text.get("mamba_ssm_dtype") or text.get("mamba_ssm_cache_dtype")
     if ssm_dtype is None and model_type == "nemotron_h":
         ssm_dtype = "float32"  # vllm/model_executor/models/config.py: NemotronH keeps its SSM state in float32
+    if ssm_dtype is None and model_type == "alice_ai":
+        ssm_dtype = "float32"  # mamba_utils.py kda_state_dtype: the recurrent state in float32 under "auto"
     max_len = text.get("max_position_embeddings")
     chunk = int(text.get("mamba_chunk_size") or text.get("chunk_size") or 2048)
     layer_heads = None

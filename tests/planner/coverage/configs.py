@@ -116,6 +116,19 @@ PATCHES["HfMoondream"] = PATCHES["Moondream3ForCausalLM"] = {
     "config": {"text": {"dim": 2048, "ff_dim": 8192, "n_layers": 24, "n_heads": 32, "n_kv_heads": 32,
                         "max_context": 4096}}}
 
+# AliceAI (remote code) on the generic config: the switches vllm/model_executor/models/config.py
+# AliceAIForCausalLMConfig requires, and the Kimi-delta-attention layers (alice_ai.py, matching key and value heads)
+# between full-attention ones that its layer_types name. Not a published config's values: Qwen3-Next's three linear
+# layers to one full, 16 heads of 128 (the MoE and AttnRes sizes reach no KV-cache spec).
+PATCHES["AliceAIForCausalLM"] = {
+    "kda_allow_negative_eigenvalues": False, "router_score_function": "sigmoid", "router_bias_correction": True,
+    "block_attn_res_block_size": 8, "layer_types": ["linear_attention"] * 3 + ["full_attention"] + (
+        ["linear_attention"] * 3 + ["full_attention"]) * 7,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "num_experts": 64, "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
+    "partial_rotary_factor": 0.25, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
 # cohere_compass.py asserts its language model ties its embeddings; transformers' CohereCompassConfig passes the
 # top-level tie_word_embeddings (default false) down to its text config
 PATCHES["CohereCompassForConditionalGeneration"] = {"tie_word_embeddings": True}
