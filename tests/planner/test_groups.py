@@ -118,3 +118,25 @@ def test_falcon_h1_keeps_attention_and_mamba_in_every_layer():
               "mamba_n_heads": 16, "mamba_d_head": 32, "mamba_d_state": 16, "mamba_n_groups": 1, "mamba_d_conv": 4}
     kinds = [g.kind for g in kv_groups(config, (0, 33), 1, 64).groups]
     assert kinds.count(FULL) == 1 and kinds.count(MAMBA) == 1
+
+
+def _ling3(**fields) -> dict:
+    return {"architectures": ["BailingMoeV3ForCausalLM"], "model_type": "bailing_hybrid", "num_hidden_layers": 10,
+            "num_attention_heads": 16, "head_dim": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+            "layer_group_size": 5, "short_conv_kernel_size": 4, **fields}
+
+
+def test_an_mla_hybrids_block_is_a_multiple_of_128_from_0_32():
+    # bailing_moe_v3.py: layers 4 and 9 MLA, the rest Kimi delta attention, whose state (conv 3 x 3 x 16 x 128 in
+    # bf16, recurrent 16 x 128 x 128 in float32) a 1152 B/token MLA page holds from 928 tokens
+    state = 3 * 3 * 16 * 128 * 2 + 16 * 128 * 128 * 4
+    assert [(g.kind, g.layers) for g in kv_groups(_ling3(), (0, 33), block_size=16).groups] == \
+        [("mamba", 2)] * 4 + [("mla", 2)]
+    for release, block in [((0, 33), 1024), ((0, 32), 1024), ((0, 26), 16 * -(-state // (16 * 1152)))]:
+        assert kv_groups(_ling3(), release, block_size=16).block_size == block
+
+
+def test_kimi_delta_attention_keeps_its_recurrent_state_in_float32():
+    # kda_state_dtype is called without the SSM dtype: a user's bfloat16 state changes nothing
+    assert kv_groups(_ling3(mamba_ssm_dtype="bfloat16"), (0, 33), block_size=16) == \
+        kv_groups(_ling3(), (0, 33), block_size=16)

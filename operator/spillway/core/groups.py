@@ -52,6 +52,7 @@ HOST_PAGE_BYTES = 4096  # 0.32/0.33 CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT = mma
 # vllm/model_executor/models/config.py and platforms/interface.py: the smallest kernel block of the
 # GPU attention backends (FlashAttention/FlashInfer/Triton accept multiples of 16 tokens).
 GPU_KERNEL_BLOCK = 16
+MLA_HYBRID_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -265,8 +266,10 @@ def kv_groups(config: Mapping[str, Any] | ModelFacts, release: tuple[int, int], 
 @functools.lru_cache(maxsize=256)
 def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size: int, kv_cache_dtype: str,
                kernel_block: int) -> KVGroups:
+    # 0.32, 0.33 (vllm/platforms/interface.py _align_hybrid_block_size): an MLA hybrid's block is a multiple of 128
+    mla_align = MLA_HYBRID_BLOCK if facts.mla and release >= (0, 32) else None
     groups = _group_runs(_layer_runs(facts, tp, kv_cache_dtype), block_size, kernel_block,
-                         _state_chunk(facts, release), facts.name, packed=release >= (0, 33))
+                         _state_chunk(facts, release), facts.name, packed=release >= (0, 33), min_align=mla_align)
     refusal = release_refusal(release, groups)
     if refusal:
         raise ModelGeometryUnknown(f"{facts.name}: {refusal}")
@@ -291,7 +294,7 @@ def group_layers(layers: Sequence[LayerCache], block_size: int, kernel_block: in
 
 
 def _group_runs(runs: Mapping[LayerCache, int], block_size: int, kernel_block: int, state_chunk: int | None,
-                name: str, packed: bool) -> tuple[CacheGroup, ...]:
+                name: str, packed: bool, min_align: int | None = None) -> tuple[CacheGroup, ...]:
     runs = {layer: count for layer, count in runs.items() if layer.kind}
     if not runs:
         raise ModelGeometryUnknown(f"{name}: the model has no layer with a KV cache")
@@ -314,7 +317,7 @@ def _group_runs(runs: Mapping[LayerCache, int], block_size: int, kernel_block: i
     states = {layer.state_bytes for layer in runs if layer.kind == MAMBA}
     if states:
         # _align_hybrid_block_size: the smallest multiple of the kernel alignment whose page holds one state
-        align = max(kernel_block, block_size)
+        align = max(kernel_block, block_size, min_align or 0)
         if state_chunk:  # 0.26's mamba_cache_mode "all": blocks are also whole Mamba chunks
             align = math.lcm(align, state_chunk)
         block_size = max(block_size, align * _cdiv(max(states), align * per_token))

