@@ -164,6 +164,8 @@ def mamba_state_bytes(shape: MambaShape, tp: int, model_dtype_bytes: int, ssm_dt
         conv = _split(shape.k_dim * shape.k_heads * 2 + shape.v_dim * shape.v_heads, tp,
                       "linear-attention channels", name) * (shape.conv_kernel - 1)
         ssm = _split(shape.v_heads, tp, "linear-attention value heads", name) * shape.v_dim * shape.k_dim
+    elif shape.kind == "linear":  # linear_attention_state_shape: per head a head_dim x head_dim state, model dtype
+        conv, ssm = _split(shape.heads, tp, "linear-attention heads", name) * shape.head_dim * shape.head_dim, 0
     elif shape.kind == "short_conv":  # short_conv_state_shape: a conv state only, in the model's dtype
         conv, ssm = _split(shape.intermediate, tp, "convolution channels", name) * (shape.conv_kernel - 1), 0
     elif shape.kind == "mamba1":  # mamba1_state_shape

@@ -67,6 +67,9 @@ MLA_MODEL_TYPES = frozenset({
 HY_V4_SPARSE = ("sparse_attention", "sparse", "indexed_attention")
 # Model types whose recurrent layers are Kimi delta attention (MambaStateShapeCalculator.kda_state_shape)
 KDA_STATE = frozenset({"alice_ai", "bailing_hybrid"})
+# Ling 2.5 shares Ling 3's model type bailing_hybrid (vllm/config/speculative.py) but its recurrent layers are
+# linear attention (bailing_moe_linear.py)
+LING_LINEAR = "BailingMoeV2_5ForCausalLM"
 # Architectures whose model code builds MLA attention on every layer whatever the model type (vLLM's
 # is_deepseek_mla does not list theirs; the layer's MLAAttention keeps an MLAAttentionSpec all the same):
 # vllm/model_executor/models/sarvam.py SarvamMLAAttention
@@ -118,7 +121,7 @@ class MambaShape:
     """One recurrent layer's state, before tensor parallelism (vllm/model_executor/layers/mamba/mamba_utils.py
     MambaStateShapeCalculator): `kind` names the calculator, the numbers are its arguments."""
 
-    kind: str  # "mamba1", "mamba2", "gdn", "short_conv"
+    kind: str  # "mamba1", "mamba2", "gdn", "short_conv", "linear"
     intermediate: int = 0
     groups: int = 0
     heads: int = 0
@@ -295,6 +298,11 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
     if model_type == "hy_v4":
         return [(FULL,)] * num_layers
+    if model_type == "bailing_hybrid" and _architecture(config) == LING_LINEAR:
+        # bailing_moe_linear.py is_linear_layer: every layer_group_size-th layer (absent: 1) is (MLA) attention, the
+        # others linear attention
+        group = _int(config, "layer_group_size", name, 1)
+        return [(FULL,) if (i + 1) % group == 0 else (MAMBA,) for i in range(num_layers)]
     if model_type == "bailing_hybrid":
         # bailing_moe_v3.py _is_kda_layer: every layer_group_size-th layer, and those past the last whole group, are
         # (MLA) attention, the others Kimi delta attention; layer_types is not read
@@ -375,6 +383,12 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         return MambaShape("gdn", conv_kernel=get("linear_conv_kernel_dim", default=4),
                           k_heads=get("linear_num_key_heads"), v_heads=get("linear_num_value_heads"),
                           k_dim=get("linear_key_head_dim"), v_dim=get("linear_value_head_dim"))
+    if model_type == "bailing_hybrid" and _architecture(config) == LING_LINEAR:
+        # bailing_moe_linear.py: linear_attention_state_shape, one head_dim x head_dim state per attention head in the
+        # model's dtype (linear_attention_state_dtype under "auto"); head_dim absent: hidden_size // heads
+        heads = get("num_attention_heads")
+        head_dim = config.get("head_dim") or _int(config, "hidden_size", name) // heads
+        return MambaShape("linear", heads=heads, head_dim=head_dim)
     if model_type in KDA_STATE:
         # get_mamba_state_shape_from_config: kda_state_shape, the gated delta-net calculator's arithmetic with key and
         # value heads alike; alice_ai.py over linear_num_key_heads heads of linear_key_head_dim (it requires value
@@ -458,8 +472,13 @@ def _hy_v4_indexed(config: Mapping[str, Any], num_layers: int, name: str) -> boo
                                "index_topk_freq) are not modelled")
 
 
+def _architecture(config: Mapping[str, Any]) -> str | None:
+    architectures = config.get("architectures")
+    return architectures[0] if isinstance(architectures, list) and architectures else None
+
+
 def _mla(config: Mapping[str, Any], model_type: str) -> bool:
-    if model_type == "hy_v4" or config.get("architectures") and config["architectures"][0] in MLA_ARCHITECTURES:
+    if model_type == "hy_v4" or _architecture(config) in MLA_ARCHITECTURES:
         return True
     return model_type in MLA_MODEL_TYPES and config.get("kv_lora_rank") is not None
 
@@ -527,7 +546,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     ssm_dtype = text.get("mamba_ssm_dtype") or text.get("mamba_ssm_cache_dtype")
     if ssm_dtype is None and model_type == "nemotron_h":
         ssm_dtype = "float32"  # vllm/model_executor/models/config.py: NemotronH keeps its SSM state in float32
-    if model_type in KDA_STATE:
+    if model_type in KDA_STATE and _architecture(text) != LING_LINEAR:
         # alice_ai.py, bailing_moe_v3.py: kda_state_dtype(model dtype, mamba_cache_dtype), its SSM dtype left at
         # "auto": the recurrent state in float32 whatever the config or the user asks
         ssm_dtype = "float32"

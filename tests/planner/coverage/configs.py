@@ -203,6 +203,9 @@ _LING_LINEAR = {"num_experts": 256, "num_shared_experts": 1, "num_experts_per_to
                 "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
                 "v_head_dim": 128, "partial_rotary_factor": 0.5}
 PATCHES["BailingMoeV2_5ForCausalLM"] = _LING_LINEAR
+# Ling 2.5's model type: vllm/config/speculative.py reads model type bailing_hybrid (outside BailingMoeV3) as
+# BailingMoeV2_5ForCausalLM's, and vLLM's is_deepseek_mla lists it (its attention layers are MLA)
+MODEL_TYPES["BailingMoeV2_5ForCausalLM"] = "bailing_hybrid"
 # Ling 3's language model is the text config of vLLM's own BailingMoeV3VLConfig (model type bailing_hybrid,
 # architecture BailingMoeV3ForCausalLM: TEXT_OF), with the low-rank-free KDA gate bailing_moe_v3.py requires
 # (no_kda_lora; a projection's shape, no KV-cache spec reads it)
@@ -292,7 +295,7 @@ V2_RUNNER = frozenset({"Step5ForCausalLM", "Step5ForConditionalGeneration", "Lon
 # reference CPU_MLA takes 16-token blocks only, which a hybrid's aligned block exceeds, and switches prefix caching
 # off, which a hybrid's Mamba block needs. The recorder's host has no AMX: record_specs.py answers vLLM's AMX probe
 # for these as such a host would (models are only built on the meta device; no AMX kernel runs).
-AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration"})
+AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration", "BailingMoeV2_5ForCausalLM"})
 
 # Multimodal wrappers whose KV cache is their language model's (vLLM's get_kv_cache_spec walks the attention
 # layers; their vision and audio encoders keep none) and whose towers the CPU venv cannot build (torchvision, timm)
