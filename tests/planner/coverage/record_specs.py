@@ -111,7 +111,9 @@ def main() -> None:
     # vLLM inspects each model class in a fresh interpreter to keep CUDA out of the parent (seconds each); on the
     # CPU there is nothing to keep out, so the recorder inspects in process.
     registry._run_in_subprocess = lambda fn: fn()
-    amx_probe = torch.cpu._is_amx_tile_supported
+    from vllm.v1.attention import selector
+
+    amx_probe, amx_on = torch.cpu._is_amx_tile_supported, False
     signal.signal(signal.SIGALRM, _on_alarm)
     started = False
     with open(target, "a") as out:
@@ -121,8 +123,12 @@ def main() -> None:
             print(f"== {arch}", file=sys.stderr, flush=True)
             begin = time.monotonic()
             signal.alarm(CASE_SECONDS)
-            # configs.AMX_MLA: vLLM's CPU platform asks torch whether the host has AMX tiles
-            torch.cpu._is_amx_tile_supported = (lambda: True) if arch in AMX_MLA else amx_probe
+            if (arch in AMX_MLA) != amx_on:
+                # configs.AMX_MLA: vLLM's CPU platform asks torch whether the host has AMX tiles; the backend it
+                # chose under the other answer is cached per layer signature, so the cache goes too
+                amx_on = arch in AMX_MLA
+                torch.cpu._is_amx_tile_supported = (lambda: True) if amx_on else amx_probe
+                selector._cached_get_attn_backend.cache_clear()
             if arch in V2_RUNNER:
                 os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
             else:
