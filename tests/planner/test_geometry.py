@@ -133,6 +133,9 @@ def test_block_size_scales_block_bytes():
     ({"architectures": ["BailingMoeV3ForCausalLM"], "model_type": "bailing_hybrid", "num_hidden_layers": 4,
       "num_attention_heads": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 128,
       "short_conv_kernel_size": 4}, "layer_group_size"),
+    ({"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "num_hidden_layers": 4,
+      "num_attention_heads": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+      "linear_attn_config": {"num_heads": 4, "head_dim": 64}}, "kda_layers"),
 ])
 def test_models_it_cannot_size_get_a_clear_message(cfg, message):
     with pytest.raises(ModelGeometryUnknown, match=message):

@@ -298,6 +298,14 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
     if model_type == "hy_v4":
         return [(FULL,)] * num_layers
+    if model_type == "kimi_linear":
+        # vllm/transformers_utils/configs/kimi_linear.py is_kda_layer: the layers linear_attn_config's kda_layers
+        # lists (counting from 1) are Kimi delta attention, the others MLA
+        linear = config.get("linear_attn_config")
+        kda = linear.get("kda_layers") if isinstance(linear, Mapping) else None
+        if linear is not None and not isinstance(kda, list):
+            raise ModelGeometryUnknown(f"{name}: linear_attn_config must list its kda_layers")
+        return [(MAMBA,) if kda and i + 1 in kda else (FULL,) for i in range(num_layers)]
     if model_type == "bailing_hybrid" and _architecture(config) == LING_LINEAR:
         # bailing_moe_linear.py is_linear_layer: every layer_group_size-th layer (absent: 1) is (MLA) attention, the
         # others linear attention
@@ -389,6 +397,13 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         heads = get("num_attention_heads")
         head_dim = config.get("head_dim") or _int(config, "hidden_size", name) // heads
         return MambaShape("linear", heads=heads, head_dim=head_dim)
+    if model_type == "kimi_linear":
+        # kimi_k3/nvidia/model.py get_mamba_state_shape_from_config: kda_state_shape over linear_attn_config's
+        # num_heads heads of head_dim, its short_conv_kernel_size
+        linear = config["linear_attn_config"]
+        heads, dim = _int(linear, "num_heads", name), _int(linear, "head_dim", name)
+        return MambaShape("gdn", conv_kernel=_int(linear, "short_conv_kernel_size", name), k_heads=heads,
+                          v_heads=heads, k_dim=dim, v_dim=dim)
     if model_type in KDA_STATE:
         # get_mamba_state_shape_from_config: kda_state_shape, the gated delta-net calculator's arithmetic with key and
         # value heads alike; alice_ai.py over linear_num_key_heads heads of linear_key_head_dim (it requires value
@@ -546,6 +561,8 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     ssm_dtype = text.get("mamba_ssm_dtype") or text.get("mamba_ssm_cache_dtype")
     if ssm_dtype is None and model_type == "nemotron_h":
         ssm_dtype = "float32"  # vllm/model_executor/models/config.py: NemotronH keeps its SSM state in float32
+    if ssm_dtype is None and model_type == "kimi_linear":
+        ssm_dtype = "float32"  # kda_state_dtype with the SSM dtype at "auto": the recurrent state in float32
     if model_type in KDA_STATE and _architecture(text) != LING_LINEAR:
         # alice_ai.py, bailing_moe_v3.py: kda_state_dtype(model dtype, mamba_cache_dtype), its SSM dtype left at
         # "auto": the recurrent state in float32 whatever the config or the user asks

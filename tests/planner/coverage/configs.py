@@ -129,6 +129,14 @@ PATCHES["AliceAIForCausalLM"] = {
     "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
     "partial_rotary_factor": 0.25, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
+# moonshotai Kimi-Linear's shape on KimiLinearConfig (its defaults name no MLA latent and no KDA layers, which
+# kimi_k3/nvidia/model.py asserts): a NoPE MLA latent of 512 + 64 every fourth layer (linear_attn_config's lists
+# count from 1), Kimi delta attention of 32 heads of 128 between. Not a published config's values.
+PATCHES["KimiLinearForCausalLM"] = {
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True,
+    "linear_attn_config": {"kda_layers": [i for i in range(1, 33) if i % 4], "full_attn_layers": list(range(4, 33, 4)),
+                           "num_heads": 32, "head_dim": 128, "short_conv_kernel_size": 4}}
+
 # cohere_compass.py asserts its language model ties its embeddings; transformers' CohereCompassConfig passes the
 # top-level tie_word_embeddings (default false) down to its text config
 PATCHES["CohereCompassForConditionalGeneration"] = {"tie_word_embeddings": True}
@@ -243,6 +251,7 @@ TEXT_PATCHES: dict[str, dict] = {
 }
 TEXT_PATCHES["Gemma3nForConditionalGeneration"] = {"text_config": _GEMMA3N_DENSE}
 TEXT_PATCHES["BailingMoeV3VLForConditionalGeneration"] = {"text_config": PATCHES["BailingMoeV3ForCausalLM"]}
+TEXT_PATCHES["KimiK3ForConditionalGeneration"] = {"text_config": PATCHES["KimiLinearForCausalLM"]}  # its text model
 # interns2_mobius.py's decoder layers run num_blocks MoE blocks, a field Qwen3.5-MoE's text config lacks (experts
 # only: no KV-cache spec reads it; not a published config's value)
 TEXT_PATCHES["InternS2MobiusForConditionalGeneration"] = {"text_config": {"num_blocks": 1}}
@@ -295,7 +304,13 @@ V2_RUNNER = frozenset({"Step5ForCausalLM", "Step5ForConditionalGeneration", "Lon
 # reference CPU_MLA takes 16-token blocks only, which a hybrid's aligned block exceeds, and switches prefix caching
 # off, which a hybrid's Mamba block needs. The recorder's host has no AMX: record_specs.py answers vLLM's AMX probe
 # for these as such a host would (models are only built on the meta device; no AMX kernel runs).
-AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration", "BailingMoeV2_5ForCausalLM"})
+AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration", "BailingMoeV2_5ForCausalLM",
+                     "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration"})
+# Models whose layers create CUDA streams and events to overlap kernels (kimi_k3/nvidia/model.py's aux_stream), which
+# torch without CUDA refuses to construct: record_specs.py gives these inert stand-ins (nothing is launched on the
+# meta device; no KV-cache spec reads a stream). vLLM's VLLM_KIMI_K3_GEMM_AR kernel switch (vllm/envs.py) is off in
+# the recorder: its fused GEMM-all-reduce needs CUTLASS's Python DSL.
+CUDA_STREAMS = frozenset({"KimiLinearForCausalLM", "KimiK3ForConditionalGeneration"})
 
 # Multimodal wrappers whose KV cache is their language model's (vLLM's get_kv_cache_spec walks the attention
 # layers; their vision and audio encoders keep none) and whose towers the CPU venv cannot build (torchvision, timm)

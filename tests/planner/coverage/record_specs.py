@@ -45,6 +45,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+class _Inert:
+    """A CUDA stream or event that does nothing (configs.CUDA_STREAMS)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
 class CaseTimeout(Exception):
     pass
 
@@ -96,7 +106,7 @@ def main() -> None:
         from vllm.v1.worker.utils import customize_attention_spec
     except ImportError:  # pragma: no cover - older releases
         customize_attention_spec = None
-    from configs import AMX_MLA, V2_RUNNER, known_model_types
+    from configs import AMX_MLA, CUDA_STREAMS, V2_RUNNER, known_model_types
     from transformers import AutoConfig, PretrainedConfig
 
     known = known_model_types()
@@ -114,6 +124,8 @@ def main() -> None:
     from vllm.v1.attention import selector
 
     amx_probe, amx_on = torch.cpu._is_amx_tile_supported, False
+    cuda_stream, cuda_event = torch.cuda.Stream, torch.cuda.Event
+    os.environ.setdefault("VLLM_KIMI_K3_GEMM_AR", "0")  # configs.CUDA_STREAMS
     signal.signal(signal.SIGALRM, _on_alarm)
     started = False
     with open(target, "a") as out:
@@ -129,6 +141,7 @@ def main() -> None:
                 amx_on = arch in AMX_MLA
                 torch.cpu._is_amx_tile_supported = (lambda: True) if amx_on else amx_probe
                 selector._cached_get_attn_backend.cache_clear()
+            torch.cuda.Stream, torch.cuda.Event = (_Inert, _Inert) if arch in CUDA_STREAMS else (cuda_stream, cuda_event)
             if arch in V2_RUNNER:
                 os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
             else:
