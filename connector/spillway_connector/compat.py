@@ -45,12 +45,25 @@ try:
 except ImportError:  # 0.26
     SharedOffloadRegion = TieringOffloadingSpec = None  # type: ignore[assignment,misc]
 
+# Hit sources per tier (0.32+; 0.26's scheduler never asks). OffloadingConnectorScheduler's
+# get_external_cache_hit_sources reads two fields of its per-request state, `num_locally_computed_tokens` and
+# `load_key_ranges` ((first token, end token, key) per loaded key), in 0.32.0 and 0.33.0 alike (the method is the
+# same text in both: vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py); the connector answers
+# it from the same fields (spillway_connector/hit_sources.py) on these minors only.
+try:
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+except ImportError:  # 0.26
+    CacheHitSource = None  # type: ignore[assignment,misc]
+FAST_HIT_SOURCES: bool = VLLM_MINOR in ((0, 32), (0, 33))
+
 __all__ = [
+    "FAST_HIT_SOURCES",
     "VLLM_EXPORTS_TRANSFER_COUNTERS",
     "VLLM_MINOR",
     "VLLM_VERSION",
     "BlockIDsLoadStoreSpec",
     "CPUOffloadingSpec",
+    "CacheHitSource",
     "CanonicalKVCaches",
     "GPULoadStoreSpec",
     "KVConnectorRole",

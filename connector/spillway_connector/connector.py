@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from spillway_connector import names
+from spillway_connector.batched_release import batched_complete_load
 from spillway_connector.compat import (
+    FAST_HIT_SOURCES,
     VLLM_EXPORTS_TRANSFER_COUNTERS,
     KVConnectorRole,
     OffloadingConnector,
@@ -22,6 +24,7 @@ from spillway_connector.compat import (
     pool_capacity_chunks,
 )
 from spillway_connector.disk_tier import guard_disk_tiers
+from spillway_connector.hit_sources import external_hit_sources
 from spillway_connector.kv_event_order import parents_first
 from spillway_connector.metrics import SpillwayPromMetrics
 from spillway_connector.probes import PoolProbe, TransferProbe
@@ -117,6 +120,9 @@ class SpillwayOffloadingConnector(OffloadingConnector):
             manager = self.connector_scheduler.manager
             self._disk_tiers = guard_disk_tiers(manager, vllm_config.kv_transfer_config.kv_connector_extra_config)
             self._pool = PoolProbe(manager, pool_capacity_chunks(manager))
+            release = batched_complete_load(manager)
+            if release is not None:  # vLLM's work in one pass (spillway_connector/batched_release.py)
+                self._pool.complete_load = release
             self.connector_scheduler.manager = self._pool
 
     # -- worker side --------------------------------------------------------------
@@ -145,6 +151,17 @@ class SpillwayOffloadingConnector(OffloadingConnector):
         result = super().update_state_after_alloc(request, blocks, num_external_tokens)
         self._reloads.admitted(request, num_external_tokens)
         return result
+
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> Any:
+        # vLLM's answer from the same request state with one range per run of chunks instead of one per chunk
+        # (spillway_connector/hit_sources.py); the equivalence test runs both on a real engine.
+        scheduler = self.connector_scheduler
+        if not FAST_HIT_SOURCES or scheduler is None or num_external_tokens == 0:
+            return super().get_external_cache_hit_sources(request, num_external_tokens)
+        state = scheduler._req_status[request.request_id]
+        start, context, load_source = state.num_locally_computed_tokens, state.req_context, scheduler.manager.get_load_source
+        return external_hit_sources(state.load_key_ranges, start, start + num_external_tokens,
+                                    lambda key: load_source(key, context))
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._reloads.finished(request)

@@ -1,0 +1,88 @@
+"""The connector's one-pass release of a finished load against vLLM's own CPUOffloadingManager.complete_load.
+
+Two of vLLM's CPU managers (LRU) get the same random sequence of requests that store, look up, load (pinning
+chunks, sometimes two loads of one chunk at once), finish and evict (the pool is small); one releases loads with
+vLLM's complete_load, the other with spillway_connector.batched_release. Every answer (lookups, chunks and
+evictions of each store, chunks of each load) and the pools at the end must be the same. test_vllm_sources.py
+runs this file on 0.33's source too; on 0.26 it skips.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+from spillway_connector.batched_release import batched_complete_load
+from spillway_connector.compat import VLLM_MINOR
+
+pytestmark = pytest.mark.skipif(VLLM_MINOR not in ((0, 32), (0, 33)), reason="vLLM's path on this version")
+
+
+def _managers(capacity: int, policy: str = "lru"):
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    return CPUOffloadingManager(capacity, cache_policy=policy), CPUOffloadingManager(capacity, cache_policy=policy)
+
+
+def _key(i: int):
+    from vllm.v1.kv_offload.base import make_offload_key
+
+    return make_offload_key(i.to_bytes(16, "big"), 0)
+
+
+def _drive(manager, release, steps: list) -> list:
+    """Run `steps` on `manager`, releasing loads with `release`; everything it answered."""
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext
+
+    answers, pinned = [], []
+    for step, (req, prefix) in enumerate(steps):
+        context = ReqContext(req_id=f"r{step}")
+        manager.on_new_request(context)
+        keys = [_key(req * 100 + i) for i in range(prefix)]
+        for position, key in enumerate(keys, 1):
+            context.set_offload_key_position(key, position * 32)
+        hits = []
+        for key in keys:
+            result = manager.lookup(key, context)
+            answers.append(result.name)
+            if result is not LookupResult.HIT:
+                break
+            hits.append(key)
+        if hits:
+            answers.append([int(b) for b in manager.prepare_load(hits, context).block_ids])
+            pinned.append((hits, context))
+        if len(pinned) > 1 or (pinned and step % 3 == 0):  # loads overlap: a chunk can have two readers
+            done, done_context = pinned.pop(0)
+            release(done, done_context)
+        output = manager.prepare_store(keys, context)
+        if output is None:
+            answers.append(None)
+        else:
+            answers.append((list(output.keys_to_store), list(output.evicted_keys),
+                            [int(b) for b in output.store_spec.block_ids]))
+            manager.complete_store(output.keys_to_store, context)
+        manager.on_request_finished(context)
+    for done, done_context in pinned:
+        release(done, done_context)
+    policy = manager._policy
+    answers.append((sorted(policy.chunks), sorted(policy._evictable), manager._num_evictable_cache_chunks))
+    answers.append([key for key, _ in policy.evict(len(policy._evictable), set())])  # the whole eviction order
+    return answers
+
+
+def test_it_applies_to_vllms_manager_with_lru_only():
+    plain, _ = _managers(8)
+    assert batched_complete_load(plain) is not None
+    arc, _ = _managers(8, "arc")
+    assert batched_complete_load(arc) is None
+    assert batched_complete_load(object()) is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_same_answers_and_pool_as_vllms_complete_load(seed):
+    rng = random.Random(seed)
+    steps = [(rng.randrange(0, 12), rng.randrange(1, 14)) for _ in range(300)]
+    theirs, ours = _managers(48)
+    expected = _drive(theirs, theirs.complete_load, steps)
+    assert _drive(ours, batched_complete_load(ours), steps) == expected
+    assert any(isinstance(a, tuple) and a[1] for a in expected), "the workload never evicted"
+    assert any(isinstance(a, list) and a and isinstance(a[0], int) for a in expected), "the workload never loaded"
