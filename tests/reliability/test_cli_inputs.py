@@ -50,7 +50,7 @@ def test_a_yaml_bomb_to_render_is_refused_at_once(tmp_path):
 
 
 def test_route_replicas_of_300_characters():
-    done = spillway("route", "--replicas", "x" * 300, "--model", "m", "--block-size", "16", timeout=30)
+    done = spillway("route", "--replicas", "x" * 300, "--block-size", "16", timeout=30)
     one_error_line(done, "--replicas", "DNS name")
 
 
