@@ -15,7 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from spillway.core import routing
+from prometheus_client.parser import text_string_to_metric_families
+from spillway.commands.route import Router
+from spillway.core import affinity, routing
 from support.vllm_server import free_port
 
 BLOCK = 16
@@ -123,6 +125,16 @@ def _prompt(prefix: int, suffix: int) -> dict:
     return {"model": "m", "max_tokens": 1, "prompt": [prefix] * (4 * BLOCK) + [suffix] * 5}
 
 
+def _samples(exposition: str) -> dict[tuple[str, frozenset], float]:
+    """(sample name, its labels) -> value, as Prometheus reads the router's /metrics."""
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(exposition) for sample in family.samples}
+
+
+def _sample(exposition: str, name: str, **labels: str) -> float | None:
+    return _samples(exposition).get((name, frozenset(labels.items())))
+
+
 def _served(workers) -> list[int]:
     return [sum(1 for path, _, _ in w.seen if path == "/v1/completions") for w in workers]
 
@@ -147,12 +159,17 @@ def test_prefixes_stick_spread_and_follow_pod_changes(workers, tmp_path):
             assert json.loads(router.post(_prompt(prefix, 9))[1])["worker"] in where[prefix]
         assert json.loads(router.post(_prompt(50, 0))[1])["worker"] == workers[2].url  # a new one: the new pod
         metrics = router.metrics()
-        assert f'{routing.ROUTER_METRIC_REQUESTS}{{worker="{workers[2].url}",decision="new"}} 1' in metrics
-        assert f"{routing.ROUTER_METRIC_WORKERS} 3" in metrics
+        assert _sample(metrics, routing.ROUTER_METRIC_REQUESTS, worker=workers[2].url, decision="new") == 1
+        assert _sample(metrics, routing.ROUTER_METRIC_WORKERS) == 3
+        assert _sample(metrics, routing.ROUTER_METRIC_PROMPT_BLOCKS, worker=workers[0].url) == 4 * _served(workers)[0]
+        assert _sample(metrics, routing.ROUTER_METRIC_IN_FLIGHT, worker=workers[0].url) == 0
+        assert not any(name.endswith("_created") for name, _ in _samples(metrics))
         listed.write_text("")  # no ready pod: not ready, nothing crashes
         router.wait(503)
         status, body = router.post(_prompt(1, 1))
         assert status == 503 and b"no ready vLLM pod" in body
+        # The pods that left take their series with them; the count of workers stays, at 0.
+        assert _samples(router.metrics()) == {(routing.ROUTER_METRIC_WORKERS, frozenset()): 0}
     finally:
         log = router.stop()
     assert "the index of the others is kept" in log
@@ -183,7 +200,7 @@ def test_a_gone_worker_is_a_502(tmp_path):
         router.wait(200)
         status, body = router.post(_prompt(1, 1))
         assert status == 502 and b"did not answer" in body
-        assert f"{routing.ROUTER_METRIC_UPSTREAM_ERRORS}" in router.metrics()
+        assert _sample(router.metrics(), routing.ROUTER_METRIC_UPSTREAM_ERRORS, worker=listed.read_text().strip()) == 1
     finally:
         router.stop()
 
@@ -201,3 +218,21 @@ def test_bad_settings_are_refused_with_a_message(args, message, tmp_path):
     done = subprocess.run([sys.executable, "-m", "spillway.cli", "route", *source, *base, *args],
                           check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_routers_in_one_process_keep_their_own_series():
+    """Each Router has a registry of its own: two in one process neither collide nor see each other's series;
+    a worker's series start at 0 when it joins (every decision) and go when it leaves."""
+    settings = affinity.AffinitySettings(block_tokens=BLOCK, index_blocks=64, max_imbalance=2)
+    first, second = Router(settings, log=lambda _: None), Router(settings, log=lambda _: None)
+    first.set_workers(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    second.set_workers(["http://10.0.0.3:8000"])
+    first.router_metrics.worker("http://10.0.0.1:8000").requests[affinity.DECISION_PREFIX].inc()
+    one, two = first.exposition().decode(), second.exposition().decode()
+    assert _sample(one, routing.ROUTER_METRIC_REQUESTS, worker="http://10.0.0.1:8000", decision="prefix") == 1
+    assert _sample(one, routing.ROUTER_METRIC_REQUESTS, worker="http://10.0.0.2:8000", decision="overloaded") == 0
+    assert _sample(one, routing.ROUTER_METRIC_WORKERS) == 2 and _sample(two, routing.ROUTER_METRIC_WORKERS) == 1
+    assert {dict(labels).get("worker") for _, labels in _samples(two)} == {None, "http://10.0.0.3:8000"}
+    first.set_workers(["http://10.0.0.2:8000"])
+    gone = [key for key in _samples(first.exposition().decode()) if ("worker", "http://10.0.0.1:8000") in key[1]]
+    assert not gone

@@ -25,13 +25,14 @@ import re
 import signal
 import socket
 import sys
-from collections import Counter
+from collections import Counter as Tally
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import uvloop
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from ..core import affinity, routing
 from ..core import vllm_api as api
@@ -63,21 +64,94 @@ def worker_url(ip: str) -> str:
     return f"http://{host}:{api.SERVER_PORT}"
 
 
+ROUTER_SAMPLES = (routing.ROUTER_METRIC_REQUESTS, routing.ROUTER_METRIC_MATCHED_BLOCKS,
+                  routing.ROUTER_METRIC_PROMPT_BLOCKS, routing.ROUTER_METRIC_UPSTREAM_ERRORS,
+                  routing.ROUTER_METRIC_IN_FLIGHT, routing.ROUTER_METRIC_WORKERS)
+
+
+class _WorkerSeries:
+    """One worker's children of the router's metrics, looked up once when it joins: a labelled child costs
+    microseconds to find (prometheus_client hashes the label values under a lock), an attribute nanoseconds."""
+
+    __slots__ = ("in_flight", "matched_blocks", "prompt_blocks", "requests", "upstream_errors")
+
+    def __init__(self, metrics: RouterMetrics, worker: str) -> None:
+        self.requests = {reason: metrics.requests.labels(worker, reason) for reason in affinity.DECISIONS}
+        self.matched_blocks = metrics.matched_blocks.labels(worker)
+        self.prompt_blocks = metrics.prompt_blocks.labels(worker)
+        self.upstream_errors = metrics.upstream_errors.labels(worker)
+        self.in_flight = metrics.in_flight.labels(worker)
+
+
+class RouterMetrics:
+    """The router's series on a registry of its own (several routers in one process do not share them): per
+    worker and decision, requests; per worker, prompt blocks, those matched where they were sent before,
+    upstream errors and requests in flight; the workers routed over. A worker's series start at 0 when it
+    joins (a first increment is a rate, not a new series) and are removed when it leaves: a gone pod's IP is
+    not a series forever, and the index forgets it too."""
+
+    def __init__(self, workers: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        worker, decision = routing.ROUTER_LABEL_WORKER, routing.ROUTER_LABEL_DECISION
+        r = self.registry
+        self.requests = Counter(routing.ROUTER_METRIC_REQUESTS, "Requests routed, per worker and decision "
+                                "(prefix, new, overloaded)", [worker, decision], registry=r)
+        self.matched_blocks = Counter(routing.ROUTER_METRIC_MATCHED_BLOCKS, "Prompt blocks sent to the worker "
+                                      "that was sent them before", [worker], registry=r)
+        self.prompt_blocks = Counter(routing.ROUTER_METRIC_PROMPT_BLOCKS, "Prompt blocks routed", [worker],
+                                     registry=r)
+        self.upstream_errors = Counter(routing.ROUTER_METRIC_UPSTREAM_ERRORS, "Requests the worker did not "
+                                       "answer (a 502) or whose answer was cut", [worker], registry=r)
+        self.in_flight = Gauge(routing.ROUTER_METRIC_IN_FLIGHT, "Requests in flight to the worker", [worker],
+                               registry=r)
+        self.workers = Gauge(routing.ROUTER_METRIC_WORKERS, "Ready workers routed over", registry=r)
+        self.workers.set_function(workers)
+        # The samples served: the counters' <name>_created left out (a second series per counter, which the
+        # router's /metrics never had and nothing reads).
+        self._exposed = r.restricted_registry(ROUTER_SAMPLES)
+        self._series: dict[str, _WorkerSeries] = {}
+
+    def worker(self, worker: str) -> _WorkerSeries:
+        series = self._series.get(worker)
+        if series is None:
+            series = self._series[worker] = _WorkerSeries(self, worker)
+        return series
+
+    def set_in_flight(self, worker: str, requests: int) -> None:
+        """The worker's gauge, when the worker is routed over (a request that outlived its worker's leaving
+        and return sets the new series, not the removed one)."""
+        series = self._series.get(worker)
+        if series is not None:
+            series.in_flight.set(requests)
+
+    def forget(self, worker: str) -> None:
+        if self._series.pop(worker, None) is None:
+            return
+        for reason in affinity.DECISIONS:
+            self.requests.remove(worker, reason)
+        for metric in (self.matched_blocks, self.prompt_blocks, self.upstream_errors, self.in_flight):
+            metric.remove(worker)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self._exposed)
+
+
 class Router:
-    """The proxy: one AffinityIndex, the requests in flight per worker, and the router's counters."""
+    """The proxy: one AffinityIndex, the requests in flight per worker, and the router's metrics."""
 
     def __init__(self, settings: affinity.AffinitySettings, log=print) -> None:
         self.index = affinity.AffinityIndex(settings)
         self.log = log
-        self.in_flight: Counter[str] = Counter()
-        self.decisions: Counter[tuple[str, str]] = Counter()  # (worker, reason) -> requests
-        self.matched_blocks: Counter[str] = Counter()
-        self.prompt_blocks: Counter[str] = Counter()
-        self.upstream_errors: Counter[str] = Counter()
+        self.in_flight: Tally[str] = Tally()  # what the index balances on; the gauge shows it
+        self.router_metrics = RouterMetrics(lambda: len(self.index.replicas))
         self.session: ClientSession | None = None
 
     def set_workers(self, urls: list[str]) -> None:
         added, removed = self.index.sync(urls)
+        for worker in removed:
+            self.router_metrics.forget(worker)
+        for worker in added:
+            self.router_metrics.worker(worker).in_flight.set(self.in_flight[worker])  # 0 unless it came back
         if added or removed:
             self.log(f"spillway route: routing over {len(urls)} ready pods (added {added}, removed {removed}; "
                      f"the index of the others is kept)")
@@ -124,13 +198,15 @@ class Router:
         except LookupError:
             return _error(503, "no ready vLLM pod to route to")
         worker = decision.replica
-        self.decisions[(worker, decision.reason)] += 1
-        self.matched_blocks[worker] += decision.matched_blocks
-        self.prompt_blocks[worker] += decision.prompt_blocks
+        series = self.router_metrics.worker(worker)
+        series.requests[decision.reason].inc()
+        series.matched_blocks.inc(decision.matched_blocks)
+        series.prompt_blocks.inc(decision.prompt_blocks)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         assert self.session is not None
         response: web.StreamResponse | None = None
         self.in_flight[worker] += 1
+        series.in_flight.set(self.in_flight[worker])
         try:
             async with self.session.request(request.method, f"{worker}{request.rel_url}", data=body,
                                             headers=headers) as upstream:
@@ -144,7 +220,7 @@ class Router:
                 await response.write_eof()
                 return response
         except (TimeoutError, ClientError, OSError) as exc:
-            self.upstream_errors[worker] += 1
+            series.upstream_errors.inc()
             if response is not None and response.prepared:
                 # The answer had begun (a stream cut by the pod or the client): nothing more can be sent.
                 self.log(f"spillway route: a response from {worker} was cut: {exc.__class__.__name__}: {exc}")
@@ -152,27 +228,15 @@ class Router:
             return _error(502, f"vLLM pod {worker} did not answer: {exc.__class__.__name__}: {exc}")
         finally:
             self.in_flight[worker] -= 1
+            self.router_metrics.set_in_flight(worker, self.in_flight[worker])
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.exposition(), content_type="text/plain", charset="utf-8",
+        return web.Response(body=self.exposition(), content_type="text/plain", charset="utf-8",
                             headers={"Cache-Control": "no-store"})
 
-    def exposition(self) -> str:
-        """Prometheus text format: per worker and decision, requests, matched and prompt blocks."""
-        lines = [f"# TYPE {routing.ROUTER_METRIC_REQUESTS} counter"]
-        lines += [f'{routing.ROUTER_METRIC_REQUESTS}{{worker="{w}",decision="{d}"}} {n}'
-                  for (w, d), n in sorted(self.decisions.items())]
-        for name, counter in ((routing.ROUTER_METRIC_MATCHED_BLOCKS, self.matched_blocks),
-                              (routing.ROUTER_METRIC_PROMPT_BLOCKS, self.prompt_blocks),
-                              (routing.ROUTER_METRIC_UPSTREAM_ERRORS, self.upstream_errors)):
-            lines.append(f"# TYPE {name} counter")
-            lines += [f'{name}{{worker="{w}"}} {n}' for w, n in sorted(counter.items())]
-        lines.append(f"# TYPE {routing.ROUTER_METRIC_IN_FLIGHT} gauge")
-        lines += [f'{routing.ROUTER_METRIC_IN_FLIGHT}{{worker="{w}"}} {self.in_flight[w]}'
-                  for w in self.index.replicas]
-        lines.append(f"# TYPE {routing.ROUTER_METRIC_WORKERS} gauge")
-        lines.append(f"{routing.ROUTER_METRIC_WORKERS} {len(self.index.replicas)}")
-        return "\n".join(lines) + "\n"
+    def exposition(self) -> bytes:
+        """Prometheus text format (prometheus_client's, of the router's own registry)."""
+        return self.router_metrics.exposition()
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -40,6 +40,8 @@ ROUTER_METRIC_UPSTREAM_ERRORS = "spillway_router_upstream_errors_total"  # reque
 ROUTER_METRIC_IN_FLIGHT = "spillway_router_in_flight"
 ROUTER_METRIC_WORKERS = "spillway_router_workers"
 ROUTER_METRIC_PREFIX = "spillway_router_"
+ROUTER_LABEL_WORKER = "worker"  # the worker's URL, http://<pod IP>:8000
+ROUTER_LABEL_DECISION = "decision"
 # Blocks the router remembers per pod when no plan says (`spillway route` outside the operator): a 512 GiB pool
 # of 2 MiB blocks; an entry costs about 100 bytes.
 DEFAULT_INDEX_BLOCKS = 262_144
