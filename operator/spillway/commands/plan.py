@@ -170,6 +170,12 @@ def _groups_line(p: Plan) -> str:
             f"{format_bytes(p.groups.row_bytes)} row per rank")
 
 
+def _row_layers(p: Plan) -> str:
+    """What one offload row holds: every layer, or for a model of several KV-cache groups one group's."""
+    groups = p.layout.groups
+    return "all layers" if len(groups.groups) == 1 else f"{groups.row_layers} layers of one KV-cache group"
+
+
 def format_plan(p: Plan) -> str:
     g, lay = p.layout.geometry, p.layout
     heads = "latent (MLA)" if g.attention == Attention.MLA else f"{g.num_kv_heads} KV heads, {lay.kv_heads_per_rank} per rank"
@@ -179,8 +185,8 @@ def format_plan(p: Plan) -> str:
         ("attention", f"{heads}, head dim {g.head_dim}"),
         ("kv cache dtype", f"{lay.kv_cache_dtype} ({lay.dtype_bytes} B)"),
         ("tensor parallel", str(lay.tensor_parallel_size)),
-        ("layer page", f"{format_bytes(lay.layer_page_bytes)} ({lay.block_size} tokens, one of K/V, one rank)"),
-        ("KV block", f"{format_bytes(lay.block_bytes)} (all layers, one rank: the DMA unit)"),
+        ("layer page", f"{format_bytes(lay.layer_page_bytes)} ({lay.kv_block_size} tokens, one of K/V, one rank)"),
+        ("KV block", f"{format_bytes(lay.block_bytes)} ({_row_layers(p)}, one rank: the DMA unit)"),
         ("bytes per token", f"{format_bytes(lay.bytes_per_token)} (all ranks)"),
         *([("KV-cache groups", _groups_line(p))] if p.groups is not None and p.groups.is_hybrid else []),
     ])

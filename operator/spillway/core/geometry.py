@@ -1,7 +1,9 @@
 """Model geometry: how many bytes of KV cache one token and one block take.
 
-Computed from the facts core.model_facts reads from a Hugging Face `config.json` (the one reading the KV-cache
-groups use too); reading that file, the bundled catalog or the hub is spillway.adapters' job. An architecture is
+Computed from the facts core.model_facts reads from a Hugging Face `config.json`; the bytes of a block and of a
+token are those of the model's KV-cache groups (core/groups.py), the one model of what vLLM allocates and the
+offload moves, so a hybrid's Mamba or window layers are not counted as attention. Reading that file, the bundled
+catalog or the hub is spillway.adapters' job. An architecture is
 sized only where vLLM 0.33's own answer for it is recorded and the planner agrees with it (core/vllm_coverage.py,
 generated from tests/planner/coverage/truth.json); every other one is refused with the reason.
 """
@@ -12,9 +14,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from spillway_connector.versions import require_supported
+
 from .errors import InvalidSpec, ModelGeometryUnknown
-from .model_facts import ModelFacts, cached_hash, read_facts, text_config
+from .groups import CacheGroup, KVGroups, host_copies, kv_groups
+from .model_facts import FULL, MLA, ModelFacts, cached_hash, read_facts, text_config
 from .options import Attention
+from .vllm_api import IMAGE_VLLM_VERSION
 from .vllm_coverage import REFUSED, SIZED
 
 # Tokens per GPU KV block; vLLM's own default is 16. 64-token blocks (8 MiB cross-layer copies for Llama-3.1-8B
@@ -23,6 +29,8 @@ from .vllm_coverage import REFUSED, SIZED
 # offload), and TTFT from CPU 122 vs 140 ms at 32K tokens (bench/results/h200-2026-12-01-r5). The price is the
 # grain of a hit: vLLM matches a cached prefix in whole blocks, so a prefix loses up to 63 tokens instead of 15.
 DEFAULT_BLOCK_SIZE = 64
+
+IMAGE_RELEASE = require_supported(IMAGE_VLLM_VERSION)  # the vLLM release a layout is sized for unless told
 
 KV_CACHE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
@@ -52,22 +60,32 @@ class ModelGeometry:
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Geometry with tensor parallelism, block size and cache dtype applied."""
+    """Geometry with tensor parallelism, block size, cache dtype and vLLM release applied. Its bytes are the KV-cache
+    groups': one offload row per block of a group, as vLLM allocates and copies it."""
 
     geometry: ModelGeometry
     tensor_parallel_size: int
-    block_size: int
+    block_size: int  # tokens per block asked (--block-size); a Mamba hybrid's KV block is larger (kv_block_size)
     kv_cache_dtype: str
     dtype_bytes: int
     kv_heads_per_rank: int
-    layer_page_bytes: int  # one K (or V, or MLA latent) page of one layer, one rank
-    block_bytes: int  # one block, all layers, K and V, ONE rank: the DMA unit
-    bytes_per_token: int  # whole model, all ranks (GPU side)
+    layer_page_bytes: int  # one K (or V, or MLA latent) page of one attention layer, one KV block, one rank
+    block_bytes: int  # one offload row: one KV block of a group's layers, K and V, ONE rank: the DMA unit
+    bytes_per_token: int  # a long prefix's KV per token, all ranks (GPU side): its rows over the block's tokens
     replicated: bool  # MLA: every rank holds the same latent
+    groups: KVGroups
 
     @property
     def kv_per_layer(self) -> int:
         return 1 if self.geometry.attention == Attention.MLA else 2
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.groups.block_size
+
+    @property
+    def prefix_rows(self) -> int:
+        return self.groups.prefix_rows
 
 
 def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> ModelGeometry:
@@ -94,8 +112,9 @@ def kv_layout(
     tensor_parallel_size: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
     kv_cache_dtype: str = "auto",
+    release: tuple[int, int] = IMAGE_RELEASE,
 ) -> KVLayout:
-    """Apply tensor parallelism, block size and cache dtype (vLLM's own rules)."""
+    """Apply tensor parallelism, block size and cache dtype (vLLM's own rules) on `release`."""
     if tensor_parallel_size < 1:
         raise InvalidSpec(f"tensor parallel size must be >= 1, got {tensor_parallel_size}")
     if block_size < 1:
@@ -109,7 +128,8 @@ def kv_layout(
     if dtype not in KV_CACHE_DTYPE_BYTES:
         raise InvalidSpec(f"kv cache dtype {kv_cache_dtype!r} unknown (auto, {', '.join(KV_CACHE_DTYPE_BYTES)})")
     dtype_bytes = KV_CACHE_DTYPE_BYTES[dtype]
-    if geometry.attention == Attention.MLA:
+    mla = geometry.attention == Attention.MLA
+    if mla:
         heads_per_rank, replicated = 1, True
     else:
         kv = geometry.num_kv_heads
@@ -119,9 +139,16 @@ def kv_layout(
                 f"tensor parallel size {tensor_parallel_size}"
             )
         heads_per_rank, replicated = max(1, kv // tensor_parallel_size), kv < tensor_parallel_size
-    layer_page = block_size * heads_per_rank * geometry.head_dim * dtype_bytes
-    kv_per_layer = 1 if geometry.attention == Attention.MLA else 2
-    block_bytes = layer_page * kv_per_layer * geometry.num_layers
+    kv_per_layer = 1 if mla else 2
+    if geometry.facts is not None:
+        groups = kv_groups(geometry.facts, release, tensor_parallel_size, block_size, kv_cache_dtype, geometry.name)
+    else:  # a geometry given field by field: every layer full attention (or MLA), one group
+        page = block_size * heads_per_rank * geometry.head_dim * dtype_bytes * kv_per_layer
+        groups = KVGroups(release, (CacheGroup(MLA if mla else FULL, geometry.num_layers, page, block_size),),
+                          host_copies(release, mla, tensor_parallel_size), replicated)
+    # A hybrid moves one row per block of each group, and past their windows only the full-attention groups' rows
+    # grow with the prefix: its bytes a token are theirs, not every layer's as attention (Nemotron-H-8B: 4 of 52).
+    block_bytes = groups.row_bytes
     return KVLayout(
         geometry=geometry,
         tensor_parallel_size=tensor_parallel_size,
@@ -129,8 +156,9 @@ def kv_layout(
         kv_cache_dtype=dtype,
         dtype_bytes=dtype_bytes,
         kv_heads_per_rank=heads_per_rank,
-        layer_page_bytes=layer_page,
+        layer_page_bytes=groups.attention_page_bytes // kv_per_layer,
         block_bytes=block_bytes,
-        bytes_per_token=block_bytes * tensor_parallel_size // block_size,
+        bytes_per_token=block_bytes * groups.prefix_rows * tensor_parallel_size // groups.block_size,
         replicated=replicated,
+        groups=groups,
     )

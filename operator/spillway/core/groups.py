@@ -103,6 +103,27 @@ class KVGroups:
         return max(g.block_bytes for g in self.groups)
 
     @property
+    def prefix_rows(self) -> int:
+        """Rows each block of a long prefix takes: one per group that keeps the whole prefix (full attention, MLA).
+        A window or Mamba group keeps only its last chunks, so past them it adds no bytes a token; a model of
+        windows only (Mistral v0.1) still takes one row a block up to its window."""
+        return max(1, sum(1 for g in self.groups if self.window_chunks(g) is None))
+
+    @property
+    def row_layers(self) -> int:
+        """Layers of the group whose block makes the row: the per-layer copies of one row when each layer has its
+        own tensor (the plan's 'default' layout)."""
+        return max(self.groups, key=lambda g: g.block_bytes).layers
+
+    @property
+    def attention_page_bytes(self) -> int:
+        """One attention layer's page of one block, one rank (K and V, or the MLA latent), in the largest attention
+        group: a Mamba hybrid's is its grown block's. A group of layers of different pages (UniformTypeKVCacheSpecs)
+        gives its mean."""
+        group = max((g for g in self.groups if g.kind in ATTENTION_KINDS), key=lambda g: g.block_bytes)
+        return group.page_bytes // group.layers if group.uniform_type else group.page_bytes
+
+    @property
     def is_hybrid(self) -> bool:
         return len(self.groups) > 1 or self.groups[0].kind not in (FULL, MLA)
 

@@ -33,9 +33,9 @@ from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
 from .footprint import MAX_PIN_CALL_BYTES, Footprint, footprint, largest_pin_call, largest_pool, pinned_tensors, pins
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
-from .groups import FULL, MAMBA, MLA, CacheGroup, KVGroups, clear_group_caches, host_copies, kv_groups
+from .groups import MAMBA, MLA, KVGroups, clear_group_caches
 from .model_facts import cached_hash
-from .options import Attention, Connector, EvictionPolicy, Layout, choices
+from .options import Connector, EvictionPolicy, Layout, choices
 from .quantity import GiB, MiB, format_bytes, parse_bytes
 from .rates import interpolate_log2
 
@@ -151,8 +151,8 @@ class TransferPlan:
     """What the node's qualified copy rate means for this model (present when the node was qualified)."""
 
     qualified_gbps: float  # CPU->GPU at the size of each copy (1e9 B/s), from the node's qualification
-    copy_bytes: int  # one copy: a whole block when the layout is contiguous, else one layer's K and V
-    block_reload_us: float  # one KV block (one rank) back from CPU
+    copy_bytes: int  # one copy: a whole offload row when the layout is contiguous, else one layer's K and V
+    block_reload_us: float  # one offload row (one KV block of one group, one rank) back from CPU
     reload_tokens_per_s: float  # tokens of KV one replica can reload per second (ranks load in parallel)
 
 
@@ -188,6 +188,7 @@ class Plan:
                 **layout.geometry.as_dict(),
                 "tensor_parallel_size": layout.tensor_parallel_size,
                 "block_size": layout.block_size,
+                "kv_block_size": layout.kv_block_size,
                 "kv_cache_dtype": layout.kv_cache_dtype,
                 "dtype_bytes": layout.dtype_bytes,
                 "kv_heads_per_rank": layout.kv_heads_per_rank,
@@ -289,17 +290,13 @@ def _node_plan(node: NodeFacts, request: ServingRequest, multimodal: bool) -> tu
 
 
 def model_groups(geometry: ModelGeometry, request: ServingRequest) -> KVGroups:
-    """The model's KV-cache groups on the request's vLLM release (groups.py)."""
-    release = _version_tuple(request.vllm_version)
-    tp = request.tensor_parallel_size
-    if geometry.facts is not None:
-        return kv_groups(geometry.facts, release, tp, request.block_size, request.kv_cache_dtype, geometry.name)
-    # A geometry given field by field: every layer full attention (or MLA).
-    layout = kv_layout(geometry, tp, request.block_size, request.kv_cache_dtype)
-    mla = geometry.attention == Attention.MLA
-    group = CacheGroup(MLA if mla else FULL, geometry.num_layers, layout.layer_page_bytes * layout.kv_per_layer,
-                       request.block_size)
-    return KVGroups(release, (group,), host_copies(release, mla, tp), layout.replicated)
+    """The model's KV-cache groups on the request's vLLM release (groups.py), as its layout sizes them."""
+    return _layout(geometry, request).groups
+
+
+def _layout(geometry: ModelGeometry, request: ServingRequest) -> KVLayout:
+    return kv_layout(geometry, request.tensor_parallel_size, request.block_size, request.kv_cache_dtype,
+                     _version_tuple(request.vllm_version))
 
 
 @dataclass(frozen=True)
@@ -450,7 +447,7 @@ def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | N
         slower = f" ({transfer.qualified_gbps:.1f} GB/s on this node)" if transfer else ""
         out.append(
             f"layout 'default' splits each block per layer: offload transfers become "
-            f"{layout.geometry.num_layers} copies of {format_bytes(copy_bytes(layout, request))}{slower}"
+            f"{layout.groups.row_layers} copies of {format_bytes(copy_bytes(layout, request))}{slower}"
         )
     if node is not None and node_facts is not None and node.replicas_per_node * request.tensor_parallel_size < node_facts.gpus:
         idle = node_facts.gpus - node.replicas_per_node * request.tensor_parallel_size
@@ -480,8 +477,8 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     _validate_offload(request.offload, request.block_size)
     disk_tier.check_request(request.offload.disk, request.offload.enabled, request.offload.connector,
                             _version_tuple(request.vllm_version))
-    layout = kv_layout(geometry, request.tensor_parallel_size, request.block_size, request.kv_cache_dtype)
-    groups = model_groups(geometry, request)
+    layout = _layout(geometry, request)
+    groups = layout.groups
     node_plan = pool = pod = disk = None
     engine = NO_NODE_ENGINE
     prefault: dict[str, str] = {}
@@ -606,7 +603,7 @@ def engine_env(request: ServingRequest) -> dict[str, str]:
 
 
 def copy_bytes(layout: KVLayout, request: ServingRequest) -> int:
-    """Bytes of one host<->GPU copy: the whole block when it is contiguous, else one layer's K and V."""
+    """Bytes of one host<->GPU copy: the whole offload row when it is contiguous, else one layer's K and V."""
     if request.offload.layout == Layout.CONTIGUOUS:
         return layout.block_bytes
     return layout.layer_page_bytes * layout.kv_per_layer
@@ -620,7 +617,9 @@ def _transfer_plan(layout: KVLayout, request: ServingRequest, node: NodeFacts | 
     if not gbps:
         return None
     rate = gbps * 1e9
-    return TransferPlan(gbps, unit, layout.block_bytes / rate * 1e6, rate * layout.block_size / layout.block_bytes)
+    # A block of prefix reloads one row per group that keeps the whole prefix (one for a model without windows).
+    return TransferPlan(gbps, unit, layout.block_bytes / rate * 1e6,
+                        rate * layout.kv_block_size / (layout.block_bytes * layout.prefix_rows))
 
 
 @functools.lru_cache(maxsize=64)
