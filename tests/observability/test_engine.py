@@ -1,6 +1,7 @@
 """A real Prometheus scraping a real vLLM (CPU engine, offloading through the Spillway connector's
-host-memory backend) under a workload that preempts, re-reads prompts and overflows the pool:
-every dashboard query and every recording rule must return data, and every rule must evaluate.
+host-memory backend) under a workload that preempts, re-reads prompts and overflows the pool, and the
+kv-aware router (`spillway route`) in front of it for the re-read prompts: every dashboard query and every
+recording rule must return data, and every rule must evaluate.
 """
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ import urllib.request
 import pytest
 from obs_files import RULE_FILES, alerting_rules, load_boards, query_panels, recording_rules, require_binary
 from prometheus_server import JOB, PrometheusServer
-from spillway.core import k8s_names
+from spillway.core import k8s_names, routing
 from spillway.core import vllm_api as V
 from spillway.observability import dashboards
 from support import TinyLlama, VllmServer, require_vllm
+from support.vllm_router import SpillwayRouter
 
 pytestmark = pytest.mark.engine
 
 # Labels a PodMonitor scrape would add; the static scrape config below adds the same.
 NAMESPACE, POD = "spillway-observability", "tiny-llama-0"
+ROUTER_POD = "tiny-llama-router-0"  # its series name the worker by URL; the dashboard names it as POD
 # Engine: 48 blocks of 32 tokens (CPU attention wants multiples of 32), no GPU-side prefix cache, so a
 # re-read prompt can only come back from the CPU pool. Pool: 32 chunks (one block each).
 BLOCK_SIZE, GPU_BLOCKS, POOL_CHUNKS, MAX_MODEL_LEN, MAX_SEQS = 32, 48, 32, 1280, 8
@@ -32,26 +35,27 @@ DISK_TIER_SERIES = "kv_offload_tier"
 VERSION_PATH = "/version"
 
 
-def _post(server: VllmServer, prompt: list[int], max_tokens: int) -> dict:
+def _post(server: VllmServer, prompt: list[int], max_tokens: int, via: str | None = None) -> dict:
     body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
             "temperature": 0.0}
-    request = urllib.request.Request(server.url(V.COMPLETIONS_PATH), json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+    url = f"{via}{V.COMPLETIONS_PATH}" if via else server.url(V.COMPLETIONS_PATH)
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as response:
         return json.load(response)["usage"]
 
 
-def drive(server: VllmServer, round_index: int) -> None:
+def drive(server: VllmServer, router: SpillwayRouter, round_index: int) -> None:
     seed = 1000 * round_index
     # 8 requests of 5 prompt blocks growing to 12: more than the 48 GPU blocks, so vLLM preempts;
     # their KV is stored in the pool as it is computed and reloaded when they resume.
     prompts = [server.token_ids(160, seed=seed + i) for i in range(MAX_SEQS)]
     with concurrent.futures.ThreadPoolExecutor(MAX_SEQS) as pool:
         list(pool.map(lambda prompt: _post(server, prompt, 200), prompts))
-    # A prompt read twice: the second read finds its 4 blocks in the pool.
+    # A prompt read twice: the second read finds its 4 blocks in the pool. Through the router: a new prefix,
+    # then its 4 blocks matched where they were sent.
     reread = server.token_ids(4 * BLOCK_SIZE + 8, seed=seed + 500)
-    _post(server, reread, 1)
-    _post(server, reread, 1)
+    _post(server, reread, 1, via=router.base_url)
+    _post(server, reread, 1, via=router.base_url)
     # A prompt of more blocks than the pool holds: its stores fail to allocate.
     _post(server, server.token_ids((POOL_CHUNKS + 6) * BLOCK_SIZE, seed=seed + 900), 1)
 
@@ -65,20 +69,21 @@ def engine():
     pool_bytes = POOL_CHUNKS * BLOCK_SIZE * TinyLlama().kv_bytes_per_token
     server = VllmServer(num_gpu_blocks=GPU_BLOCKS, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN,
                         max_num_seqs=MAX_SEQS, prefix_caching=False, extra_args=cpu_offload_args(pool_bytes))
-    with server:
-        yield server, prometheus_binary
+    with server, SpillwayRouter([server.base_url], block_size=BLOCK_SIZE) as router:
+        yield server, router, prometheus_binary
 
 
 @pytest.fixture(scope="module")
 def prometheus(engine):
-    server, binary = engine
-    labels = {"namespace": NAMESPACE, "pod": POD, "container": k8s_names.CONTAINER_VLLM}
-    with PrometheusServer(binary, [(f"127.0.0.1:{server.port}", labels)], RULE_FILES,
-                          metrics_path=V.METRICS_PATH) as prom:
-        assert prom.wait_for(f'up{{job="{JOB}"}} == 1'), prom.log_tail()
+    server, router, binary = engine
+    assert routing.ROUTER_METRICS_PATH == V.METRICS_PATH  # one scrape job for both
+    targets = [(f"127.0.0.1:{server.port}", {"namespace": NAMESPACE, "pod": POD, "container": k8s_names.CONTAINER_VLLM}),
+               (f"127.0.0.1:{router.metrics_port}", {"namespace": NAMESPACE, "pod": ROUTER_POD, "container": k8s_names.CONTAINER_ROUTER})]
+    with PrometheusServer(binary, targets, RULE_FILES, metrics_path=V.METRICS_PATH) as prom:
+        assert prom.wait_for(f'count(up{{job="{JOB}"}} == 1) == 2'), prom.log_tail()
         started = time.monotonic()
         for round_index in range(ROUNDS):
-            drive(server, round_index)
+            drive(server, router, round_index)
             prom.wait_for_evaluation(since=time.time())  # a scrape and a rule evaluation after each round
         print(f"\nworkload: {time.monotonic() - started:.0f}s for {ROUNDS} rounds")
         yield prom
@@ -86,7 +91,7 @@ def prometheus(engine):
 
 @pytest.fixture(scope="module")
 def vllm_version(engine) -> tuple[int, int]:
-    server, _ = engine
+    server, _, _ = engine
     with urllib.request.urlopen(server.url(VERSION_PATH), timeout=30) as response:
         major, minor = json.load(response)["version"].split(".")[:2]
     return int(major), int(minor)

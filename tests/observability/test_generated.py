@@ -18,14 +18,15 @@ from obs_files import (
     query_panels,
     recording_rules,
 )
-from spillway.core import k8s_names
+from spillway.core import k8s_names, routing
 from spillway.core.vllm_api import Metric, TieringMetric
 from spillway.observability import __main__ as generator
 from spillway.observability import alerts, dashboards, recording
 from spillway_connector import names as connector
 
 # Series names as they appear in PromQL: vLLM's, the connector's, ours, cAdvisor's, kube-state-metrics'.
-SERIES = re.compile(r"\b(?:vllm:|spillway:|spillway_pod:|spillway_node_|kube_|container_)[A-Za-z0-9_:]*")
+SERIES = re.compile(r"\b(?:vllm:|spillway:|spillway_pod:|spillway_node_|spillway_router_|kube_|container_)"
+                    r"[A-Za-z0-9_:]*")
 SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
 
 
@@ -35,6 +36,7 @@ def known_series() -> set[str]:
     bare |= set(connector.ALL)
     bare |= {k8s_names.METRIC_NODE_QUALIFIED_DMA_GBPS, alerts.CONTAINER_WORKING_SET, alerts.CONTAINER_LIMITS,
              alerts.POD_INFO}
+    bare |= {value for key, value in vars(routing).items() if key.startswith("ROUTER_METRIC_") and value != routing.ROUTER_METRIC_PREFIX}
     exported = {name + suffix for name in bare for suffix in SUFFIXES}
     return exported | {rule.record for rule in recording.rules()}
 
@@ -88,6 +90,23 @@ def test_product_questions_have_panels():
                    recording.PREEMPTED_RELOADS_RATE, recording.ALLOCATION_FAILURES_RATE, recording.TTFT_P99,
                    recording.GENERATION_TOKENS_RATE, Metric.OFFLOAD_CONFIG_INFO, Metric.OFFLOAD_CPU_USAGE):
         assert record in exprs, record
+
+
+def test_the_router_row_reads_every_router_series_per_vllm_pod():
+    """The kv-aware router's requests by decision, matched / prompt blocks, in flight and upstream errors, each
+    named by the vLLM pod its worker URL points at (so the model and pod variables select them)."""
+    board = load_boards()[DASHBOARD_FILES[0].name]
+    panels = dashboard_panels(board)
+    row = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Router")
+    router_panels = [p for p in panels[row + 1:] if p.get("targets")][:4]
+    exprs = " ".join(t["expr"] for p in router_panels for t in p["targets"])
+    for metric in (routing.ROUTER_METRIC_REQUESTS, routing.ROUTER_METRIC_MATCHED_BLOCKS,
+                   routing.ROUTER_METRIC_PROMPT_BLOCKS, routing.ROUTER_METRIC_IN_FLIGHT,
+                   routing.ROUTER_METRIC_UPSTREAM_ERRORS):
+        assert metric in exprs, metric
+    for panel in router_panels:
+        for target in panel["targets"]:
+            assert "group_left (pod, model_name)" in target["expr"] and "{{pod}}" in target["legendFormat"]
 
 
 @pytest.mark.parametrize("source", ["dashboards", "rules", "alert tests"])

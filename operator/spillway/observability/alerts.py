@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 from spillway_connector import names as connector
 
-from spillway.core import k8s_names
+from spillway.core import k8s_names, routing
 from spillway.core.vllm_api import Metric
 
 from . import recording as rec
-from .promql import CONTAINER, NAMESPACE, NODE, POD, POD_KEY, by, eq, selector
+from .promql import CONTAINER, NAMESPACE, NODE, POD, POD_KEY, WINDOW, by, eq, selector
 
 # cAdvisor (kubelet) and kube-state-metrics series the alerts join with.
 CONTAINER_WORKING_SET = "container_memory_working_set_bytes"
@@ -42,6 +42,8 @@ class Config:
     memory_limit_fraction: float = 0.9
     disk_min_evicted_chunks_per_s: float = 1.0  # "evicting at all": below this churn the ratio means little
     disk_read_fraction_of_break_even: float = 1.0  # reads below the planned break-even rate (times this)
+    router_upstream_error_fraction: float = 0.05  # of the requests the router sends a pod
+    router_min_upstream_errors_per_s: float = 0.05  # 3 a minute: a few cut streams on a quiet router are not it
     runbook_url_pattern: str = RUNBOOK_URL_PATTERN  # {anchor}: the alert's section
 
     def runbook_url(self, alert_name: str) -> str:
@@ -293,6 +295,40 @@ def disk_tier_reads_too_slow(t: Config) -> Alert:
     )
 
 
+def router_upstream_errors(t: Config) -> Alert:
+    key = by(NAMESPACE, POD, routing.ROUTER_LABEL_WORKER)  # the router pod and the worker it failed to reach
+    errors = f"sum {key} (rate({routing.ROUTER_METRIC_UPSTREAM_ERRORS}[{WINDOW}]))"
+    requests = f"sum {key} (rate({routing.ROUTER_METRIC_REQUESTS}[{WINDOW}]))"
+    expr = (f"{errors}\n/\n{requests}\n> {t.router_upstream_error_fraction:g}\n"
+            f"and\n{errors}\n> {t.router_min_upstream_errors_per_s:g}")
+    return Alert(
+        name="SpillwayRouterUpstreamErrors",
+        expr=expr,
+        duration="10m",
+        severity="warning",
+        summary="Router {{ $labels.namespace }}/{{ $labels.pod }} gets no answer from {{ $labels.worker }} for "
+                "{{ $value | humanizePercentage }} of its requests",
+        description=(
+            "The kv-aware router {{ $labels.pod }} sent {{ $labels.worker }} requests it did not answer (the "
+            "client got a 502) or whose answer was cut mid-stream: {{ $value | humanizePercentage }} of them over "
+            f"the last {WINDOW}, more than {t.router_upstream_error_fraction:.0%} and "
+            f"{t.router_min_upstream_errors_per_s:g}/s, for 10 minutes. The router keeps sending the pod its "
+            "prefixes for as long as DNS lists it as ready."
+        ),
+        runbook=(
+            "1. Dashboard row 'Router', panel 'Upstream errors': one pod failing while the others answer is that "
+            "pod's trouble. Find it by the IP in the worker URL (`kubectl -n NAMESPACE get pods -o wide`), then "
+            "its vLLM log, restarts (an OOM kill) and readiness.\n"
+            "2. Every pod failing: the path from the router to the pods. The vLLM pods' NetworkPolicy admits "
+            "the ModelServer's router pods to port 8000 (docs/routing.md); a policy of the site's own can block "
+            "them.\n"
+            "3. Cut streams count too: a client that closes its stream early shows as errors of the pod it "
+            "streamed from. The router's log says 'a response from ... was cut' for these; raise the client's "
+            "timeout, or regenerate the rules with a higher --router-upstream-error-fraction if clients cancel by design."
+        ),
+    )
+
+
 def alerts(t: Config = DEFAULT) -> list[Alert]:
     return [
         allocation_failures(t),
@@ -303,4 +339,5 @@ def alerts(t: Config = DEFAULT) -> list[Alert]:
         modelserver_not_planned(t),
         disk_tier_churns(t),
         disk_tier_reads_too_slow(t),
+        router_upstream_errors(t),
     ]

@@ -18,6 +18,7 @@ from grafana_foundation_sdk.models import dashboard as gm
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from spillway_connector import names as connector
 
+from spillway.core import routing
 from spillway.core.vllm_api import CacheHitSource, Metric, OffloadConfigInfoLabel
 
 from . import recording as rec
@@ -248,6 +249,7 @@ def offload_rows() -> tuple[RowSpec, ...]:
         ),
         _disk_tier_row(),
         _routing_row(),
+        _router_row(),
     )
 
 
@@ -336,6 +338,76 @@ def _routing_row() -> RowSpec:
                 "each when evenly spread.",
                 "percentunit",
                 (Query(f"{finished} / ignoring({POD}) group_left sum {model} ({finished})", "{{pod}}"),),
+            ),
+        ),
+    )
+
+
+WORKER, DECISION = routing.ROUTER_LABEL_WORKER, routing.ROUTER_LABEL_DECISION
+INSTANCE = "instance"  # Prometheus' scrape address: a vLLM pod's is <pod IP>:8000, the address its worker URL names
+ROUTER_FILTER = FILTER[0]  # the router's series carry the namespace; model and pod come from the worker's pod
+
+
+def _router_rate(metric: str, *labels: str) -> str:
+    return f"sum {by(NAMESPACE, WORKER, *labels)} (rate({selector(metric, ROUTER_FILTER)}[{RATE_INTERVAL}]))"
+
+
+def by_worker_pod(expr: str, *matchers: str) -> str:
+    """A router series summed per worker (labels namespace, worker, ...) under the name of the vLLM pod it
+    routes to: the worker URL http://<pod IP>:8000 is the pod's scrape address (its `instance`), whose vLLM
+    series carry `pod` and `model_name`; so the dashboard's model and pod selection applies and a series is
+    named as every other row names it. Every router pod of a ModelServer is summed; a worker whose pod
+    Prometheus no longer scrapes drops out (the alert reads the router's series as they are)."""
+    as_instance = f'label_replace({expr}, "{INSTANCE}", "$1", "{WORKER}", "[a-z]+://(.+)")'
+    pods = f"group {by(NAMESPACE, INSTANCE, POD, MODEL)} ({selector(VARIABLE_SOURCE, *matchers)})"
+    return f"({as_instance} * on ({NAMESPACE}, {INSTANCE}) group_left ({POD}, {MODEL}) {pods})"
+
+
+def _router_row() -> RowSpec:
+    requests = routing.ROUTER_METRIC_REQUESTS
+    share = (f"{by_worker_pod(_router_rate(requests, DECISION), *FILTER)}\n/ on ({NAMESPACE}, {MODEL}) group_left ()\n"
+             f"(sum {by(NAMESPACE, MODEL)} ({by_worker_pod(_router_rate(requests), *FILTER[:2])}) > 0)")
+    matched = (f"{_router_rate(routing.ROUTER_METRIC_MATCHED_BLOCKS)}\n/ "
+               f"({_router_rate(routing.ROUTER_METRIC_PROMPT_BLOCKS)} > 0)")
+    in_flight = f"sum {by(NAMESPACE, WORKER)} ({selector(routing.ROUTER_METRIC_IN_FLIGHT, ROUTER_FILTER)})"
+    return RowSpec(
+        "Router",
+        "The kv-aware router (`spillway route`, spec.routing.mode kv-aware): where it sends requests and why, "
+        "per vLLM pod it routes to. prefix: to the pod that was sent the prompt's leading blocks; new: a prefix "
+        "no pod holds, to the pod holding the fewest; overloaded: its holder was too far above the least loaded "
+        "pod. Matched blocks / prompt blocks is the share of prompt blocks sent where they were sent before, "
+        "the most the CPU pools can hit. Upstream errors: requests a pod did not answer (502) or cut (alert "
+        "SpillwayRouterUpstreamErrors). Empty without the router.",
+        (
+            PanelSpec(
+                "Requests per pod and decision",
+                "Each pod's share of the model's routed requests, by the router's decision "
+                "(spillway_router_requests_total, labels worker and decision: prefix, new, overloaded).",
+                "percentunit",
+                (Query(share, "{{pod}} {{decision}}"),),
+            ),
+            PanelSpec(
+                "Prompt blocks matched",
+                "Prompt blocks sent to a pod that was sent them before / prompt blocks routed, per pod "
+                "(spillway_router_matched_blocks_total / spillway_router_prompt_blocks_total): the router's "
+                "prefix hit share, an upper bound for the pod's CPU pool hit rate.",
+                "percentunit",
+                (Query(by_worker_pod(matched, *FILTER), "{{pod}}"),),
+            ),
+            PanelSpec(
+                "Requests in flight",
+                "Requests the router has sent to each pod and not yet had answered (spillway_router_in_flight): "
+                "the load the router balances; a prefix's pod is passed over when it is --max-imbalance above "
+                "the least loaded.",
+                "none",
+                (Query(by_worker_pod(in_flight, *FILTER), "{{pod}}"),),
+            ),
+            PanelSpec(
+                "Upstream errors",
+                "Requests per second a pod did not answer (the client got a 502 naming it) or whose answer was "
+                "cut mid-stream, by the pod or by the client (spillway_router_upstream_errors_total).",
+                "reqps",
+                (Query(by_worker_pod(_router_rate(routing.ROUTER_METRIC_UPSTREAM_ERRORS), *FILTER), "{{pod}}"),),
             ),
         ),
     )
