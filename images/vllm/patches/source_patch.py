@@ -1,8 +1,9 @@
-"""What every source patch of images/vllm/patches/ shares: find vLLM, apply, revert, check, one-line errors.
+"""What every source patch of images/vllm/patches/ shares: find the site, apply, revert, check, one-line errors.
 
-A patch is one file of vLLM's tree rewritten by a pure function (`transform`, source -> source) that raises
-PatchError when the code does not read as the patch expects, so that the image build of a vLLM that changed it
-fails and someone decides whether the patch is still needed. The original is kept beside the file for revert,
+A patch is one file of vLLM's tree, or of a package vLLM's server imports (`package`: found wherever import
+finds it), rewritten by a pure function (`transform`, source -> source) that raises PatchError when the code does
+not read as the patch expects, so that the image build of a vLLM that changed it fails and someone decides
+whether the patch is still needed. The original is kept beside the file for revert,
 and the file's compiled bytecode is removed so that Python cannot import the stale one.
 """
 from __future__ import annotations
@@ -16,15 +17,20 @@ from pathlib import Path
 
 
 class PatchError(Exception):
-    """vLLM's source does not read as the patch expects."""
+    """The patched package's source does not read as the patch expects."""
+
+
+def package_site(package: str) -> Path:
+    """The site-packages folder of the `package` this interpreter imports (found as import finds it)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise PatchError(f"{package} is not importable here")
+    return Path(next(iter(spec.submodule_search_locations))).parent
 
 
 def vllm_site() -> Path:
     """The site-packages folder of the vLLM this interpreter imports."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        raise PatchError("vllm is not importable here")
-    return Path(next(iter(spec.submodule_search_locations))).parent
+    return package_site("vllm")
 
 
 def vllm_release(site: Path) -> str | None:
@@ -44,6 +50,11 @@ class SourcePatch:
     transform: Callable[[str], str]  # the original source -> the patched one; PatchError when it does not read
     # The "major.minor" releases whose code needs the patch; another release is left as is (None: every one).
     releases: tuple[str, ...] | None = None
+    package: str = "vllm"  # the package `relative` belongs to: its site is where `site()` looks
+
+    def site(self) -> Path:
+        """The site-packages folder of the patched package this interpreter imports (vLLM's, or starlette's)."""
+        return package_site(self.package)
 
     def needed(self, site: Path) -> bool:
         release = vllm_release(site)
@@ -95,7 +106,7 @@ class SourcePatch:
             print(f"usage: {self.name}.py apply|revert|check [SITE_PACKAGES]", file=sys.stderr)
             return 2
         try:
-            site = Path(argv[1]) if len(argv) > 1 else vllm_site()
+            site = Path(argv[1]) if len(argv) > 1 else self.site()
             if argv[0] == "check" and not self.needed(site):
                 print(f"{self.name}: not needed on vLLM {vllm_release(site)} (for {', '.join(self.releases)})")
             elif argv[0] == "check":
