@@ -597,13 +597,19 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
     log(f"  env {env} (dropped: {list(dropped)})")
     offload = plan.get("pool") is not None or api.FLAG_KV_OFFLOADING_SIZE in args
     patches = [load_patch(name) for name in spec.get("vllm_patches", [])]
+    sites: dict[str, Path] = {}
     if patches:
         try:
-            site = patches[0].vllm_site()
-            result["vllm_patches"] = {p.NAME: p.apply(site) for p in patches}
+            # Each patch's own package, where import finds it: vLLM's, or starlette's (fast_json_body), which
+            # the staged tree may hold beside vLLM or leave to the machine's own site-packages.
+            sites = {p.NAME: p.PATCH.site() for p in patches}
+            result["vllm_patches"] = {p.NAME: p.apply(sites[p.NAME]) for p in patches}
         except Exception as exc:  # noqa: BLE001 - an engine whose patch does not apply is skipped, not the run
             result["error"] = f"vLLM patch: {type(exc).__name__}: {exc}"
             log(f"  FAILED: {result['error']}")
+            for p in patches:  # those applied before it would otherwise stay for the next engines
+                if p.NAME in sites:
+                    p.revert(sites[p.NAME])
             return result
         log(f"  vLLM patches: {result['vllm_patches']}")
     timeout = aiohttp.ClientTimeout(total=900)
@@ -650,7 +656,7 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
             server.stop()
             result["engine_log"] = engine_log_facts(server.log_path)
             for p in patches:
-                p.revert(site)
+                p.revert(sites[p.NAME])
     return result
 
 
