@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from spillway_connector import names
+from spillway_connector.batched_pin import batched_prepare_load
 from spillway_connector.batched_release import batched_complete_load
 from spillway_connector.compat import (
     FAST_HIT_SOURCES,
@@ -120,8 +121,11 @@ class SpillwayOffloadingConnector(OffloadingConnector):
             manager = self.connector_scheduler.manager
             self._disk_tiers = guard_disk_tiers(manager, vllm_config.kv_transfer_config.kv_connector_extra_config)
             self._pool = PoolProbe(manager, pool_capacity_chunks(manager))
-            release = batched_complete_load(manager)
-            if release is not None:  # vLLM's work in one pass (spillway_connector/batched_release.py)
+            # vLLM's work in one pass (spillway_connector/batched_pin.py, batched_release.py)
+            pin, release = batched_prepare_load(manager), batched_complete_load(manager)
+            if pin is not None:
+                self._pool.prepare_load = pin
+            if release is not None:
                 self._pool.complete_load = release
             self.connector_scheduler.manager = self._pool
 
