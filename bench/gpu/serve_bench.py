@@ -472,14 +472,19 @@ def stop_spies(spies: dict) -> dict:
     return profiles
 
 
-async def run_profiled(url: str, spec: dict, out_dir: Path, deadline: float, server: Server) -> dict:
-    """A `spillway loadtest` run (spec["profile"]["loadtest"]) with py-spy sampling the engine core and the API
-    server meanwhile: where their time goes at that load."""
-    prof = spec["profile"]
+def profiles(spec: dict) -> list[dict]:
+    """An engine's profiled runs: "profile" (one) or "profiles" (several, each with its own "name")."""
+    return spec.get("profiles") or ([spec["profile"]] if "profile" in spec else [])
+
+
+async def run_profiled(url: str, spec: dict, prof: dict, out_dir: Path, deadline: float, server: Server) -> dict:
+    """A `spillway loadtest` run (prof["loadtest"]) with py-spy sampling the engine core and the API server
+    meanwhile: where their time goes at that load."""
+    name = spec["name"] + (f"-{prof['name']}" if prof.get("name") else "")
     pids = engine_pids(server.proc.pid)
-    spies = start_spies(pids, prof, out_dir, spec["name"])
+    spies = start_spies(pids, prof, out_dir, name)
     await asyncio.sleep(1.0)
-    run = await run_loadtest(url, {**spec, "name": spec["name"] + "-profiled", "loadtest": prof["loadtest"]},
+    run = await run_loadtest(url, {**spec, "name": name + "-profiled", "loadtest": prof["loadtest"]},
                              out_dir, deadline)
     out: dict[str, Any] = {"pids": pids, "loadtest": run}
     out["profiles"] = stop_spies(spies)
@@ -635,8 +640,10 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
                 m0 = await scrape(session, server.url)
                 result["loadtest"] = await run_loadtest(server.url, spec, out_dir, deadline)
                 result["loadtest"]["metrics"] = delta(await scrape(session, server.url), m0)
-            if "profile" in spec and time.time() < deadline:
-                result["profile"] = await run_profiled(server.url, spec, out_dir, deadline, server)
+            for prof in profiles(spec):
+                if time.time() < deadline:
+                    result.setdefault("profiles", []).append(
+                        await run_profiled(server.url, spec, prof, out_dir, deadline, server))
             for run in spec.get("vllm_bench", []):
                 if time.time() < deadline:
                     m0 = await scrape(session, server.url)
