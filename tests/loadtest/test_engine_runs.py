@@ -72,6 +72,19 @@ def test_ttft_repeat_is_served_from_the_cpu_pool(server: VllmServer, tmp_path: P
     assert summary[512]["recompute_s"]["n"] == 2 and summary[512]["repeat_cpu_hit_rate"] >= 480 / 512
     assert "TTFT, ms" in out.stdout and "512" in out.stdout
     assert (tmp_path / "ttft.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one request at a time: the server's phase histograms count each request alone, and its phases nest inside
+    # what the client saw (a pool hit waits in the queue for its copy)
+    for sample in samples:
+        phases = sample["server"]
+        assert phases is not None, sample["counters"]
+        assert 0 < phases["ttft_s"] <= sample["ttft_s"]
+        assert phases["queue_s"] >= 0 and phases["prefill_s"] > 0 and phases["intake_s"] > -1e-3
+        assert phases["queue_s"] + phases["prefill_s"] <= phases["ttft_s"] + 1e-3
+        if sample["phase"] == "warm":
+            assert 0 < phases["copy_s"] <= phases["queue_s"], phases
+    for row in summary.values():
+        assert set(row["repeat_server_s"]) == {"ttft_s", "queue_s", "prefill_s", "copy_s", "intake_s"}
+    assert "Where a repeat's time to first token went" in out.stdout
 
 
 def test_throughput_achieves_the_target_hit_rates(server: VllmServer, tmp_path: Path):

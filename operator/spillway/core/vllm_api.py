@@ -158,6 +158,11 @@ class Metric:
     PREFIX_QUERIES = "vllm:prefix_cache_queries"
     PREEMPTIONS = "vllm:num_preemptions"
     TTFT = "vllm:time_to_first_token_seconds"
+    # A request's phases on the engine's own clocks (histograms observed when it finishes, vllm/v1/metrics/stats.py
+    # update_from_finished_request): queued -> first scheduled (a load from the pool waits in between), then
+    # scheduled -> first token. TTFT runs from the API server's arrival to the first token.
+    REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
+    REQUEST_PREFILL_TIME = "vllm:request_prefill_time_seconds"
     PROMPT_TOKENS = "vllm:prompt_tokens"
     # Prefix-cache hit tokens by the tier that supplied them, label CacheHitSource.LABEL (vLLM 0.32+:
     # vllm/v1/metrics/loggers.py, counter_prompt_tokens_cached_by_source).

@@ -31,7 +31,12 @@ VLLM_COUNTERS = (
     Metric.OFFLOAD_ALLOCATION_FAILURE,
 )
 CONNECTOR_COUNTERS = connector_names.COUNTERS
-COUNTERS = VLLM_COUNTERS + tuple(name for name in CONNECTOR_COUNTERS if name not in VLLM_COUNTERS)
+# Sums and counts of the histograms that split a request's time to first token into the server's phases
+# (Metric.TTFT, REQUEST_QUEUE_TIME, REQUEST_PREFILL_TIME): their deltas over one request are that request's.
+PHASE_HISTOGRAMS = (Metric.TTFT, Metric.REQUEST_QUEUE_TIME, Metric.REQUEST_PREFILL_TIME)
+PHASE_SERIES = tuple(f"{name}_{part}" for name in PHASE_HISTOGRAMS for part in ("sum", "count"))
+COUNTERS = (VLLM_COUNTERS + tuple(name for name in CONNECTOR_COUNTERS if name not in VLLM_COUNTERS)
+            + PHASE_SERIES)
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,22 @@ def _put_delta(deltas: dict[str, float], key: str, before: Snapshot, after: Snap
 
 def _direction_key(name: str, direction: str) -> str:
     return f"{name}{{{connector_names.LABEL_DIRECTION}={direction}}}"
+
+
+def server_phases(deltas: dict[str, float]) -> dict[str, float] | None:
+    """One request's time to first token on the server's clocks, in seconds, from the deltas over that request
+    alone; None unless each phase histogram counted exactly one request (another request, or a scrape before the
+    request's stats were recorded, would mix or miss it).
+
+    ttft: the API server's arrival to the first token; queue: engine-core queue to first scheduled (a load from
+    the CPU pool, from lookup to the step that sees it finished, falls here); copy: the connector's own transfer
+    time (vllm:kv_offload_load_time); prefill: scheduled to the first token (the forward of what was not loaded).
+    """
+    if any(deltas.get(f"{name}_count") != 1 for name in PHASE_HISTOGRAMS):
+        return None
+    ttft, queue, prefill = (deltas[f"{name}_sum"] for name in PHASE_HISTOGRAMS)
+    return {"ttft_s": ttft, "queue_s": queue, "prefill_s": prefill,
+            "copy_s": deltas.get(Metric.OFFLOAD_LOAD_TIME), "intake_s": ttft - queue - prefill}
 
 
 def hit_summary(deltas: dict[str, float], prompt_tokens: int) -> dict[str, float | None]:

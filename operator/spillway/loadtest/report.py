@@ -51,6 +51,19 @@ def table(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> str
                 cells += [_ms(base), _num(gain, "{:.2f}x")]
             rows.append(cells)
         lines += _grid(header, rows)
+        phased = [row for row in summary if row.get("repeat_server_s")]
+        if phased:
+            lines += ["", "Where a repeat's time to first token went, ms (the server's own clocks, medians)",
+                      ("  outside: HTTP, parsing and the response; intake: the API server to the engine's queue; "
+                       "queue: lookup, copy and the wait for it; prefill: the forward of what was not loaded")]
+            header = ["prompt tokens", "client TTFT", "outside", "intake", "queue", "of it copy", "prefill"]
+            rows = []
+            for row in phased:
+                phases, client = row["repeat_server_s"], row["repeat_s"]["median"]
+                rows.append([str(row["length"]), _num(client * 1e3), _num((client - phases["ttft_s"]) * 1e3),
+                             *(_num(phases[key] * 1e3) if phases.get(key) is not None else "-"
+                               for key in ("intake_s", "queue_s", "copy_s", "prefill_s"))])
+            lines += _grid(header, rows)
     points = result.get("throughput", {}).get("points") or []
     base_points = {p["target_hit_rate"]: p for p in (baseline or {}).get("throughput", {}).get("points", [])}
     if points:

@@ -153,8 +153,13 @@ def summarize_ttft(samples: list[dict]) -> list[dict]:
         warm_hits = [s["achieved"]["cpu_hit_rate"] for s in samples
                      if s["length"] == length and s["phase"] == "warm" and s["ok"]
                      and s.get("achieved", {}).get("cpu_hit_rate") is not None]
+        phases = [s["server"] for s in samples
+                  if s["length"] == length and s["phase"] == "warm" and s["ok"] and s.get("server")]
         row = {"length": length, "recompute_s": _stats(cold), "repeat_s": _stats(warm),
-               "repeat_cpu_hit_rate": statistics.median(warm_hits) if warm_hits else None, "speedup": None}
+               "repeat_cpu_hit_rate": statistics.median(warm_hits) if warm_hits else None, "speedup": None,
+               # where a repeat's time went, on the server's clocks: medians of each phase over the repeats
+               "repeat_server_s": {key: statistics.median(p[key] for p in phases) for key in phases[0]
+                                   if all(p[key] is not None for p in phases)} if phases else None}
         if row["recompute_s"] and row["repeat_s"] and row["repeat_s"]["median"] > 0:
             row["speedup"] = row["recompute_s"]["median"] / row["repeat_s"]["median"]
         summary.append(row)

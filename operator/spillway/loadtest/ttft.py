@@ -6,11 +6,13 @@ cache); every length's repeat. Before each request the server is settled (no off
 earlier request still running: see Target.settle). With offloading the
 repeat loads the prompt's KV from the CPU pool; without it, the repeat recomputes. Each request is
 streamed (TTFT = first token on the client) and bracketed by /metrics scrapes, so each sample carries
-the hits the server reports for it.
+the hits the server reports for it and, where the server's histograms counted it alone, where its time to first
+token went on the server's clocks (metrics.server_phases).
 """
 from __future__ import annotations
 
 from .client import EndpointError
+from .metrics import server_phases
 from .results import ResultSink
 from .target import Target, measured
 
@@ -39,6 +41,7 @@ async def _sample(target: Target, sink: ResultSink, length: int, rep: int, phase
               "latency_s": result.latency_s, "prompt_tokens": result.prompt_tokens, "error": result.error,
               "settle": settled}
     sample.update(measured(before, after, result.prompt_tokens or length))
+    sample["server"] = server_phases(sample["counters"])
     sink.result["ttft"]["samples"].append(sample)
     if not result.ok:
         raise EndpointError(f"TTFT request of {length} tokens ({phase}, repetition {rep}) failed: {result.error}")
