@@ -15,6 +15,7 @@ than the cuts save on small hooks, so each cut is also timed paired, on the same
 on every call of the Spillway engines, and vLLM's and Spillway's complete_load on two managers in one state.
 
     .venv/bin/python bench/scheduler_side.py                 (about 6 minutes on 2 cores)
+    .venv/bin/python bench/scheduler_side.py --long        4 x 32K-token prompts a pass (1,022 blocks each)
     .venv/bin/python bench/scheduler_side.py --json OUT.json --profile DIR
         --profile: one more engine per connector under cProfile (hit passes only): DIR/<kind>.pstats and
         DIR/<kind>-top.txt, the functions under the connector's hooks by own time, DIR/<kind>-hook-tree.txt, each
@@ -41,12 +42,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import connector_overhead as co
 
 BLOCK_TOKENS = co.BLOCK_TOKENS
-PROMPT_BLOCKS = 16  # 512-token prompts, as in the H200 100%-hit runs (bench/gpu, issue 28)
+# --long (children see it in the environment): 1,022-block prompts, the per-block side of a long load; a 128K
+# prompt on the H200 loads 2,047 64-token blocks, and 1,022 of 32 tokens (plus one) fit the tiny model's 32K positions
+LONG = os.environ.get("SPILLWAY_BENCH_LONG") == "1"
+PROMPT_BLOCKS = 1022 if LONG else 16  # else 512-token prompts, as in the H200 100%-hit runs (bench/gpu, issue 28)
 PROMPT_TOKENS = PROMPT_BLOCKS * BLOCK_TOKENS + 1  # the last token is recomputed, every full block hits
-REQUESTS = 64
-MAX_NUM_SEQS = 16
+REQUESTS = 4 if LONG else 64
+MAX_NUM_SEQS = 4 if LONG else 16
 GPU_BLOCKS = MAX_NUM_SEQS * (PROMPT_BLOCKS + 2)
-POOL_BYTES = 64 << 20  # 1 rep's prompts: 64 x 16 chunks x 16 KiB = 16 MiB; no eviction within a rep
+# 1 rep's prompts (64 x 16 chunks of 16 KiB, or 4 x 1,022) with room to spare: a rep stores while the last rep's
+# chunks still fill the pool, and a long rep in a pool it would just fill left one prompt unstored
+POOL_BYTES = (128 if LONG else 64) << 20
 REPETITIONS = 5  # per engine
 ENGINES = 3  # per connector; rounds of one engine each, in rotating order
 SCHEDULER_HOOKS = (
@@ -112,6 +118,7 @@ def _uncut() -> None:
 
     connector.FAST_HIT_SOURCES = False
     connector.batched_complete_load = lambda manager: None
+    connector.batched_prepare_load = lambda manager: None
 
 
 def run_engine(kind: str, repetitions: int, profile_to: str | None) -> dict:
@@ -332,7 +339,11 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=REPETITIONS, help="timed passes per engine")
     parser.add_argument("--json", help="write the per-repetition figures and the summary here")
     parser.add_argument("--profile", help="folder: also profile one engine per connector with cProfile")
+    parser.add_argument("--long", action="store_true", help="4 requests of 1,022 blocks a pass (32K tokens)")
     args = parser.parse_args()
+    if args.long and not LONG:  # the constants are the module's: run again with them set, children included
+        os.environ["SPILLWAY_BENCH_LONG"] = "1"
+        os.execv(sys.executable, [sys.executable, __file__, *sys.argv[1:]])
     # each round starts with another connector: a round's first engine was slower in trial runs
     order = [KINDS[(round_ + i) % len(KINDS)] for round_ in range(args.engines) for i in range(len(KINDS))]
     runs = [_child(kind, args.repetitions) for kind in order]
