@@ -19,20 +19,13 @@ import heapq
 from collections.abc import Callable, Collection
 from typing import Any
 
-from spillway_connector.compat import VLLM_MINOR
-
-_MINORS = ((0, 32), (0, 33))
+from spillway_connector.compat import is_vllms_lru_manager
 
 
 def batched_complete_load(manager: Any) -> Callable[[Collection[Any], Any], None] | None:
     """A complete_load for `manager` that does vLLM's work with one compaction check; None where it does not
     apply (another manager or policy, another vLLM)."""
-    if VLLM_MINOR not in _MINORS:
-        return None
-    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
-    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
-
-    if type(manager) is not CPUOffloadingManager or type(getattr(manager, "_policy", None)) is not LRUCachePolicy:
+    if not is_vllms_lru_manager(manager):
         return None
 
     def complete_load(keys: Collection[Any], req_context: Any) -> None:

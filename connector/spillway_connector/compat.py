@@ -56,6 +56,19 @@ except ImportError:  # 0.26
     CacheHitSource = None  # type: ignore[assignment,misc]
 FAST_HIT_SOURCES: bool = VLLM_MINOR in ((0, 32), (0, 33))
 
+
+def is_vllms_lru_manager(manager: Any) -> bool:
+    """vLLM's own CPUOffloadingManager with its LRU policy, exactly (a subclass, ARC or another manager is not), on
+    0.32 or 0.33: the manager whose prepare_load and complete_load the connector's batched pin and release redo
+    (their text and mark_(non_)evictable's are the same in both: vllm/v1/kv_offload/cpu/manager.py,
+    vllm/v1/kv_offload/cpu/policies/lru.py)."""
+    if VLLM_MINOR not in ((0, 32), (0, 33)):
+        return False
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    return type(manager) is CPUOffloadingManager and type(getattr(manager, "_policy", None)) is LRUCachePolicy
+
 __all__ = [
     "FAST_HIT_SOURCES",
     "VLLM_EXPORTS_TRANSFER_COUNTERS",
@@ -75,6 +88,7 @@ __all__ = [
     "SharedOffloadRegion",
     "TieringOffloadingSpec",
     "TransferResult",
+    "is_vllms_lru_manager",
     "pool_capacity_chunks",
     "spec_pool_chunks",
     "split_stats_payload",
