@@ -17,11 +17,11 @@ import importlib.util
 import random
 import shutil
 import subprocess
-import sys
 import types
 from pathlib import Path
 
 import pytest
+from support import source_patch_checks as checks
 from support import vllm_available
 from support.tools import skip_or_fail
 from support.vllm_trees import vllm_tree
@@ -69,8 +69,7 @@ def _copy_site(site: Path, into: Path) -> Path:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(PATCH_FILE), *args], check=False, capture_output=True, text=True,
-                          timeout=60)
+    return checks.cli(PATCH_FILE, *args)
 
 
 def _init_source(source: str) -> str:
@@ -123,37 +122,11 @@ def test_patching_twice_is_idempotent(site):
 
 
 def test_apply_twice_then_revert_restores_the_exact_bytes(site, tmp_path):
-    copy = _copy_site(site, tmp_path / "site")
-    path = patch.target(copy)
-    original = path.read_bytes()
-    cached = path.parent / "__pycache__" / "detokenizer.cpython-311.pyc"
-    cached.parent.mkdir()
-    cached.write_bytes(b"stale")
-
-    assert patch.apply(copy) == "applied"
-    patched = path.read_bytes()
-    assert patched == patch.patch_source(original.decode()).encode()
-    assert not cached.exists(), "a stale compiled detokenizer would still be imported"
-    assert patch.apply(copy) == "already applied"
-    assert path.read_bytes() == patched
-
-    assert patch.revert(copy) == "reverted"
-    assert path.read_bytes() == original
-    assert not path.with_name(path.name + ".orig").exists()
-    assert patch.revert(copy) == "not applied"
-    assert path.read_bytes() == original
+    checks.assert_apply_twice_then_revert_restores_the_exact_bytes(patch, _copy_site(site, tmp_path / "site"))
 
 
 def test_the_cli_checks_applies_and_reverts(site, tmp_path):
-    copy = _copy_site(site, tmp_path / "site")
-    original = patch.target(copy).read_bytes()
-    check = _cli("check", str(copy))
-    assert check.returncode == 0 and check.stdout.strip().endswith(f"applies to {patch.target(copy)}"), check
-    assert patch.target(copy).read_bytes() == original, "check wrote to the tree"
-    assert _cli("apply", str(copy)).returncode == 0
-    assert patch.is_applied(patch.target(copy).read_text())
-    assert _cli("revert", str(copy)).returncode == 0
-    assert patch.target(copy).read_bytes() == original
+    checks.assert_the_cli_checks_applies_and_reverts(PATCH_FILE, patch, _copy_site(site, tmp_path / "site"))
 
 
 def test_another_release_is_left_as_is(site, tmp_path):

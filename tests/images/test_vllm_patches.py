@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 from spillway.core import vllm_api as V
 from spillway_connector.host_backend import cpu_offload_args
 from support import TinyLlama, VllmServer, require_vllm, vllm_available
+from support import source_patch_checks as checks
 from support import vllm_patch_probe as probe
 from support.offload_workload import complete
 from support.promtext import total
@@ -100,8 +100,7 @@ def _copy_site(site: Path, into: Path) -> Path:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(PATCH_FILE), *args], check=False, capture_output=True, text=True,
-                          timeout=60)
+    return checks.cli(PATCH_FILE, *args)
 
 
 def test_the_patch_applies_and_changes_only_its_function(site):
@@ -128,37 +127,11 @@ def test_patching_twice_is_idempotent(site):
 
 
 def test_apply_twice_then_revert_restores_the_exact_bytes(site, tmp_path):
-    copy = _copy_site(site, tmp_path / "site")
-    path = patch.target(copy)
-    original = path.read_bytes()
-    cached = path.parent / "__pycache__" / "scheduler.cpython-311.pyc"
-    cached.parent.mkdir()
-    cached.write_bytes(b"stale")
-
-    assert patch.apply(copy) == "applied"
-    patched = path.read_bytes()
-    assert patched == patch.patch_source(original.decode()).encode()
-    assert not cached.exists(), "a stale compiled scheduler would still be imported"
-    assert patch.apply(copy) == "already applied"
-    assert path.read_bytes() == patched
-
-    assert patch.revert(copy) == "reverted"
-    assert path.read_bytes() == original
-    assert not path.with_name(path.name + ".orig").exists()
-    assert patch.revert(copy) == "not applied"
-    assert path.read_bytes() == original
+    checks.assert_apply_twice_then_revert_restores_the_exact_bytes(patch, _copy_site(site, tmp_path / "site"))
 
 
 def test_the_cli_checks_applies_and_reverts(site, tmp_path):
-    copy = _copy_site(site, tmp_path / "site")
-    original = patch.target(copy).read_bytes()
-    check = _cli("check", str(copy))
-    assert check.returncode == 0 and check.stdout.strip().endswith(f"applies to {patch.target(copy)}"), check
-    assert patch.target(copy).read_bytes() == original, "check wrote to the tree"
-    assert _cli("apply", str(copy)).returncode == 0
-    assert patch.is_applied(patch.target(copy).read_text())
-    assert _cli("revert", str(copy)).returncode == 0
-    assert patch.target(copy).read_bytes() == original
+    checks.assert_the_cli_checks_applies_and_reverts(PATCH_FILE, patch, _copy_site(site, tmp_path / "site"))
 
 
 def _one_character_changed(source: str, anchor: str) -> str:

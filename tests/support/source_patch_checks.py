@@ -1,0 +1,52 @@
+"""What every source patch of images/vllm/patches/ must do to a copied tree, checked one way for all of them.
+
+A patch module (source_patch.SourcePatch's functions: target, patch_source, is_applied, apply, revert) is run on a
+copy of the tree it patches, so that the venv's own packages are read and never written.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+
+def cli(patch_file: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python3 <patch>.py check|apply|revert [SITE]`, as the image build runs it."""
+    return subprocess.run([sys.executable, str(patch_file), *args], check=False, capture_output=True, text=True,
+                          timeout=60)
+
+
+def assert_apply_twice_then_revert_restores_the_exact_bytes(patch: ModuleType, copy: Path) -> None:
+    """Apply writes patch_source's text and drops the stale compiled module (Python would import it instead);
+    a second apply changes nothing; revert restores the original bytes and removes the kept original."""
+    path = patch.target(copy)
+    original = path.read_bytes()
+    cached = path.parent / "__pycache__" / f"{path.stem}.cpython-311.pyc"
+    cached.parent.mkdir(exist_ok=True)
+    cached.write_bytes(b"stale")
+
+    assert patch.apply(copy) == "applied"
+    patched = path.read_bytes()
+    assert patched == patch.patch_source(original.decode()).encode()
+    assert not cached.exists(), f"a stale compiled {path.stem} module would still be imported"
+    assert patch.apply(copy) == "already applied"
+    assert path.read_bytes() == patched
+
+    assert patch.revert(copy) == "reverted"
+    assert path.read_bytes() == original
+    assert not path.with_name(path.name + ".orig").exists()
+    assert patch.revert(copy) == "not applied"
+    assert path.read_bytes() == original
+
+
+def assert_the_cli_checks_applies_and_reverts(patch_file: Path, patch: ModuleType, copy: Path) -> None:
+    """`check` says the patch applies and writes nothing; `apply` and `revert` do what the functions do."""
+    original = patch.target(copy).read_bytes()
+    check = cli(patch_file, "check", str(copy))
+    assert check.returncode == 0 and check.stdout.strip().endswith(f"applies to {patch.target(copy)}"), check
+    assert patch.target(copy).read_bytes() == original, "check wrote to the tree"
+    assert cli(patch_file, "apply", str(copy)).returncode == 0
+    assert patch.is_applied(patch.target(copy).read_text())
+    assert cli(patch_file, "revert", str(copy)).returncode == 0
+    assert patch.target(copy).read_bytes() == original
