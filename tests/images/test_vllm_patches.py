@@ -146,26 +146,12 @@ def _one_character_changed(source: str, anchor: str) -> str:
                                     "_request_remaining_blocks(req)", "_inflight_prefills\n"])
 def test_a_scheduler_whose_function_changed_is_refused(site, tmp_path, anchor):
     copy = _copy_site(site, tmp_path / "site")
-    path = patch.target(copy)
-    changed = _one_character_changed(path.read_text(), anchor)
-    path.write_text(changed)
-    with pytest.raises(patch.PatchError, match="does not read as"):
-        patch.patch_source(changed)
-    with pytest.raises(patch.PatchError):
-        patch.apply(copy)
-    assert path.read_text() == changed and not path.with_name(path.name + ".orig").exists()
-    for command in ("check", "apply"):
-        proc = _cli(command, str(copy))
-        assert proc.returncode == 1, proc
-        assert proc.stdout == "" and "Traceback" not in proc.stderr
-        line, = proc.stderr.splitlines()
-        assert line.startswith("inflight_reservation: ") and "_inflight_prefill_reserved_blocks" in line
-    assert path.read_text() == changed
+    changed = _one_character_changed(patch.target(copy).read_text(), anchor)
+    checks.assert_a_changed_source_is_refused(PATCH_FILE, patch, copy, changed, "_inflight_prefill_reserved_blocks")
 
 
 def test_the_cli_reports_a_missing_tree_in_one_line(tmp_path):
-    proc = _cli("check", str(tmp_path / "nowhere"))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc
+    checks.assert_a_missing_tree_is_one_line(PATCH_FILE, tmp_path / "nowhere")
 
 
 # -- on a real engine ---------------------------------------------------------------------------------------

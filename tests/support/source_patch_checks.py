@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 
 def cli(patch_file: Path, *args: str) -> subprocess.CompletedProcess:
     """`python3 <patch>.py check|apply|revert [SITE]`, as the image build runs it."""
@@ -50,3 +52,28 @@ def assert_the_cli_checks_applies_and_reverts(patch_file: Path, patch: ModuleTyp
     assert patch.is_applied(patch.target(copy).read_text())
     assert cli(patch_file, "revert", str(copy)).returncode == 0
     assert patch.target(copy).read_bytes() == original
+
+
+def assert_a_changed_source_is_refused(patch_file: Path, patch: ModuleType, copy: Path, changed: str,
+                                       names: str) -> None:
+    """A tree whose patched file reads `changed` (code the patch does not know) is refused and left as it is:
+    PatchError from the functions, exit 1 and one line naming the patch and `names` from the CLI."""
+    path = patch.target(copy)
+    path.write_text(changed)
+    with pytest.raises(patch.PatchError, match="does not read as"):
+        patch.patch_source(changed)
+    with pytest.raises(patch.PatchError):
+        patch.apply(copy)
+    assert path.read_text() == changed and not path.with_name(path.name + ".orig").exists()
+    for command in ("check", "apply"):
+        proc = cli(patch_file, command, str(copy))
+        assert proc.returncode == 1, proc
+        assert proc.stdout == "" and "Traceback" not in proc.stderr
+        line, = proc.stderr.splitlines()
+        assert line.startswith(f"{patch.NAME}: ") and names in line
+    assert path.read_text() == changed
+
+
+def assert_a_missing_tree_is_one_line(patch_file: Path, where: Path) -> None:
+    proc = cli(patch_file, "check", str(where))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc
