@@ -15,7 +15,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import random
-import shutil
 import subprocess
 import types
 from pathlib import Path
@@ -61,11 +60,7 @@ def site(request) -> Path:
 
 
 def _copy_site(site: Path, into: Path) -> Path:
-    copy = patch.target(into)
-    copy.parent.mkdir(parents=True)
-    shutil.copyfile(patch.target(site), copy)
-    shutil.copyfile(site / "vllm" / "_version.py", into / "vllm" / "_version.py")
-    return into
+    return checks.copy_site(patch, site, into, "vllm/_version.py")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -49,10 +49,7 @@ def site() -> Path:
 
 
 def _copy_site(site: Path, into: Path) -> Path:
-    copy = patch.target(into)
-    copy.parent.mkdir(parents=True)
-    shutil.copyfile(patch.target(site), copy)
-    return into
+    return checks.copy_site(patch, site, into)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

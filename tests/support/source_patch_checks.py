@@ -5,6 +5,7 @@ copy of the tree it patches, so that the venv's own packages are read and never 
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,12 @@ def assert_a_changed_source_is_refused(patch_file: Path, patch: ModuleType, copy
 def assert_a_missing_tree_is_one_line(patch_file: Path, where: Path) -> None:
     proc = cli(patch_file, "check", str(where))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc
+
+
+def copy_site(patch: ModuleType, site: Path, into: Path, *also: str) -> Path:
+    """A site-packages folder at `into` holding a copy of the patched file (and of `also`, paths relative to the
+    site), for a test to write to instead of the venv's own."""
+    for relative in (patch.target(Path()), *map(Path, also)):
+        (into / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(site / relative, into / relative)
+    return into
