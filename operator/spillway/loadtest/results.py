@@ -131,7 +131,8 @@ def result_from_log(text: str) -> dict[str, Any] | None:
 
 # -- TTFT summary -------------------------------------------------------------------------------------
 
-def _stats(values: list[float]) -> dict[str, float] | None:
+def spread(values: list[float]) -> dict[str, float] | None:
+    """Median, min, max, stdev and n of `values` (None for none): how the project quotes a measured figure."""
     if not values:
         return None
     ordered = sorted(values)
@@ -155,7 +156,7 @@ def summarize_ttft(samples: list[dict]) -> list[dict]:
                      and s.get("achieved", {}).get("cpu_hit_rate") is not None]
         phases = [s["server"] for s in samples
                   if s["length"] == length and s["phase"] == "warm" and s["ok"] and s.get("server")]
-        row = {"length": length, "recompute_s": _stats(cold), "repeat_s": _stats(warm),
+        row = {"length": length, "recompute_s": spread(cold), "repeat_s": spread(warm),
                "repeat_cpu_hit_rate": statistics.median(warm_hits) if warm_hits else None, "speedup": None,
                # where a repeat's time went, on the server's clocks: medians of each phase over the repeats
                "repeat_server_s": {key: statistics.median(p[key] for p in phases) for key in phases[0]
