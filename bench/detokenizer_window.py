@@ -18,7 +18,6 @@ The tokenizer builders are shared with tests/images/test_detokenizer_window_patc
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
 import random
@@ -30,6 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PATCH_FILE = REPO / "images" / "vllm" / "patches" / "detokenizer_window.py"
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
+from serve_bench import load_patch
+
 WORD_MODEL = REPO / "bench" / "gpu" / "llama-3.1-8b"
 SPECIAL_TOKENS = ["<s>", "</s>", "<|eot|>"]
 ADDED_TOKENS = ["<tool>"]  # added, not special: decoded even with skip_special_tokens
@@ -41,17 +43,10 @@ WORDS = ["the", "cache", "offload", "token", "and", "of", "to", "résumé", "na�
 SEPARATORS = [" ", " ", " ", "  ", "\n", "\n\n", "\t", ""]
 
 
-def load_patch():
-    spec = importlib.util.spec_from_file_location("detokenizer_window", PATCH_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def patched_window():
     """The patch's own `_spillway_prompt_window`, compiled from the text it inserts into vLLM."""
     namespace: dict = {}
-    exec(compile(load_patch().HELPERS, str(PATCH_FILE), "exec"), namespace)  # noqa: S102 - the patch's text
+    exec(compile(load_patch("detokenizer_window").HELPERS, str(PATCH_FILE), "exec"), namespace)  # noqa: S102 - the patch's text
     return namespace["_spillway_prompt_window"]
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import platform
 import random
@@ -27,14 +26,8 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PATCH_FILE = REPO / "images" / "vllm" / "patches" / "fast_json_body.py"
-
-
-def _load_patch():
-    spec = importlib.util.spec_from_file_location("fast_json_body", PATCH_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
+from serve_bench import load_patch
 
 
 def _module(name: str, source: str, path: Path) -> types.ModuleType:
@@ -96,7 +89,7 @@ def main() -> int:
     import orjson
     import starlette
 
-    patch = _load_patch()
+    patch = load_patch("fast_json_body")
     path = patch.target(patch.site())
     source = path.read_text()
     if patch.is_applied(source):

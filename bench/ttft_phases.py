@@ -14,7 +14,6 @@ after each round whatever happens. Medians over every repeat of every round.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -27,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(REPO / "tests"), str(HERE / "gpu")]
 
+from serve_bench import load_patch
 from spillway_connector.host_backend import cpu_offload_args
 from support import TinyLlama, VllmServer
 from word_tokenizer import build
@@ -34,13 +34,6 @@ from word_tokenizer import build
 MODEL = TinyLlama(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=140000)
 BLOCK = 64
-
-
-def _patch(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "images" / "vllm" / "patches" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def serve_and_measure(lengths: list[int], reps: int, out: Path) -> dict:
@@ -83,7 +76,7 @@ def main() -> None:
     parser.add_argument("--json", help="write every repeat's figures here")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
-    patches = [_patch(name) for name in args.patches.split(",") if name]
+    patches = [load_patch(name) for name in args.patches.split(",") if name]
     runs: dict[str, dict[int, list[dict]]] = {"plain": {}, "patched": {}}
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.rounds):

@@ -13,7 +13,6 @@ differs are kept as tests too.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import random
 import subprocess
 import types
@@ -31,15 +30,8 @@ BENCH_FILE = REPO / "bench" / "detokenizer_window.py"
 ORIGINAL_IDS = "            ids=request.prompt_token_ids,\n"
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-patch = _load("detokenizer_window", PATCH_FILE)
-bench = _load("bench_detokenizer_window", BENCH_FILE)
+patch = checks.load_module(PATCH_FILE, "detokenizer_window")
+bench = checks.load_module(BENCH_FILE, "bench_detokenizer_window")
 window = bench.patched_window()
 W = patch.WINDOW
 

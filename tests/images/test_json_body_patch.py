@@ -29,14 +29,7 @@ PROBE = REPO / "tests" / "support" / "json_body_probe.py"
 ORIGINAL_READ = "            self._json = json.loads(body)\n"
 
 
-def _load_patch():
-    spec = importlib.util.spec_from_file_location("fast_json_body", PATCH_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-patch = _load_patch()
+patch = checks.load_module(PATCH_FILE, "fast_json_body")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ vllm-src), run here on the installed vLLM's helpers: the CPU platform never maps
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import logging
 import os
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from spillway.core import vllm_api as V
+from support import source_patch_checks as checks
 from support import vllm_available
 from support.tools import skip_or_fail
 from support.vllm_trees import vllm_tree
@@ -28,14 +28,7 @@ PATCH_FILE = REPO / "images" / "vllm" / "patches" / "parallel_prefault.py"
 MiB = 1 << 20
 
 
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-patch = _load(PATCH_FILE, "parallel_prefault")
+patch = checks.load_module(PATCH_FILE, "parallel_prefault")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +48,8 @@ def regions(tree, tmp_path_factory):
     source = patch.target(tree).read_text()
     (folder / "original.py").write_text(source)
     (folder / "patched.py").write_text(patch.patch_source(source))
-    return _load(folder / "original.py", "region_original"), _load(folder / "patched.py", "region_patched")
+    return (checks.load_module(folder / "original.py", "region_original"),
+            checks.load_module(folder / "patched.py", "region_patched"))
 
 
 def _resident(region) -> list[int]:

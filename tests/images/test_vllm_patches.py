@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib.util
 import json
 import os
 import shutil
@@ -33,14 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 PATCH_FILE = REPO / "images" / "vllm" / "patches" / "inflight_reservation.py"
 
 
-def _load_patch():
-    spec = importlib.util.spec_from_file_location("inflight_reservation", PATCH_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-patch = _load_patch()
+patch = checks.load_module(PATCH_FILE, "inflight_reservation")
 
 
 def _trees() -> list:

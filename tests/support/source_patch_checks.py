@@ -5,6 +5,7 @@ copy of the tree it patches, so that the venv's own packages are read and never 
 """
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """The module at `path` (a patch, or a bench script: neither is a package) under `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def cli(patch_file: Path, *args: str) -> subprocess.CompletedProcess:
