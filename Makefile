@@ -56,7 +56,7 @@ demo: $(DEMO_STAMP)
 # 0.26 on the GPU machines; 0.32 is the CPU engine in .venv): their wheels from PyPI, Python files only.
 # The ground-truth tests (tests/planner/test_groups_vllm.py, tests/connector/test_vllm_sources.py) run
 # vLLM's own offloading configuration from them.
-VLLM_SRC_VERSIONS := 0.33.0 0.26.0
+VLLM_SRC_VERSIONS := 0.34.0 0.33.0 0.26.0
 VLLM_SRC := $(VENV)/vllm-src
 VLLM_SRC_STAMPS := $(foreach v,$(VLLM_SRC_VERSIONS),$(VLLM_SRC)/$(v)/vllm/__init__.py)
 SPILLWAY_VLLM_TREES := $(subst $(eval) ,:,$(foreach v,$(VLLM_SRC_VERSIONS),$(CURDIR)/$(VLLM_SRC)/$(v)))
