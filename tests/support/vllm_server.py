@@ -67,6 +67,14 @@ class TinyLlama:
         }
 
     @property
+    def load_format(self) -> str:
+        """vLLM's --load-format for this model: random weights vLLM draws itself (see kv_weights.py for real ones)."""
+        return V.LOAD_FORMAT_DUMMY
+
+    def write(self, directory: Path) -> Path:
+        return write_tiny_model(directory, self)
+
+    @property
     def kv_bytes_per_token(self) -> int:
         head_dim = self.hidden_size // self.num_attention_heads
         return 2 * self.num_hidden_layers * self.num_key_value_heads * head_dim * 2  # K and V, bf16
@@ -133,13 +141,13 @@ class VllmServer:
         self._workdir = Path(tempfile.mkdtemp(prefix="spillway-vllm-"))
         # A given model_dir outlives the server: vLLM's disk tier names its files after the model path, so a
         # restarted engine finds them only under the same one.
-        self.model_dir = write_tiny_model(model_dir or self._workdir / "model", model)
+        self.model_dir = model.write(model_dir or self._workdir / "model")
         self.log_path = self._workdir / "server.log"
         args = [
             python, "-m", SERVER_MODULE,
             "--model", str(self.model_dir),
             V.FLAG_SERVED_MODEL_NAME, SERVED_MODEL_NAME,
-            V.FLAG_LOAD_FORMAT, V.LOAD_FORMAT_DUMMY,
+            V.FLAG_LOAD_FORMAT, model.load_format,
             V.FLAG_SKIP_TOKENIZER_INIT,
             V.FLAG_ENFORCE_EAGER,
             V.FLAG_HOST, "127.0.0.1",
