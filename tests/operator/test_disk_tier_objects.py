@@ -8,13 +8,16 @@ import sys
 
 import pytest
 import yaml
+from spillway.adapters.model_config import resolve_geometry
 from spillway.controller.facts import nodes_fingerprint, summarize_node
 from spillway.controller.manifests import desired
 from spillway.controller.spec import parse_spec
 from spillway.core import disk_tier as dt
 from spillway.core.errors import InvalidSpec, SpillwayError
+from spillway.core.planner import plan
+from spillway.core.quantity import parse_bytes
 from support.crd_schema import admit
-from support.ms_examples import gpu_node, modelserver
+from support.ms_examples import LLAMA_8B, gpu_node, modelserver
 
 
 def disk_node(name: str = "gpu-a", ephemeral: str | None = "28Ti") -> dict:
@@ -114,3 +117,53 @@ def test_off_by_default_and_the_facts_read_ephemeral_storage():
     bare = summarize_node(disk_node(ephemeral=None))
     assert nodes_fingerprint([summary]) != nodes_fingerprint([bare])
     assert summarize_node(disk_node(ephemeral="plenty")).ephemeral_storage is None
+
+
+def _disk_node(name: str, ephemeral: str, disk_gbps: str | None = None) -> dict:
+    node = disk_node(name, ephemeral)
+    if disk_gbps is not None:
+        node["metadata"].setdefault("annotations", {})[dt.ANNOTATION_QUALIFIED_DISK_GBPS] = disk_gbps
+    return node
+
+
+def _tier(nodes: list[dict], **disk) -> tuple[dict, dict]:
+    """(status.plan.disk, the pod) the operator plans for a pool of these nodes."""
+    from spillway.controller.status import status_plan
+
+    result = desired(modelserver(offload={"disk": {"enabled": True, **disk}}), [summarize_node(n) for n in nodes])
+    return status_plan(result)["disk"], pod(result.objects)
+
+
+def test_a_mixed_pool_gets_the_tier_of_its_smallest_node_class_whatever_the_names():
+    small = plan(resolve_geometry(LLAMA_8B), parse_spec(modelserver(offload={"disk": {"enabled": True}})["spec"]).request,
+                 summarize_node(disk_node("x", "4Ti")).facts()).disk
+    for names_ in (("a-big", "b-small"), ("b-big", "a-small")):
+        big_name, small_name = names_
+        status, spec = _tier([_disk_node(big_name, "28Ti"), _disk_node(small_name, "4Ti"),
+                              _disk_node(f"{small_name}-2", "4Ti")])
+        assert (status["tierBytes"], status["shareBytes"], status["boundBytes"]) == \
+            (small.tier_bytes, small.share_bytes, small.bound_bytes)
+        assert (status["sizedFor"], status["nodeClasses"]) == (small_name, 2)
+        assert f"sized for node {small_name} (and 1 more like it), the smallest share of the 2 node classes" \
+            in status["sizing"]
+        requested = spec["containers"][0]["resources"]["requests"]["ephemeral-storage"]
+        assert parse_bytes(requested) <= 4 * 2**40  # the pod fits on the small nodes
+        assert next(v for v in spec["volumes"] if v["name"] == dt.VOLUME_NAME)["emptyDir"]["sizeLimit"] == \
+            f"{-(-small.tier_bytes // 2**20)}Mi"
+        config = json.loads(spec["containers"][0]["args"][spec["containers"][0]["args"].index("--kv-transfer-config")
+                                                          + 1])
+        assert config["kv_connector_extra_config"]["spillway_disk_tier_bytes"] == small.bound_bytes
+
+
+def test_a_mixed_pool_leaves_the_tier_off_when_one_class_disk_loses_and_says_which():
+    status, spec = _tier([_disk_node("a-fast", "28Ti", "25"), _disk_node("b-slow", "28Ti", "1.5")])
+    assert (status["rendered"], status["pays"], status["decidedBy"], status["qualifiedDiskReadGBps"]) == \
+        (False, "False", "b-slow", 1.5)
+    assert status["verdict"].startswith("node b-slow decides for all 2 node classes")
+    assert all(v["name"] != dt.VOLUME_NAME for v in spec["volumes"])
+    assert "ephemeral-storage" not in spec["containers"][0]["resources"]["requests"]
+    env = {e["name"] for e in spec["containers"][0]["env"]}
+    assert "PYTHONHASHSEED" not in env and "secondary_tiers" not in " ".join(spec["containers"][0]["args"])
+    fast, spec = _tier([_disk_node("a-fast", "28Ti", "25"), _disk_node("b-fast", "28Ti", "30")])
+    assert (fast["rendered"], fast["pays"], fast["decidedBy"], fast["reloadGBps"]) == (True, "True", "a-fast", 50.0)
+    assert any(v["name"] == dt.VOLUME_NAME for v in spec["volumes"])

@@ -145,3 +145,22 @@ def test_status_plan_disk_says_whether_it_pays_and_goes_with_the_tier(api):
 
     api.patch({"spec": {"offload": {"disk": {"enabled": False}}}})
     eventually(lambda: "disk" not in (api.get()["status"].get("plan") or {"disk": 1}), what="status.plan.disk gone")
+
+
+def test_a_mixed_pool_is_sized_for_its_smallest_node_class_and_the_status_says_so(api):
+    disk_node(api, "a", ephemeral="28Ti")  # first by name, and the largest
+    small = disk_node(api, "b", ephemeral="4Ti")
+    api.modelserver(offload={"disk": {"enabled": True}})
+    api.planned(status="True")
+    disk = eventually(lambda: api.get()["status"].get("plan", {}).get("disk"), what="status.plan.disk")
+    want = expected_disk(api, small)
+    assert (disk["tierBytes"], disk["shareBytes"], disk["boundBytes"]) == \
+        (want.tier_bytes, want.share_bytes, want.bound_bytes)
+    assert (disk["sizedFor"], disk["nodeClasses"], disk["reloadGBps"]) == (small["metadata"]["name"], 2,
+                                                                           dt.DEFAULT_RELOAD_GBPS)
+    assert "the smallest share of the 2 node classes" in disk["sizing"]
+    container = eventually(api.deployment)["spec"]["template"]["spec"]["containers"][0]
+    assert parse_bytes(container["resources"]["requests"]["ephemeral-storage"]) <= 4 * 2**40
+    ms = api.get()
+    assert admit({k: ms[k] for k in ("apiVersion", "kind", "metadata", "spec")} | {"status": stored(ms["status"])})[1] \
+        == [], "status.plan.disk is pruned or refused by the CRD's status schema"

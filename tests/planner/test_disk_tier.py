@@ -132,3 +132,46 @@ def test_vllm_names_the_tiering_metrics_as_we_do():
     for name in (api.TieringMetric.CHUNK_QUERIES, api.TieringMetric.CHUNK_HITS, api.TieringMetric.READ_BYTES,
                  api.TieringMetric.READ_TIME, api.TieringMetric.WRITE_BYTES):
         assert f'"{name}"' in source, name
+
+
+def test_the_break_even_counts_the_pools_reload_at_the_qualified_or_the_default_link_rate():
+    # recompute 24.2 us a token of Llama-3.1-8B; its reload from the pool at 50 GB/s 2.6 us of it: 5.43 GB/s of
+    # disk reads would pay if the reload were free, 6.09 GB/s once it is counted
+    unqualified = plan(GEOMETRY, request(), NODE).disk
+    assert unqualified.break_even_gbps == pytest.approx(6.09, abs=0.005)
+    assert (unqualified.reload_gbps, unqualified.reload_qualified) == (dt.DEFAULT_RELOAD_GBPS, False)
+    assert "reload from the pool counted at 50.0 GB/s (the default" in unqualified.verdict
+    slow_link = plan(GEOMETRY, request(), NodeFacts(2 * TiB, 8, "gpu-a", dma_gbps=25.0, ephemeral_storage=28 * TiB,
+                                                   disk_read_gbps=6.5)).disk
+    assert slow_link.break_even_gbps == pytest.approx(6.93, abs=0.005) and slow_link.reload_qualified
+    assert slow_link.pays is False and "counted at 25.0 GB/s (qualified)" in slow_link.verdict
+    # the same disk pays where the link is twice as fast
+    fast_link = plan(GEOMETRY, request(), NodeFacts(2 * TiB, 8, "gpu-a", dma_gbps=50.0, ephemeral_storage=28 * TiB,
+                                                   disk_read_gbps=6.5)).disk
+    assert fast_link.pays is True
+
+
+def _class(name: str, ephemeral: int, disk_gbps: float | None = None, memory: int = 2 * TiB):
+    facts = NodeFacts(memory, 8, name, ephemeral_storage=ephemeral, disk_read_gbps=disk_gbps)
+    return plan(GEOMETRY, request(), facts).disk, [name]
+
+
+def test_one_tier_for_many_node_classes_is_the_smallest_share_under_the_most_doubtful_verdict():
+    big, small = _class("a-big", 28 * TiB, 25.0), _class("b-small", 4 * TiB, 25.0)
+    for order in ([big, small], [small, big]):
+        tier = dt.across_classes(order)
+        assert (tier.tier_bytes, tier.share_bytes, tier.ephemeral_request_bytes) == \
+            (small[0].tier_bytes, small[0].share_bytes, small[0].ephemeral_request_bytes)
+        assert (tier.sized_for, tier.node_classes, tier.pays, tier.active) == ("b-small", 2, True, True)
+        assert "sized for node b-small, the smallest share of the 2 node classes" in tier.why
+    # a class whose disk loses to recompute leaves the tier off everywhere, and the status says which
+    slow = _class("c-slow", 28 * TiB, 1.5)
+    tier = dt.across_classes([big, slow, small])
+    assert (tier.active, tier.pays, tier.decided_by, tier.read_gbps) == (False, False, "c-slow", 1.5)
+    assert tier.verdict.startswith("node c-slow decides for all 3 node classes: disk reads 1.50 GB/s")
+    # an unqualified class leaves it as asked, unjudged
+    unknown = dt.across_classes([big, _class("d-unknown", 28 * TiB)])
+    assert (unknown.active, unknown.pays, unknown.decided_by) == (True, None, "d-unknown")
+    # nodes of one class: its first node by name, the count said
+    one = dt.across_classes([(small[0], ["b-small-2", "b-small-1"])])
+    assert one.sized_for == "b-small-1" and one.node_classes == 1 and one.why == small[0].why

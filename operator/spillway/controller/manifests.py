@@ -13,10 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..adapters.model_config import ConfigMapReader, HubFetcher, resolve_geometry
+from ..core import disk_tier
 from ..core import k8s_names as names
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
-from ..core.planner import Plan, replica_share_bytes, with_engine
+from ..core.planner import Plan, replica_share_bytes, with_disk, with_engine
 from ..core.quantity import format_bytes, to_quantity
 from . import disk_objects, hardening, plan_cache
 from .facts import Eligibility, NodeSummary, describe, eligibility
@@ -55,18 +56,23 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
     A node the request does not fit on fails the whole plan (its error names that node's numbers); nodes
     are tried from the smallest replica share up (the planner's own), so the error names the node that
     limits the pool.
-    The API servers are the fewest any of the nodes' CPU allows, for the same reason.
+    The API servers are the fewest any of the nodes' CPU allows, for the same reason, and the disk tier is the
+    smallest node class's under the most doubtful class's verdict (disk_tier.across_classes).
     Nodes of one shape plan alike, so each shape is planned once, for its first node by name (the one the
     smallest-first order and the tie-break by name would pick), through the plan cache.
     """
     request = spec.request
-    by_shape: dict[tuple, NodeSummary] = {}
+    by_shape: dict[tuple, list[NodeSummary]] = {}
     for node in sorted(eligible, key=lambda n: n.name):
-        by_shape.setdefault(plan_cache.shape(node.facts()), node)
-    smallest_first = sorted(by_shape.values(), key=lambda n: (replica_share_bytes(n.facts(), request), n.name))
+        by_shape.setdefault(plan_cache.shape(node.facts()), []).append(node)
+    smallest_first = sorted(by_shape.values(), key=lambda c: (replica_share_bytes(c[0].facts(), request), c[0].name))
     key = plan_cache.geometry_key(geometry)
-    plans = [(plan_cache.cached_plan(geometry, key, request, node.facts()), node) for node in smallest_first]
+    plans = [(plan_cache.cached_plan(geometry, key, request, c[0].facts()), c[0]) for c in smallest_first]
     chosen, node = min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
+    if chosen.disk is not None:
+        disk = disk_tier.across_classes([(p.disk, [n.name for n in c]) for (p, _), c in zip(plans, smallest_first)
+                                         if p.disk is not None])
+        chosen = with_disk(chosen, disk, request)
     fewest = min((p.engine for p, _ in plans), key=lambda e: e.api_servers)
     if fewest.api_servers < chosen.engine.api_servers:
         chosen = with_engine(chosen, fewest, geometry)

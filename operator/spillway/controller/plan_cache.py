@@ -32,7 +32,8 @@ def geometry_key(geometry: ModelGeometry) -> str:
 
 def shape(facts: NodeFacts) -> tuple[Any, ...]:
     """What planning reads of a node besides its name."""
-    return facts.allocatable_memory, facts.gpus, facts.dma_gbps, facts.dma_table, facts.cpu_millis
+    return (facts.allocatable_memory, facts.gpus, facts.dma_gbps, facts.dma_table, facts.cpu_millis,
+            facts.ephemeral_storage, facts.disk_read_gbps)
 
 
 def cached_plan(geometry: ModelGeometry, key: str, request: ServingRequest, facts: NodeFacts) -> Plan:

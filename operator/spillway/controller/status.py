@@ -56,6 +56,12 @@ def disk_plan(disk: DiskTierPlan) -> dict[str, Any]:
         "breakEvenGBps": round(disk.break_even_gbps, 3) if disk.break_even_gbps is not None else None,
         "sizing": disk.why,
         "verdict": disk.verdict,
+        # the pool-to-GPU rate the break-even counts: the node's qualified rate, else DEFAULT_RELOAD_GBPS
+        "reloadGBps": disk.reload_gbps,
+        # the eligible node classes (ephemeral storage, disk rate, ...) and which of them sized and decided the tier
+        "nodeClasses": disk.node_classes,
+        "sizedFor": disk.sized_for or None,
+        "decidedBy": disk.decided_by or None,
     }
 
 

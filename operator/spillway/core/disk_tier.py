@@ -20,11 +20,15 @@ Sizes:
         share     = capacity / replicas per node (a PVC: / all replicas, which share it)
         tier      = as above, without the allowance (nothing else lives there)
     bound       = tier - TIER_SLACK_BYTES, whole chunks: what the evictor keeps the files under
+
+A ModelServer's replicas may land on any eligible node, and one Deployment carries one tier: where the nodes
+differ in ephemeral storage or disk read rate, each node class is planned and judged, and the tier rendered is
+the smallest class's size under the most doubtful class's verdict (`across_classes`), both named in the status.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -83,6 +87,12 @@ MIN_TIER_CHUNKS = 16
 READ_THREADS = 16
 WRITE_THREADS = 8
 
+# A disk hit is read into the CPU pool, then copied to the GPU like any pool hit: where the node's CPU->GPU rate
+# is not qualified, that copy is counted at one direction of a PCIe Gen5 x16 link, 51.3-52.4 GB/s measured on the
+# H200 (docs/results-archive.md, "Against the blog post"), rounded down. Leaving the copy out would price a disk
+# hit of Llama-3.1-8B at 5.43 GB/s of disk reads instead of 6.09.
+DEFAULT_RELOAD_GBPS = 50.0
+
 
 @dataclass(frozen=True)
 class DiskVolume:
@@ -124,6 +134,11 @@ class DiskTierPlan:
     break_even_gbps: float | None = None
     read_gbps: float | None = None
     verdict: str = ""
+    reload_gbps: float | None = None  # the pool-to-GPU rate the break-even counts (qualified or the default)
+    reload_qualified: bool = False  # whether reload_gbps is the node's qualified rate
+    node_classes: int = 1  # the eligible node classes the tier was planned for (across_classes)
+    sized_for: str = ""  # a node of the class whose share sized the tier ("": the planned node)
+    decided_by: str = ""  # a node of the class whose verdict decided whether the tier is rendered
 
 
 def _parse_size(size: str) -> tuple[str, float | int | None]:
@@ -333,7 +348,7 @@ def disk_load_seconds(tokens: int, bytes_per_token: float, read_gbps: float, rel
 
 
 def disk_pays(read_gbps: float | None, bytes_per_token: float, recompute_tokens_per_s: float | None,
-              reload_tokens_per_s: float | None, max_model_len: int) -> DiskVerdict:
+              reload_tokens_per_s: float | None, max_model_len: int, reload_note: str = "") -> DiskVerdict:
     """Whether loading a prefix from the node's disk beats recomputing it, at the judged lengths the model serves.
 
     Both sides are linear in the tokens here (a read of their KV bytes plus the pool's reload, against the
@@ -346,7 +361,7 @@ def disk_pays(read_gbps: float | None, bytes_per_token: float, recompute_tokens_
     reload_s_per_token = 1.0 / reload_tokens_per_s if reload_tokens_per_s else 0.0
     room = recompute_s_per_token - reload_s_per_token
     break_even = bytes_per_token / room / 1e9 if room > 0 else None
-    need = (f"a disk hit pays from {break_even:.2f} GB/s of disk reads" if break_even is not None
+    need = (f"a disk hit pays from {break_even:.2f} GB/s of disk reads{reload_note}" if break_even is not None
             else "the pool's own reload is already slower than recompute: no disk rate pays")
     if read_gbps is None:
         return DiskVerdict(None, break_even, f"the node's disk read rate is not qualified (spillway qualify --disk); "
@@ -364,17 +379,66 @@ def disk_pays(read_gbps: float | None, bytes_per_token: float, recompute_tokens_
 
 
 def judge(plan: DiskTierPlan, config: Any, tensor_parallel_size: int, max_model_len: int | None,
-          read_gbps: float | None, reload_tokens_per_s: float | None) -> DiskTierPlan:
+          read_gbps: float | None, reload_tokens_per_s: float | None, reload_gbps: float | None = None,
+          reload_qualified: bool = False) -> DiskTierPlan:
     """The tier with its verdict: active where a disk hit beats recompute or nobody can tell, inactive (planned,
-    its numbers kept, nothing of it rendered) where it does not."""
+    its numbers kept, nothing of it rendered) where it does not. The reload is the pool's copy to the GPU at
+    `reload_gbps` (the node's qualified rate, else DEFAULT_RELOAD_GBPS)."""
     from .routing import recompute_tokens_per_s
 
     bytes_per_token = plan.chunk_bytes / (plan.tokens // plan.chunks)
+    note = ""
+    if reload_tokens_per_s and reload_gbps:
+        source = "qualified" if reload_qualified else "the default: the node's CPU->GPU rate is not qualified"
+        note = f", its reload from the pool counted at {reload_gbps:.1f} GB/s ({source})"
     verdict = disk_pays(read_gbps, bytes_per_token, recompute_tokens_per_s(config, tensor_parallel_size),
-                        reload_tokens_per_s, max_model_len or JUDGED_LENGTHS[-1])
+                        reload_tokens_per_s, max_model_len or JUDGED_LENGTHS[-1], note)
     return dataclasses.replace(plan, active=verdict.pays is not False, pays=verdict.pays,
                                break_even_gbps=verdict.break_even_gbps, read_gbps=read_gbps,
-                               verdict=verdict.why)
+                               verdict=verdict.why, reload_gbps=reload_gbps if reload_tokens_per_s else None,
+                               reload_qualified=reload_qualified and bool(reload_tokens_per_s))
+
+
+# How doubtful each verdict is: one class whose disk loses to recompute leaves the tier off for all (a pod there
+# would read slower than it recomputes); one unjudged class leaves it running as asked.
+_DOUBT = {False: 0, None: 1, True: 2}
+
+
+def across_classes(classes: Sequence[tuple[DiskTierPlan, Sequence[str]]]) -> DiskTierPlan:
+    """One tier for the replicas of every node class: each class's plan (judged) with its nodes' names.
+
+    The Deployment's pods land on any of the classes, so the size (the emptyDir sizeLimit, the pod's
+    ephemeral-storage request, the evictor's bound) is the class with the smallest share's, which fits on every
+    node; the verdict is the most doubtful class's (a loss on any class leaves the tier off). A ModelServer per
+    node class (nodeSelector) gets each class its own size and verdict."""
+    if not classes:
+        raise ValueError("across_classes needs at least one node class")
+    if len(classes) == 1:
+        plan, nodes = classes[0]
+        first = min(nodes)
+        return dataclasses.replace(plan, node_classes=1, sized_for=first, decided_by=first)
+    named = [(plan, sorted(nodes)) for plan, nodes in classes]
+    sized, sized_nodes = min(named, key=lambda c: (c[0].share_bytes, c[0].tier_bytes, c[1][0]))
+    decided, decided_nodes = min(named, key=lambda c: (_DOUBT[c[0].pays], c[0].read_gbps or 0.0,
+                                                       -(c[0].break_even_gbps or 0.0), c[1][0]))
+    shares = ", ".join(f"{_class_name(n)}: {format_bytes(p.share_bytes)}"
+                       for p, n in sorted(named, key=lambda c: (c[0].share_bytes, c[1][0])))
+    why = (f"{sized.why}; sized for {_class_name(sized_nodes)}, the smallest share of the {len(named)} node classes "
+           f"the replicas may land on ({shares})")
+    verdicts = sorted({_DOUBT[p.pays] for p, _ in named})
+    verdict = decided.verdict
+    if len(verdicts) > 1 or len({p.read_gbps for p, _ in named}) > 1:
+        verdict = (f"{_class_name(decided_nodes)} decides for all {len(named)} node classes: {verdict} "
+                   "(one ModelServer per node class, by nodeSelector, judges each on its own)")
+    return dataclasses.replace(sized, active=decided.active, pays=decided.pays,
+                               break_even_gbps=decided.break_even_gbps, read_gbps=decided.read_gbps,
+                               verdict=verdict, reload_gbps=decided.reload_gbps,
+                               reload_qualified=decided.reload_qualified, why=why, node_classes=len(named),
+                               sized_for=sized_nodes[0], decided_by=decided_nodes[0])
+
+
+def _class_name(nodes: Sequence[str]) -> str:
+    return f"node {nodes[0]}" + (f" (and {len(nodes) - 1} more like it)" if len(nodes) > 1 else "")
 
 
 def warning(plan: DiskTierPlan | None) -> list[str]:

@@ -53,21 +53,21 @@ SMALL_BLOCK_WARNING = 1 * MiB  # below this DMA runs well under the link's speed
 SLOW_LINK_GBPS = 10.0  # a qualified rate under this rarely beats recomputing the prefill
 ROUNDING_SLACK = 2 * MiB  # limits are rounded up to MiB; keep that inside the share
 # One API server per 4 cores of a replica's share, at most the 4 measured best on 16 cores (215.4K vs 183.6K prompt
-# tok/s at 100% CPU hits): docs/planning.md#api-servers, bench/results/h200-2026-12-01-r3/README.md.
+# tok/s at 100% CPU hits): docs/planning.md#api-servers, bench/api-servers/README.md.
 CORES_PER_API_SERVER = 4
 MAX_API_SERVERS = 4
 # --max-num-batched-tokens is left to vLLM: 4096 and 16384 gained nothing
 # (docs/planning.md#batched-tokens-vllms-default-measured).
 
 # The startup probe's budget: a large model's load plus the pool, which vLLM sets up before /health, at half the
-# slowest measured rate: 0.84 GiB/s from one thread (vLLM's own pre-fault; bench/results/h200-2026-12-01*), at
+# slowest measured rate: 0.84 GiB/s from one thread (vLLM's own pre-fault; bench/pool-setup), at
 # most 4.0 GiB/s from the image's 16 pre-faulting threads (64 GiB pre-faulted and registered in 16 s in a real
-# engine, the slowest of its starts: bench/results/h200-2026-12-02-pool/). docs/planning.md#memory-of-one-replica.
+# engine, the slowest of its starts: bench/pool-setup/). docs/planning.md#memory-of-one-replica.
 ENGINE_START_SECONDS = 1800
 POOL_SETUP_BYTES_PER_S_PER_THREAD = 0.84 * GiB
 POOL_SETUP_BYTES_PER_S_MAX = 4.0 * GiB
 # Threads that pre-fault the pool, at most: 16 took a 64 GiB pool from 41 s to 7.2-7.8 s on the H200's 16 cores
-# (bench/results/h200-2026-12-02/pool_setup.json), and from 39 s to 5.5-8.9 s in an engine
+# (bench/pool-setup/results/pool_setup.json), and from 39 s to 5.5-8.9 s in an engine
 # (h200-2026-12-02-pool/); more were not measured.
 MAX_PREFAULT_THREADS = 16
 
@@ -321,8 +321,8 @@ def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingReque
     offload = request.offload
     block = groups.block_size
     # The chunk defaults to one block. Larger chunks pay at full hits (256-token chunks: 1.14x over 16, but 0.95x
-    # at 50%; bench/results/h200-2026-12-01-r4), yet 64-token blocks with one-block chunks gained more (1.21x;
-    # bench/results/h200-2026-12-01-r5), and a chunk is the grain of a hit: a prefix is loaded in whole chunks.
+    # at 50%; bench/block-size), yet 64-token blocks with one-block chunks gained more (1.21x;
+    # bench/block-size), and a chunk is the grain of a hit: a prefix is loaded in whole chunks.
     chunk_tokens = offload.offload_block_size or block
     if chunk_tokens % block:
         raise InvalidSpec(f"offload block size {chunk_tokens} must be a multiple of the model's KV block of "
@@ -494,9 +494,13 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
             disk = disk_tier.plan_disk_tier(request.offload.disk, pool.chunk_bytes, pool.tokens // pool.chunks,
                                             node.ephemeral_storage, node.name, node_plan.replicas_per_node,
                                             request.offload.disk.replicas, groups.release)
-            reload = _transfer_plan(layout, request, node)  # a disk hit is read into the pool, then reloaded
+            # a disk hit is read into the pool, then reloaded: at the node's qualified rate, else the default link's
+            qualified = _transfer_plan(layout, request, node)
+            reload = qualified or _transfer_plan(layout, request,
+                                                 replace(node, dma_gbps=disk_tier.DEFAULT_RELOAD_GBPS))
             disk = disk_tier.judge(disk, geometry.config, request.tensor_parallel_size, geometry.max_model_len,
-                                   node.disk_read_gbps, reload.reload_tokens_per_s if reload else None)
+                                   node.disk_read_gbps, reload.reload_tokens_per_s if reload else None,
+                                   reload.qualified_gbps if reload else None, qualified is not None)
         prefault = prefault_env(engine, pool, request)
         pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
                         request.tensor_parallel_size, prefault_threads(prefault))
@@ -572,6 +576,22 @@ def with_engine(p: Plan, engine: EnginePlan, geometry: ModelGeometry) -> Plan:
         pod = _pod_plan(p.pool, process_reserve(pod.gpus, engine.api_servers, is_multimodal(geometry)), pod.gpus,
                         prefault_threads(env))
     return replace(p, args=args + api_server_args(engine), engine=engine, pod=pod, env=env)
+
+
+def with_disk(p: Plan, disk: disk_tier.DiskTierPlan | None, request: ServingRequest) -> Plan:
+    """`p` carrying the tier `disk` instead of its own (the operator's: one tier for every eligible node class,
+    disk_tier.across_classes): its --kv-transfer-config, its environment and its warning."""
+    if disk == p.disk:
+        return p
+    old_args = engine_args(p.layout, request.offload, p.pool, disk_tier.active(p.disk))
+    assert p.args[:len(old_args)] == old_args, "the plan's args start with its engine args"
+    new = disk_tier.active(disk)
+    args = engine_args(p.layout, request.offload, p.pool, new) + p.args[len(old_args):]
+    tier_env = disk_tier.engine_env()
+    env = {k: v for k, v in p.env.items() if k not in tier_env} | (tier_env if new else {})
+    stale = disk_tier.warning(p.disk)
+    warnings = [w for w in p.warnings if w not in stale] + disk_tier.warning(disk)
+    return replace(p, args=args, env=env, warnings=warnings, disk=disk)
 
 
 def pool_setup_seconds(footprint: int, prefault_threads: int) -> int:
