@@ -80,8 +80,14 @@ test: setup vllm-src
 test-fast: setup vllm-src
 	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not engine" $(PYTEST_DURATIONS)
 
+# The questions in bench/ that run on any machine (the GPU questions run through bench/gpu/run_engines.sh).
+BENCH := bench/planner/plan.py bench/fleet/fleet.py bench/connector-overhead/connector_overhead.py \
+	bench/loadgen/loadgen_capacity.py bench/scheduler-side/scheduler_reservation.py bench/scheduler-side/scheduler_side.py \
+	bench/routing/routing_policies.py bench/router-overhead/router_overhead.py bench/tail/json_body.py \
+	bench/tail/ttft_phases.py bench/tail/detokenizer_window.py
+
 bench: setup
-	@for script in bench/*.py; do echo "== $$script"; PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$script || exit 1; echo; done
+	@for script in $(BENCH); do echo "== $$script"; PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$script || exit 1; echo; done
 
 lint: setup
 	$(BIN)/ruff check operator connector tests bench

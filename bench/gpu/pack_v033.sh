@@ -28,7 +28,7 @@ PKGS="pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspe
  oss-harmony==0.0.11 orjson==3.13.0 compressed-tensors==0.17.0 loguru==0.7.3"
 # 0.33: openai_harmony now comes from oss-harmony; orjson in the API server; the engine core imports
 # compressed_tensors (and it loguru) while building the model config, which the H200 try of 2026-12-01 round 5
-# met one at a time (bench/results/h200-2026-12-01-r5/v33-call3.json, v33-call5.json)
+# met one at a time (bench/block-size/results/r5-v33-call3.json, r5-v33-call5.json)
 mkdir -p $W && cd $W
 [ -f $WHEEL ] || { [ -f /tmp/v33w/$WHEEL ] && cp /tmp/v33w/$WHEEL . ; } || true
 [ -f $WHEEL ] || python3 -m pip download --no-deps vllm==0.33.0 -d .
@@ -46,7 +46,7 @@ unzip -q ../$WHEEL -x 'vllm/_C_stable_libtorch.abi3.so'   # the main extension t
 rm -f vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so  # FA2 (300 MB): Hopper runs FA3. FA3 (172 MB, 8 MB in xz) stays:
 #   0.33's vllm/vllm_flash_attn/__init__.py raises ImportError when neither is there, and the GPU worker imports
 #   it unguarded (gpu_worker -> model_loader -> layers/attention/mm_encoder_attention -> backends/fa_utils), so
-#   the H200 try of 2026-12-01 without both stopped there (bench/results/h200-2026-12-01-r4/v33.json)
+#   the H200 try of 2026-12-01 without both stopped there (bench/block-size/results/r4-v33.json)
 rm -f vllm/_moe_C_stable_libtorch.abi3.so   # MoE kernels; vllm/platforms/cuda.py: suppress(ImportError)
 rm -f vllm/_qutlass_C.abi3.so               # FP4 kernels; vllm/platforms/cuda.py: suppress(ImportError)
 rm -f vllm/_flashmla_C.abi3.so vllm/_flashmla_extension_C.abi3.so   # MLA models; vllm/v1/attention/ops/flashmla.py

@@ -1,14 +1,17 @@
 #!/bin/bash
 # Runs measurement steps on a GPU node whose vLLM is staged (stage_v033.sh: /tmp/site33, the default when it is
 # there; or stage_v026.sh and this script's own b.tar.xz step: /tmp/site), results under $OUT:
-#   bash bench/gpu/run_engines.sh                           the default engine set (engines-v33-headline.json)
-#   SPEC=bench/gpu/engines-v33-block128.json ENGINES=v33-b64,v33-b128 bash bench/gpu/run_engines.sh
+#   bash bench/gpu/run_engines.sh                           the default engine set (bench/headline/engines.json)
+#   SPEC=bench/block-size/engines.json ENGINES=v33-b64,v33-b128 bash bench/gpu/run_engines.sh
 #   STEPS="pool qualify sweep serve"                        pool: pool_setup.py (64 GiB, GIB=...), no vLLM needed
 # For 0.26, within 30 s of stage_v026.sh carry .gpu/chunks/b.tar.xz .whl: the rest of 0.26 and its server wheels.
 # A carried py-spy wheel in .whl goes to /tmp/pyspy (an engine's "profile" names /tmp/pyspy/bin/py-spy).
 set -uo pipefail
 T0=$(date +%s)
-LIMIT=${LIMIT:-585}  # seconds this call may take (the device allows 600)
+# Seconds this call may take. The device stops a command at 600 s, counted from before the carried tree is
+# unpacked; 540 leaves a minute for that, the engines' stop and the archive below (a staging step before this
+# script in the same call passes LIMIT=$((540 - its own seconds))).
+LIMIT=${LIMIT:-540}
 [ -f .gpu/chunks/a33.part0 ] && cp .gpu/chunks/a33.part0 /tmp/
 if [ -f .gpu/chunks/b.tar.xz ]; then  # a warm machine keeps /tmp/site from the previous call
   python3 bench/gpu/extract.py .gpu/chunks/b.tar.xz || exit 1
@@ -27,7 +30,7 @@ mkdir -p /tmp/work
 for step in $STEPS; do
   case $step in
     pool)
-      python3 bench/gpu/pool_setup.py --gib ${GIB:-64} --json $OUT/pool_setup.json 2>&1 | tee /tmp/work/pool_setup.log ;;
+      python3 bench/pool-setup/pool_setup.py --gib ${GIB:-64} --json $OUT/pool_setup.json 2>&1 | tee /tmp/work/pool_setup.log ;;
     qualify)
       python3 -m spillway.qualify --methods vllm --json $OUT/qualify_vllm.json 2>/tmp/work/qualify_vllm.log ;;
     sweep)
@@ -35,7 +38,7 @@ for step in $STEPS; do
     serve)
       LEFT=$(( LIMIT - 25 - ($(date +%s) - T0) ))
       echo "serve_bench deadline: $LEFT s"
-      python3 bench/gpu/serve_bench.py --spec ${SPEC:-bench/gpu/engines-v33-headline.json} --out /tmp/work --deadline-s $LEFT \
+      python3 bench/gpu/serve_bench.py --spec ${SPEC:-bench/headline/engines.json} --out /tmp/work --deadline-s $LEFT \
         ${ENGINES:+--only $ENGINES} 2>&1 | tee /tmp/work/serve_bench.log | grep -v "^(\|^INFO\|^WARNING" ;;
   esac
 done

@@ -6,7 +6,7 @@ Each engine in the spec file starts with exactly the args/env `spillway plan` pr
 cache off), runs its experiments, and is stopped. Every phase records vLLM's /metrics before and after,
 so the hit rate and bytes moved that the server counted sit next to what the client measured.
 
-    python3 bench/gpu/serve_bench.py --spec bench/gpu/engines-v33-headline.json --out /tmp/work --deadline-s 540
+    python3 bench/gpu/serve_bench.py --spec bench/headline/engines.json --out /tmp/work --deadline-s 540
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ When the scheduler admits a request whose prefix is in the pool, vLLM's CPUOfflo
 every chunk of the load: per chunk a policy `get`, the `is_ready` property and two more reads of the ctypes
 reference count, a `mark_non_evictable` call for a chunk no one else reads, and the evictable count checked
 after each step. A 128K-token prompt loads 2,047 chunks, and on the H200 that per-chunk Python sat between the
-request's arrival and its copy (bench/results/h200-2026-12-03-tail, py-spy of the engine core). This does the
+request's arrival and its copy (bench/tail, py-spy of the engine core). This does the
 same per chunk (the same asserts, the same reference counts, the chunk leaves the evictable set exactly when its
 count goes 0 -> 1) with one read of each count, and checks the evictable count once; what the load records about
 the request (`_record_request_cache_access`) and the transfer spec it returns are vLLM's own calls, unchanged.

@@ -3,7 +3,7 @@
 When a load finishes, vLLM's CPUOffloadingManager.complete_load unpins each chunk and, for each one whose last
 reader it was, calls LRUCachePolicy.mark_evictable: add the key to the evictable set, push a heap entry, and check
 whether the heap needs compacting. At 100% CPU hit every loaded chunk takes that path, and the per-chunk calls
-were the larger part of update_connector_output (bench/results/cpu-2026-12-02-scheduler-side). This does the
+were the larger part of update_connector_output (bench/scheduler-side). This does the
 same per chunk (asserts, reference counts, the evictable count, one heap entry each) and checks compaction once.
 Eviction is unchanged: LRUCachePolicy.evict takes the smallest (rank, key) entries that are current (key
 evictable, rank its rank), each key once, so which keys it evicts does not depend on when the heap was compacted

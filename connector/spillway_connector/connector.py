@@ -69,7 +69,7 @@ class ShortHitFloor:
 
     A load has a fixed cost beside its copy (the engine steps between starting it and noticing it finished), so
     below some length the prefill is faster than the load; where that length lies is measured per release and
-    configuration (bench/results/h200-2026-12-01-r6: vLLM 0.33 eager loads a 1K-token prompt in 90 ms and
+    configuration (bench/short-prompts: vLLM 0.33 eager loads a 1K-token prompt in 90 ms and
     recomputes it in 49; -r7: with CUDA graphs it loads it in 21 and recomputes it in 33, so the planner leaves
     the floor off). The hit is reported to vLLM as none, so vLLM's own hit counters and the prefill agree;
     the pool keeps the chunks (they are stored already) and the recomputed tokens are counted."""

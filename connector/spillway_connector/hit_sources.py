@@ -4,7 +4,7 @@ With stats on (`vllm serve`'s default), vLLM's scheduler asks the connector, for
 the pool, how many of its loaded tokens came from which tier. OffloadingConnectorScheduler answers by sorting
 two endpoints per loaded chunk and building, at each endpoint, the list of active tiers and its outermost one:
 at 100% CPU hit that was the connector's costliest scheduler-side hook per request after the load itself
-(bench/results/cpu-2026-12-02-scheduler-side). A request's chunks are consecutive and nearly always from one
+(bench/scheduler-side). A request's chunks are consecutive and nearly always from one
 tier, so this first merges each run of touching or overlapping ranges of the same tier (which leaves the tier
 of every token unchanged) and sweeps the few ranges left, or none when one is left.
 """

@@ -6,8 +6,8 @@ BlockStored events of one job come out in hash order, not prefix order; vLLM cal
 ("key order is free", offloading/events.py). vllm-router 0.1.17 is not so lenient: it indexes a block only
 if it already knows the block's parent and drops the others for good ("kv_index: unknown parent; skipping
 unanchored store" in its debug log), and a block that stays in the pool is never announced again. Its index
-then held 1 to 3 of a 6-block prefix (credited 25 to 76 of 192 prefix tokens, bench/results/routing-cpu-
-2026-12-02b/README.md), a holder looked barely cheaper than any other replica, and routing depended on the
+then held 1 to 3 of a 6-block prefix (credited 25 to 76 of 192 prefix tokens, measured on
+three CPU replicas with bench/routing/routing_policies.py, 2026-12-02), a holder looked barely cheaper than any other replica, and routing depended on the
 sampling temperature. Reordering within each run of BlockStored events keeps every other event where it was.
 """
 from __future__ import annotations

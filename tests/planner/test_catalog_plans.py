@@ -95,7 +95,7 @@ def test_mla_single_host_copy_from_032():
 
 def test_mamba_hybrid_blocks_follow_the_release():
     # 0.26 rounds Nemotron-H's blocks to whole 256-token Mamba chunks: 1280 tokens, the 5 MiB rows the H200
-    # measurement pinned (bench/results/h200-2026-12-01/footprint.json, mamba-16-auto). 0.33 needs the smallest
+    # measurement pinned (bench/footprint/results/footprint.json, mamba-16-auto). 0.33 needs the smallest
     # multiple of the asked block whose page holds a state (vllm/platforms/interface.py _align_hybrid_block_size):
     # 1088 from the planner's 64-token default, 1040 from 16.
     nemotron = "nvidia/Nemotron-H-8B-Base-8K"

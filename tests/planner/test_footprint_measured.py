@@ -1,4 +1,4 @@
-"""The footprint rule against the H200 measurements it cites (bench/results/h200-2026-12-01/footprint.json):
+"""The footprint rule against the H200 measurements it cites (bench/footprint/results/footprint.json):
 for every measured vLLM 0.26 pool the rule predicts the pool tensors vLLM pinned (count, row, rows) and a cost
 at least the shared memory the kernel counted, and at most half a GiB more."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from spillway.core.footprint import footprint, pinned_tensors
 from spillway.core.groups import MLA, kv_groups
 
 REPO = Path(__file__).resolve().parents[2]
-MEASURED = json.loads((REPO / "bench/results/h200-2026-12-01/footprint.json").read_text())["cases"]
+MEASURED = json.loads((REPO / "bench/footprint/results/footprint.json").read_text())["cases"]
 CONFIGS = {
     "llama-3.1-8b": catalog_config("meta-llama/Llama-3.1-8B-Instruct"),
     "deepseek-v2-lite-dense": json.loads((REPO / "bench/gpu/deepseek-v2-lite-dense/config.json").read_text()),

@@ -1,5 +1,5 @@
-"""The GPU engine sets (bench/gpu/engines*.json; bench/results/*/engines*.json as run) plan and render here,
-before a device call spends minutes on them.
+"""The GPU engine sets (bench/<question>/engines*.json; bench/<question>/results/*engines*.json as run) plan and
+render here, before a device call spends minutes on them.
 
 A GPU session has 30 minutes; an engine whose plan flags the planner refuses, or whose connector setting vLLM does
 not read, would cost a machine start and a call to find out. serve_bench.py builds each engine's argv the way these
@@ -25,10 +25,11 @@ from spillway_connector.transfer_config import EXTRA_RECOMPUTE_BELOW_TOKENS
 from support.tools import skip_or_fail
 from support.vllm_trees import vllm_tree
 
-NODE_MEMORY = "131961788Ki"  # the H200 machine's MemTotal (bench/results/h200-2026-12-01-r6/machine.txt: 125 GiB)
+NODE_MEMORY = "131961788Ki"  # the H200 machine's MemTotal, 125 GiB (bench/headline/README.md)
 # the sets a GPU call runs, and the sets earlier calls ran (beside their results): every one still plans
-SPECS = sorted(GPU.glob("engines*.json")) + sorted((REPO / "bench" / "results").glob("*/engines*.json"))
-ENGINES = [pytest.param(path, engine, id=f"{path.stem}:{engine['name']}")
+BENCH = REPO / "bench"
+SPECS = sorted(BENCH.glob("*/engines*.json")) + sorted(BENCH.glob("*/results/*engines*.json"))
+ENGINES = [pytest.param(path, engine, id=f"{path.relative_to(BENCH)}:{engine['name']}")
            for path in SPECS for engine in json.loads(path.read_text())["engines"]]
 
 
@@ -119,10 +120,13 @@ def test_load_test_arguments_parse(path, engine, capsys):
                 pytest.fail(f"{path.name}:{engine['name']}: {key} arguments: {capsys.readouterr().err.strip()}")
 
 
-@pytest.mark.parametrize("path, engine", [p for p in ENGINES if "loadtest" in p.values[1] and p.values[0].parent == GPU])
+TO_RUN = [p for p in ENGINES if "loadtest" in p.values[1] and p.values[0].parent.name != "results"]
+
+
+@pytest.mark.parametrize("path, engine", TO_RUN)
 def test_ttft_prompts_fit_the_engines_context(path, engine):
     """A TTFT length needs one output token beside it: 32,768 on a 32,768-token engine was refused on the GPU
-    (bench/results/h200-2026-12-02-pool, as run). The sets to run, not those that ran."""
+    (bench/pool-setup, as run). The sets to run, not those that ran."""
     spec = json.loads(path.read_text())
     args = engine["loadtest"]
     if "--ttft-lengths" not in args:

@@ -213,7 +213,7 @@ def test_the_startup_budget_grows_with_the_pool_the_engine_sets_up_before_it_ser
 
 
 def test_a_pool_pre_faulted_by_more_threads_gets_a_shorter_startup_allowance():
-    """16 threads set a 64 GiB pool up in 16 s at the slowest, one thread in 76 s (bench/results)."""
+    """16 threads set a 64 GiB pool up in 16 s at the slowest, one thread in 76 s (bench/pool-setup)."""
     def allowance(cpu, size="64Gi"):
         node = NodeFacts(2 * 2**40, 8, "h200", cpu_millis=cpu)
         return plan(LLAMA_8B, request(size=size), node).pod.startup_seconds - ENGINE_START_SECONDS
@@ -286,7 +286,7 @@ def _flag(result):
 
 
 @pytest.mark.parametrize("cpu, replicas, servers", [
-    (16_000, 1, 4),  # the measured best (bench/results/h200-2026-12-01-r3)
+    (16_000, 1, 4),  # the measured best (bench/api-servers)
     (15_500, 1, 4),  # a 16-core node less the kubelet's reserve
     (64_000, 1, 4),  # never more than measured
     (8_000, 1, 2),

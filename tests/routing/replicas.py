@@ -1,5 +1,5 @@
 """The routing tests' three real vLLM CPU replicas and their workloads, shared by the tests and
-bench/routing_policies.py.
+bench/routing/routing_policies.py.
 
 Sizes make locality measurable on two cores: the engines run without GPU prefix caching, so every prefix hit
 is a CPU-pool hit and every KV event a router indexes is CPU-medium; each prompt's own part is shorter than a
@@ -112,7 +112,7 @@ def run_prefix_groups(routes: dict[str, VllmRouter], replicas: list[VllmServer],
 
 def router(replicas: list[VllmServer], policy: str, extra: Sequence[str] = ()) -> VllmRouter:
     """vllm-router over these replicas with one of its policies; kv_aware with each replica's KV event source
-    (bench/routing_policies.py compares them)."""
+    (bench/routing/routing_policies.py compares them)."""
     kv = policy == R.POLICY_KV_AWARE
     return VllmRouter([s.base_url for s in replicas], policy=policy, binary=require_binary(R.ROUTER_COMMAND),
                       event_sources={s.base_url: s.kv_events_endpoint for s in replicas} if kv else None,

@@ -10,7 +10,7 @@ process, with the pool's blocks as its index bound), one engine start for every 
 - a scale-up from 2 to 3 replicas while the second pass of the same prompts runs, the way a pod becoming ready
   reaches the router: the first two replicas' hit rate does not fall (the router kept its index).
 
-The sizes are in routing/replicas.py; bench/routing_policies.py measures vllm-router's policies on the same
+The sizes are in routing/replicas.py; bench/routing/routing_policies.py measures vllm-router's policies on the same
 set-up. The report tables print with the tests.
 """
 from __future__ import annotations

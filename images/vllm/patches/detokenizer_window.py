@@ -5,7 +5,7 @@ What it fixes. vLLM's OpenAI server detokenizes a request's output with `FastInc
 stream is primed with the whole prompt, and its first `step` (the request's first output token, on the
 time-to-first-token path) decodes that whole prompt twice (tokenizers' step_decode_stream: once for the prefix,
 once with the new token). For a 131,008-token prompt that first step took 33-38 ms on the 2-core CPU machine,
-against ~0.0-0.3 ms primed with the last 32 tokens (bench/detokenizer_window.py); the API server's time before
+against ~0.0-0.3 ms primed with the last 32 tokens (bench/tail/detokenizer_window.py); the API server's time before
 vLLM's clock starts was 65 ms at 128K on the H200. vLLM's slow detokenizer already primes from the last few
 prompt tokens only (INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET = 5, vllm/tokenizers/detokenizer_utils.py).
 

@@ -4,7 +4,7 @@ What it fixes. FastAPI reads a JSON body through starlette's `Request.json()`, w
 `json.loads(body)`. A 131,008-token completion sent as token ids (a body of about 800 KB) spent ~15 ms of the
 API server's ~37 ms for that request in json.loads, on the time-to-first-token path of every long prompt.
 vLLM 0.33 depends on orjson (`Requires-Dist: orjson>=3.11.6`), which reads the same body several times faster
-(bench/json_body.py).
+(bench/tail/json_body.py).
 
 Why the result is the same. orjson reads a body first; json.loads reads it, exactly as before, whenever orjson
 could differ: orjson refuses NaN, Infinity, -Infinity, numbers beyond a float's range, invalid UTF-8, a BOM, lone

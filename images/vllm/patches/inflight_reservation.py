@@ -4,9 +4,9 @@ What it fixes. Before admitting a request whose KV arrives asynchronously (a CPU
 sums the blocks every other in-flight prefill still needs (`Scheduler._inflight_prefill_reserved_blocks`, added
 for vLLM issue #39734's deadlock). It recomputes each term through the KV-cache coordinator for every admitted
 load, so admitting N loads costs N^2/2 coordinator calls: 320,000 for the 800 requests of one 100%-hit pass of
-bench/gpu's throughput experiment, 14% of the engine core's samples in the H200 profile (bench/results/
-h200-2026-12-01-r3). With the patch the coordinator is asked once per request; the walk over the in-flight set
-stays (about 0.5 us per element against vLLM's 2.1 on the CPU: bench/scheduler_reservation.py). Measured: 1.32x
+bench/gpu's throughput experiment, 14% of the engine core's samples in the H200 profile (bench/
+api-servers). With the patch the coordinator is asked once per request; the walk over the in-flight set
+stays (about 0.5 us per element against vLLM's 2.1 on the CPU: bench/scheduler-side/scheduler_reservation.py). Measured: 1.32x
 prompt throughput at 100% CPU hit on the H200 (same call, 4 API servers).
 
 Why remembering is exact. A request waiting for its load (status WAITING_FOR_REMOTE_KVS) keeps its allocated

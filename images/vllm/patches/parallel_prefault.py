@@ -4,7 +4,7 @@ What it fixes. vLLM 0.33 backs the CPU pool with files in /dev/shm behind one ma
 before it pins the pool (`SharedOffloadRegion.__init__`, vllm/v1/kv_offload/cpu/shared_offload_region.py:
 madvise(MADV_POPULATE_WRITE) one chunk row at a time, from one thread). Faulting tmpfs pages runs at 1.4-1.9
 GiB/s per thread, so a 64 GiB pool took 41-68 s before the engine served /health, and 225 GiB several minutes
-(bench/results/h200-2026-12-02/pool_setup.json; ../docs/results.md#pool-setup). The pages are independent:
+(bench/pool-setup/results/pool_setup.json; ../docs/results.md#pool-setup). The pages are independent:
 disjoint ranges faulted from 16 threads took 7.2-7.8 s for the same 64 GiB, registration included. vLLM splits
 the pool into 32 files for exactly this reason (page-cache inserts serialise per file), but faults them in order.
 

@@ -186,7 +186,7 @@ class Router:
         parsed = None
         if method == "POST" and body:
             try:
-                parsed = orjson.loads(body)  # a 32K-token prompt's ids: 4x faster than json (bench/router_overhead.py)
+                parsed = orjson.loads(body)  # a 32K-token prompt's ids: 4x faster than json (bench/router-overhead/router_overhead.py)
             except ValueError:
                 parsed = None  # not JSON: the worker answers it; routed as a prompt-less request
         return self.index.route(parsed if isinstance(parsed, dict) else {}, self.in_flight)
@@ -349,5 +349,5 @@ def cmd_route(args: argparse.Namespace) -> int:
         await serve(router, discover, host=args.host,
                     port=args.port, metrics_port=args.metrics_port, poll_s=args.poll_seconds, stopped=stopped)
 
-    uvloop.run(main())  # the proxy's event loop is its cost per request (bench/router_overhead.py)
+    uvloop.run(main())  # the proxy's event loop is its cost per request (bench/router-overhead/router_overhead.py)
     return 0

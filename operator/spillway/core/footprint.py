@@ -4,7 +4,7 @@ vLLM 0.26 pins each pool tensor with `torch.zeros(..., pin_memory=True)` (vllm/v
 gpu_worker.py; its CPUOffloadingSpec.create_worker passes no mmap region). PyTorch's pinned host
 allocator rounds every allocation up to a power of two, and the pages are shared memory charged to the
 pod's memory cgroup, though not held in /dev/shm. Measured on the H200
-(bench/results/h200-2026-12-01/footprint.md, raw figures in footprint.json): Llama-3.1-8B V1 runner
+(bench/footprint/README.md, raw figures in footprint.json): Llama-3.1-8B V1 runner
 16 GiB asked -> Shmem +16.14 GiB (one tensor), 24 -> +32.14, 48 -> +64.14; V2 runner 24 GiB ->
 32 x 0.75 GiB tensors -> +32.05; DeepSeek-V2-Lite (MLA) 24 GiB -> 27 x 0.889 GiB -> +27.05;
 Nemotron-H-8B 16 GiB -> 4 x 3.999 GiB -> +16.15. /dev/shm held 0 bytes in every case.
@@ -12,7 +12,7 @@ Nemotron-H-8B 16 GiB -> 4 x 3.999 GiB -> +16.15. /dev/shm held 0 bytes in every 
 vLLM 0.32 and 0.33 back the pool with one mmap region in /dev/shm that every rank maps and pins
 with cudaHostRegister (vllm/v1/kv_offload/cpu/shared_offload_region.py); its creator checks that
 /dev/shm has room for the whole region (check_shm_free_space). That allocation path on the H200
-(bench/results/h200-2026-12-01/pinned_alloc.json): 3 GiB -> Shmem +3.01 GiB, /dev/shm +3.00 GiB;
+(bench/footprint/results/pinned_alloc.json): 3 GiB -> Shmem +3.01 GiB, /dev/shm +3.00 GiB;
 vllm#50094: 6 GiB asked, 6.00 GiB used. About 1.0x, held in /dev/shm.
 
 Both add the page tables of every process that maps the pool: 8 bytes per 4 KiB page on x86-64,
@@ -26,7 +26,7 @@ GiB = 2**30
 MiB = 2**20
 
 # Other pinned buffers of 0.26 beyond the pool tensors: +0.05 to +0.15 GiB of shmem
-# (bench/results/h200-2026-12-01/footprint.md); budgeted at 0.25 GiB.
+# (bench/footprint/README.md); budgeted at 0.25 GiB.
 PINNED_POOL_OVERHEAD = 256 * MiB
 # 0.32+: the region is the cost (pinned_alloc.json: 3 GiB -> +3.01 GiB, the 0.01 being page tables, below);
 # 16 MiB rounding slack.

@@ -26,7 +26,7 @@ from .vllm_coverage import REFUSED, SIZED
 # Tokens per GPU KV block; vLLM's own default is 16. 64-token blocks (8 MiB cross-layer copies for Llama-3.1-8B
 # instead of 2 MiB, a quarter of the offload keys) measured 1.21x the prompt throughput of 16-token blocks at 100%
 # CPU hits (254.1K vs 209.3K tok/s, same call), the same at 50% (76.0K vs 76.4K) and 0% (44.3K vs 44.3K without
-# offload), and TTFT from CPU 122 vs 140 ms at 32K tokens (bench/results/h200-2026-12-01-r5). The price is the
+# offload), and TTFT from CPU 122 vs 140 ms at 32K tokens (bench/block-size). The price is the
 # grain of a hit: vLLM matches a cached prefix in whole blocks, so a prefix loses up to 63 tokens instead of 15.
 DEFAULT_BLOCK_SIZE = 64
 

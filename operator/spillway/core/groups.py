@@ -217,7 +217,7 @@ def _layer_caches(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[Laye
 
 def _layer_runs(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> dict[LayerCache, int]:
     """Each distinct cache with its number of layers, in order of first appearance: what the grouping needs,
-    without a per-layer sequence (a cold plan stays within bench/plan.py's 50 us goal)."""
+    without a per-layer sequence (a cold plan stays within bench/planner/plan.py's 50 us goal)."""
     keys, made = _distinct_layers(facts, tp, kv_cache_dtype)
     runs: dict[LayerCache, int] = {}
     for key, caches in made.items():

@@ -1,7 +1,7 @@
 """The one place that names vllm-router's flags, endpoints and log lines (the vLLM project's Rust router, PyPI
 `vllm-router`; names as its 0.1.17 `vllm-router --help` prints them).
 
-Spillway's own router (`spillway route`) does not run it: the routing tests and bench/routing_policies.py
+Spillway's own router (`spillway route`) does not run it: the routing tests and bench/routing/routing_policies.py
 run vllm-router's policies as the baselines it is measured against, with the names from here.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ POLICY_CACHE_AWARE = "cache_aware"
 POLICY_STICKY_LEAST_LOADED = "sticky_least_loaded"  # a session key's first request to the least loaded worker, then sticky
 POLICY_CONSISTENT_HASH = "consistent_hash"  # the session key (else the whole request) hashed onto a ring of workers
 
-# The kv_aware settings the baselines run: the best of kv_aware in bench/results/routing-cpu-2026-12-02
+# The kv_aware settings the baselines run: the best of kv_aware in bench/routing/results/kv-aware-settings.json
 # (docs/routing.md). A temperature above 0 samples among workers of equal cost instead of always taking the
 # first, so a new prefix no longer lands where the others are; at 0.1 a cached prefix still wins.
 ROUTER_TEMPERATURE = "0.1"

@@ -46,7 +46,7 @@ ROUTER_LABEL_DECISION = "decision"
 # of 2 MiB blocks; an entry costs about 100 bytes.
 DEFAULT_INDEX_BLOCKS = 262_144
 # A prefix's holder is passed over when it has this many requests in flight beyond the least loaded pod:
-# measured on the tenants workload (docs/routing.md, bench/results/routing-cpu-2026-12-02f).
+# measured on the tenants workload (docs/routing.md, bench/routing).
 DEFAULT_MAX_IMBALANCE = 8
 EPP_PORT = 9002  # llm-d-router's endpoint picker (gRPC ext-proc): endpointPickerRef.port.number
 # llm-d-router v0.10.0 apix/config/v1alpha1 (GroupName llm-d.ai); the older inference.networking.x-k8s.io is deprecated
@@ -64,7 +64,7 @@ ENV_POD_IP = "SPILLWAY_POD_IP"
 KV_EVENTS_TOPIC_KEY = "topic"  # vllm/config/kv_events.py KVEventsConfig.topic (default "")
 
 # Recompute rate anchor: Llama-3.1-8B-Instruct prefilled 41,391 prompt tokens/s on one H200 with nothing cached
-# (bench/results/h200-2026-11-30/run2/call5-loadtest/loadtest-loadtest-no-offload-v1.json, hit rate 0).
+# (bench/routing/results/gpu-no-offload-v026.json, hit rate 0).
 # Prefill is compute-bound, so other models scale by their weights per token (about 2 FLOPs per weight).
 ANCHOR_RECOMPUTE_TOKENS_PER_S = 41_391.0
 ANCHOR_CONFIG = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -1,0 +1,140 @@
+"""What `spillway route` (kv-aware mode's router, a Python proxy) adds to a request, and how many it passes.
+
+Three stand-in workers (aiohttp, in their own process, answering a completion at once) behind `spillway route`
+as its own process; the same client sends the same requests to a worker directly and through the router, side
+by side in one run, closed loop at 1 and at 32 in flight, with prompts of 512 and of 32,768 token ids (the
+router parses each body and hashes its blocks: 64-token blocks, as the plan's default). It prints requests/s
+and the median and p90 latency of each, and the router's added latency per request (medians over the rounds).
+
+    .venv/bin/python bench/router-overhead/router_overhead.py [--requests 400] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "operator"), str(REPO / "tests")]
+
+from support.vllm_server import free_port
+
+BLOCK = 64
+WORKERS = 3
+ANSWER = json.dumps({"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "a"}],
+                     "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+
+
+def _serve_workers(ports: list[int]) -> None:
+    async def completion(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=ANSWER, content_type="application/json")
+
+    async def main() -> None:
+        for port in ports:
+            app = web.Application(client_max_size=64 << 20)
+            app.router.add_post("/v1/completions", completion)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+async def _closed_loop(url: str, bodies: list[bytes], in_flight: int) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    queue = list(reversed(bodies))
+    connector = aiohttp.TCPConnector(limit=in_flight)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one() -> None:
+            while queue:
+                body = queue.pop()
+                start = time.perf_counter()
+                async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+                    assert r.status == 200, r.status
+                latencies.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(in_flight)))
+        return time.perf_counter() - start, latencies
+
+
+def _bodies(count: int, tokens: int) -> list[bytes]:
+    # 8 shared prefixes of half the prompt, each prompt its own second half: the router finds and records blocks
+    return [json.dumps({"model": "m", "max_tokens": 1, "prompt": [i % 8 + 1] * (tokens // 2) +
+                        [(i * 7919 + t) % 50000 for t in range(tokens - tokens // 2)]}).encode()
+            for i in range(count)]
+
+
+def _wait(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not answer")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    ports = [free_port() for _ in range(WORKERS)]
+    workers = multiprocessing.Process(target=_serve_workers, args=(ports,), daemon=True)
+    workers.start()
+    listed = Path(tempfile.mkdtemp(prefix="router-bench-")) / "workers"
+    listed.write_text("".join(f"http://127.0.0.1:{port}\n" for port in ports))
+    port, metrics_port = free_port(), free_port()
+    router = subprocess.Popen([sys.executable, "-m", "spillway.cli", "route", "--workers-file", str(listed),
+                               "--block-size", str(BLOCK), "--host", "127.0.0.1", "--port", str(port),
+                               "--metrics-port", str(metrics_port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        _wait(f"http://127.0.0.1:{port}/health")
+        direct, routed = f"http://127.0.0.1:{ports[0]}/v1/completions", f"http://127.0.0.1:{port}/v1/completions"
+        print(f"{'prompt':>8} {'in flight':>9} {'path':>8} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8}   (medians of "
+              f"{args.rounds} rounds of {args.requests} requests)")
+        rows = []
+        for tokens, count in ((512, args.requests), (32_768, max(40, args.requests // 10))):
+            bodies = _bodies(count, tokens)
+            for in_flight in (1, 32):
+                figures: dict[str, list[tuple[float, float, float]]] = {"direct": [], "routed": []}
+                for _ in range(args.rounds):
+                    for name, url in (("direct", direct), ("routed", routed)):  # side by side, same bodies
+                        elapsed, latencies = asyncio.run(_closed_loop(url, bodies, in_flight))
+                        q = statistics.quantiles(latencies, n=10)
+                        figures[name].append((count / elapsed, statistics.median(latencies) * 1e3, q[8] * 1e3))
+                med = {name: [statistics.median(x[i] for x in rounds) for i in range(3)]
+                       for name, rounds in figures.items()}
+                for name in ("direct", "routed"):
+                    rate, p50, p90 = med[name]
+                    print(f"{tokens:>8} {in_flight:>9} {name:>8} {rate:>8.0f} {p50:>8.2f} {p90:>8.2f}")
+                rows.append({"prompt_tokens": tokens, "in_flight": in_flight, **{
+                    f"{name}_{k}": v for name, vals in med.items() for k, v in zip(("rps", "p50_ms", "p90_ms"), vals)}})
+                print(f"{'':>8} {'':>9} {'added':>8} {'':>8} {med['routed'][1] - med['direct'][1]:>8.2f}")
+        print(json.dumps(rows))
+    finally:
+        router.terminate()
+        router.wait(20)
+        workers.terminate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
