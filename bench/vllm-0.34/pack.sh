@@ -46,7 +46,8 @@ python3 -m pip download -q --no-deps $PIP_PLATFORM -d whl34-$PYV $PKGS
 rm -rf v34 v34raw && mkdir -p v34/vllm && unzip -q -o $WHEEL 'vllm/_C_stable_libtorch.abi3.so' -d v34raw
 strip --strip-unneeded -o v34/vllm/_C_stable_libtorch.abi3.so v34raw/vllm/_C_stable_libtorch.abi3.so
 (cd v34 && tar -cf - vllm/_C_stable_libtorch.abi3.so | xz -6 -T2 > "$W/a34.tar.xz")
-rm -f "$OUTDIR"/a34.part*; split -n 2 -d -a 1 "$W/a34.tar.xz" "$OUTDIR/a34.part"
+# part0 large (it travels with the repository alone), part1 small (it travels beside b34.tar.xz)
+rm -f "$OUTDIR"/a34.part*; split -b 50000000 -d -a 1 "$W/a34.tar.xz" "$OUTDIR/a34.part"
 rm -rf stage34-$PYV && mkdir stage34-$PYV && cd stage34-$PYV
 unzip -q ../$WHEEL -x 'vllm/_C_stable_libtorch.abi3.so'   # the main extension travels as a34.part*
 # Drop what Hopper + a dense bf16 model does not need (0.34.0's guards, as in 0.33):

@@ -46,6 +46,13 @@ class DiskTierDoesNotFit(SpillwayError):
     reason = "DiskTierDoesNotFit"
 
 
+class DiskHostPathNotAllowed(SpillwayError):
+    """A hostPath tier outside the directories the operator's administrator allows: a ModelServer's author
+    could otherwise have the pods write (and the evictor delete) in any directory of every node."""
+
+    reason = "DiskHostPathNotAllowed"
+
+
 class DiskVolumeNotFound(SpillwayError):
     """The claim the tier names is not there: the pods would wait for it, Pending, with no word on the resource.
     The operator looks again after its retry delay, so a claim created later is found."""
@@ -64,6 +71,12 @@ SPILLWAY_CONNECTOR_CHOICE = Connector.SPILLWAY
 
 # The node's disk read rate into the pool (GB/s), as `spillway qualify --disk` measures and annotates it.
 ANNOTATION_QUALIFIED_DISK_GBPS = "spillway.dev/qualified-disk-read-gbps"
+
+# Node directories no hostPath tier may be in, or above, whatever the administrator allows: the system's own
+# trees, the kubelet's and the container runtimes' state (pods' volumes, images, secrets) and the node's logs.
+SYSTEM_DIRECTORIES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/root", "/run",
+                      "/sbin", "/sys", "/usr", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/docker",
+                      "/var/lib/etcd", "/var/log", "/var/run")
 
 VOLUME_NAME = "kv-disk-tier"
 MOUNT_PATH = "/var/lib/spillway/kv-tier"  # the fs tier's root_dir
@@ -89,7 +102,7 @@ WRITE_THREADS = 8
 
 # A disk hit is read into the CPU pool, then copied to the GPU like any pool hit: where the node's CPU->GPU rate
 # is not qualified, that copy is counted at one direction of a PCIe Gen5 x16 link, 51.3-52.4 GB/s measured on the
-# H200 (docs/results-archive.md, "Against the blog post"), rounded down. Leaving the copy out would price a disk
+# H200 (bench/copy-rates/README.md), rounded down. Leaving the copy out would price a disk
 # hit of Llama-3.1-8B at 5.43 GB/s of disk reads instead of 6.09.
 DEFAULT_RELOAD_GBPS = 50.0
 
@@ -194,13 +207,55 @@ def check_volume(volume: DiskVolume) -> None:
     """What no node fact can tell: the volume named completely."""
     if volume.kind not in VOLUME_KINDS:
         raise InvalidSpec(f"offload.disk.volume must be one of {', '.join(VOLUME_KINDS)}, got {volume.kind!r}")
-    if volume.kind == HOST_PATH and not (volume.host_path or "").startswith("/"):
-        raise InvalidSpec(f"offload.disk.volume.hostPath.path must be an absolute path, got {volume.host_path!r}")
+    if volume.kind == HOST_PATH:
+        check_host_directory(volume.host_path, "offload.disk.volume.hostPath.path")
     if volume.kind == PVC and not volume.claim_name:
         raise InvalidSpec("offload.disk.volume.persistentVolumeClaim.claimName is required")
     if volume.kind == EPHEMERAL and not volume.capacity:
         raise InvalidSpec("offload.disk.volume.ephemeral.capacity is required: the size each pod's claim "
                           "may take of its storage class")
+
+
+def check_host_directory(path: str | None, where: str) -> str:
+    """A node directory named plainly: absolute, every segment a name (no `.`, `..` or empty one, which the
+    kubelet would resolve elsewhere), neither a system directory nor above one; InvalidSpec otherwise."""
+    text = path or ""
+    if not text.startswith("/"):
+        raise InvalidSpec(f"{where} must be an absolute path, got {path!r}")
+    segments = text[1:].split("/")
+    if "\0" in text or any(s in ("", ".", "..") for s in segments):
+        raise InvalidSpec(f"{where} {path!r} must name its directory plainly: no '.', '..' or empty segments "
+                          "(and not / itself)")
+    for system in SYSTEM_DIRECTORIES:
+        if _within(text, system) or _within(system, text):
+            raise InvalidSpec(f"{where} {path} is {'in' if _within(text, system) else 'above'} the node's {system}: "
+                              "a disk tier writes and deletes files there; name a directory of its own")
+    return text
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def check_host_path_prefixes(prefixes: Sequence[str], where: str) -> tuple[str, ...]:
+    """The administrator's allowed hostPath directories, each named as plainly as a ModelServer's must be."""
+    return tuple(check_host_directory(p, f"{where}: {p!r}") for p in prefixes)
+
+
+def check_host_path_allowed(volume: DiskVolume, prefixes: Sequence[str]) -> None:
+    """A hostPath tier only in, or under, a directory the operator's administrator allows (default: none)."""
+    if volume.kind != HOST_PATH:
+        return
+    where = "offload.disk.volume.hostPath.path"
+    path = check_host_directory(volume.host_path, where)
+    if not prefixes:
+        raise DiskHostPathNotAllowed(
+            f"{where} {path}: this operator allows no node directory for a disk tier (its administrator lists them "
+            f"in the chart value {names.CHART_VALUE_DISK_HOST_PATH_PREFIXES}); use emptyDir, ephemeral or a "
+            "persistentVolumeClaim")
+    if not any(_within(path, prefix) for prefix in prefixes):
+        raise DiskHostPathNotAllowed(f"{where} {path} is under none of the directories this operator allows for a "
+                                     f"disk tier ({', '.join(prefixes)}; {names.CHART_VALUE_DISK_HOST_PATH_PREFIXES})")
 
 
 def claim_bytes(claim: Mapping[str, Any]) -> int | None:
