@@ -9,9 +9,9 @@ same per chunk (the same asserts, the same reference counts, the chunk leaves th
 count goes 0 -> 1) with one read of each count, and checks the evictable count once; what the load records about
 the request (`_record_request_cache_access`) and the transfer spec it returns are vLLM's own calls, unchanged.
 
-Only for vLLM's own manager and LRU policy, exactly (a subclass or ARC keeps vLLM's path), on 0.32 and 0.33, whose
-_prepare_load and mark_non_evictable are the same text (vllm/v1/kv_offload/cpu/manager.py,
-vllm/v1/kv_offload/cpu/policies/lru.py).
+Only for vLLM's own manager and LRU policy, exactly (a subclass or ARC keeps vLLM's path), where _prepare_load,
+mark_non_evictable and the rest it redoes read as in 0.32.0, 0.33.0 and 0.34.0 (compat.LRU_MANAGER_CODE;
+vllm/v1/kv_offload/cpu/manager.py, vllm/v1/kv_offload/cpu/policies/lru.py). PATCHES.md: why, and when it goes.
 """
 from __future__ import annotations
 

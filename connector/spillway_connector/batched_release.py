@@ -9,9 +9,9 @@ Eviction is unchanged: LRUCachePolicy.evict takes the smallest (rank, key) entri
 evictable, rank its rank), each key once, so which keys it evicts does not depend on when the heap was compacted
 or on stale and duplicate entries in it, only on each evictable key having a current entry, which both give.
 
-Only for vLLM's own manager and LRU policy, exactly (a subclass or ARC keeps vLLM's path), on 0.32 and 0.33, whose
-complete_load, mark_evictable, _push_evictable and _maybe_compact_heap are the same text
-(vllm/v1/kv_offload/cpu/manager.py, vllm/v1/kv_offload/cpu/policies/lru.py).
+Only for vLLM's own manager and LRU policy, exactly (a subclass or ARC keeps vLLM's path), where complete_load,
+mark_evictable, _push_evictable and _maybe_compact_heap read as in 0.32.0, 0.33.0 and 0.34.0 (compat.LRU_MANAGER_CODE;
+vllm/v1/kv_offload/cpu/manager.py, vllm/v1/kv_offload/cpu/policies/lru.py). PATCHES.md: why, and when it goes.
 """
 from __future__ import annotations
 

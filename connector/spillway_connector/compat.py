@@ -10,6 +10,7 @@ from typing import Any
 
 import vllm
 
+from spillway_connector.source_guard import verified
 from spillway_connector.versions import UnsupportedVLLMVersion, require_supported
 
 VLLM_VERSION: str = vllm.__version__
@@ -28,6 +29,7 @@ try:
         CanonicalKVCaches,
         GPULoadStoreSpec,
         LoadStoreSpec,
+        OffloadingSpec,
         OffloadingWorker,
         TransferResult,
     )
@@ -45,29 +47,81 @@ try:
 except ImportError:  # 0.26
     SharedOffloadRegion = TieringOffloadingSpec = None  # type: ignore[assignment,misc]
 
+# The worker's device side (vLLM PR 56076, 0.34+): pointers the connector resolved from the GPULoadStoreSpec.
+try:
+    from vllm.v1.kv_offload.base import DevicePointers
+    from vllm.v1.kv_offload.pointer_utils import resolve_device_pointers
+except ImportError:  # 0.33 and older hand the worker the GPULoadStoreSpec itself
+    DevicePointers = resolve_device_pointers = None  # type: ignore[assignment,misc]
+
+
+def worker_device_side(spec: Any, kv_caches: Any) -> Any:
+    """What this vLLM's connector hands OffloadingWorker.submit_store/submit_load for a GPULoadStoreSpec."""
+    return spec if resolve_device_pointers is None else resolve_device_pointers(spec, kv_caches)
+
+
 # Hit sources per tier (0.32+; 0.26's scheduler never asks). OffloadingConnectorScheduler's
 # get_external_cache_hit_sources reads two fields of its per-request state, `num_locally_computed_tokens` and
-# `load_key_ranges` ((first token, end token, key) per loaded key), in 0.32.0 and 0.33.0 alike (the method is the
-# same text in both: vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py); the connector answers
-# it from the same fields (spillway_connector/hit_sources.py) on these minors only.
+# `load_key_ranges` ((first token, end token, key) per loaded key); the connector answers it from the same fields
+# (spillway_connector/hit_sources.py) where the method reads as in the releases verified (PATCHES.md).
 try:
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
 except ImportError:  # 0.26
     CacheHitSource = None  # type: ignore[assignment,misc]
-FAST_HIT_SOURCES: bool = VLLM_MINOR in ((0, 32), (0, 33))
+
+# The code each replacement redoes, by release: vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py,
+# vllm/v1/kv_offload/cpu/manager.py and cpu/policies/{base,lru}.py read the same in 0.32.0, 0.33.0 and 0.34.0
+# (source_guard.fingerprint; tests/connector/test_source_guard.py checks every tree).
+HIT_SOURCES_CODE = {"get_external_cache_hit_sources": frozenset({"8c20b75778e7f595"})}
+LRU_MANAGER_CODE = {
+    "CPUOffloadingManager.prepare_load": frozenset({"16f52716f31b5080"}),
+    "CPUOffloadingManager._prepare_load": frozenset({"3ef2c15711e4ce81"}),
+    "CPUOffloadingManager.complete_load": frozenset({"b06b88540c3c9b28"}),
+    "LRUCachePolicy.get": frozenset({"d436b55e297b4bdf"}),
+    "LRUCachePolicy.mark_evictable": frozenset({"6fd63d5cef422925"}),
+    "LRUCachePolicy.mark_non_evictable": frozenset({"7312d2bcbc5682d6"}),
+    "LRUCachePolicy._push_evictable": frozenset({"3f8892b3560703ff"}),
+    "LRUCachePolicy._maybe_compact_heap": frozenset({"a883125c240bffd1"}),
+    "ChunkStatus.is_ready": frozenset({"9f9cc451fa641213"}),
+}
+
+
+def hit_sources_functions() -> dict[str, Any]:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
+
+    return {"get_external_cache_hit_sources": vars(OffloadingConnectorScheduler).get("get_external_cache_hit_sources")}
+
+
+def lru_manager_functions() -> dict[str, Any]:
+    """The functions of vLLM's CPU manager and LRU policy that the batched pin and release redo, by name."""
+    try:
+        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+        from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+        from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+    except ImportError:  # 0.26: another manager
+        return {}
+    owners = {"CPUOffloadingManager": CPUOffloadingManager, "LRUCachePolicy": LRUCachePolicy, "ChunkStatus": ChunkStatus}
+    return {name: vars(owners[name.split(".")[0]]).get(name.split(".")[1]) for name in LRU_MANAGER_CODE}
+
+
+FAST_HIT_SOURCES: bool = CacheHitSource is not None and verified(
+    "the one-pass hit sources (hit_sources.py)", hit_sources_functions(), HIT_SOURCES_CODE)
 
 
 def is_vllms_lru_manager(manager: Any) -> bool:
-    """vLLM's own CPUOffloadingManager with its LRU policy, exactly (a subclass, ARC or another manager is not), on
-    0.32 or 0.33: the manager whose prepare_load and complete_load the connector's batched pin and release redo
-    (their text and mark_(non_)evictable's are the same in both: vllm/v1/kv_offload/cpu/manager.py,
-    vllm/v1/kv_offload/cpu/policies/lru.py)."""
-    if VLLM_MINOR not in ((0, 32), (0, 33)):
+    """vLLM's own CPUOffloadingManager with its LRU policy, exactly (a subclass, ARC or another manager is not),
+    whose prepare_load and complete_load the connector's batched pin and release redo, where that code reads as
+    in the releases verified."""
+    functions = lru_manager_functions()
+    if not functions:
         return False
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
     from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
-    return type(manager) is CPUOffloadingManager and type(getattr(manager, "_policy", None)) is LRUCachePolicy
+    if type(manager) is not CPUOffloadingManager or type(getattr(manager, "_policy", None)) is not LRUCachePolicy:
+        return False
+    return verified("the batched pin and release (batched_pin.py, batched_release.py)", functions, LRU_MANAGER_CODE)
+
 
 __all__ = [
     "FAST_HIT_SOURCES",
@@ -78,12 +132,14 @@ __all__ = [
     "CPUOffloadingSpec",
     "CacheHitSource",
     "CanonicalKVCaches",
+    "DevicePointers",
     "GPULoadStoreSpec",
     "KVConnectorRole",
     "LoadStoreSpec",
     "OffloadPromMetrics",
     "OffloadingConnector",
     "OffloadingConnectorStats",
+    "OffloadingSpec",
     "OffloadingWorker",
     "SharedOffloadRegion",
     "TieringOffloadingSpec",
@@ -92,6 +148,7 @@ __all__ = [
     "pool_capacity_chunks",
     "spec_pool_chunks",
     "split_stats_payload",
+    "worker_device_side",
 ]
 
 # vllm:kv_offload_{load,store}_{bytes,time} exist in every supported minor, so the

@@ -25,6 +25,7 @@ from spillway_connector.compat import (
     BlockIDsLoadStoreSpec,
     CanonicalKVCaches,
     CPUOffloadingSpec,
+    DevicePointers,
     GPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingWorker,
@@ -76,17 +77,22 @@ class HostOffloadingWorker(OffloadingWorker):
         self._group_tensors: list[tuple[int, ...]] = [
             tuple(dict.fromkeys(ref.tensor_idx for ref in refs)) for refs in kv_caches.group_data_refs
         ]
+        # vLLM 0.34 hands the worker device pointers, base + block * stride(0) of each canonical tensor
+        # (vllm/v1/kv_offload/pointer_utils.py resolve_device_pointers): the same terms turn them back into blocks.
+        self._group_refs: list[tuple[int, ...]] = [tuple(ref.tensor_idx for ref in refs)
+                                                   for refs in kv_caches.group_data_refs]
+        self._pointer_bases = [(canonical.tensor.data_ptr(), canonical.tensor.stride(0))
+                               for canonical in kv_caches.tensors]
         self._finished: list[TransferResult] = []
 
     # -- OffloadingWorker -------------------------------------------------------
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
-        self._finished.append(self._transfer(job_id, src_spec, dst_spec, to_host=True))
+    # The device side is a GPULoadStoreSpec up to vLLM 0.33 and DevicePointers from 0.34 (vLLM PR 56076).
+    def submit_store(self, job_id: int, src: Any, dst_spec: LoadStoreSpec) -> bool:
+        self._finished.append(self._transfer(job_id, src, dst_spec, to_host=True))
         return True
 
-    def submit_load(
-        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec, expedited: bool = False
-    ) -> bool:
-        self._finished.append(self._transfer(job_id, dst_spec, src_spec, to_host=False))
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst: Any, expedited: bool = False) -> bool:
+        self._finished.append(self._transfer(job_id, dst, src_spec, to_host=False))
         return True
 
     def get_finished(self) -> list[TransferResult]:
@@ -111,37 +117,60 @@ class HostOffloadingWorker(OffloadingWorker):
         rows = (chunk_ids.astype(np.int64)[:, None] * per_chunk + np.arange(per_chunk, dtype=np.int64)).ravel()
         return rows[skip : skip + num_blocks]
 
-    def _transfer(
-        self, job_id: int, device_spec: GPULoadStoreSpec, host_spec: LoadStoreSpec, to_host: bool
-    ) -> TransferResult:
-        assert isinstance(device_spec, GPULoadStoreSpec) and isinstance(host_spec, BlockIDsLoadStoreSpec)
-        started = time.perf_counter()
-        block_ids, chunk_ids = device_spec.block_ids, host_spec.block_ids
-        block_offset = chunk_offset = 0
-        num_bytes = 0
-        for group, (group_size, first_block_index) in enumerate(
-            zip(device_spec.group_sizes, device_spec.block_indices)
+    def _device_groups(self, device: Any) -> list[tuple[int, int, int, dict[int, np.ndarray]]]:
+        """(group, blocks, first block index, tensor -> device blocks) per group with blocks, in order."""
+        groups = []
+        if isinstance(device, GPULoadStoreSpec):
+            offset = 0
+            for group, (size, first) in enumerate(zip(device.group_sizes, device.block_indices)):
+                if size:
+                    blocks = device.block_ids[offset : offset + size].astype(np.int64)
+                    groups.append((group, size, first, dict.fromkeys(self._group_tensors[group], blocks)))
+                offset += size
+            assert offset == len(device.block_ids), "spec sizes disagree"
+            return groups
+        assert DevicePointers is not None and isinstance(device, DevicePointers), type(device)
+        offset = 0
+        for group, (size, num_refs, first) in enumerate(
+            zip(device.group_block_counts, device.group_data_ref_counts, device.block_indices)
         ):
-            if group_size == 0:
+            if not size:
                 continue
+            assert num_refs == len(self._group_refs[group]), "pointer groups disagree with the KV caches"
+            tensors: dict[int, np.ndarray] = {}
+            for ref, tensor_idx in enumerate(self._group_refs[group]):
+                base, stride = self._pointer_bases[tensor_idx]
+                pointers = device.ptrs[offset + ref * size : offset + (ref + 1) * size].astype(np.int64)
+                tensors.setdefault(tensor_idx, (pointers - base) // stride)
+            groups.append((group, size, first, tensors))
+            offset += size * num_refs
+        assert offset == len(device.ptrs), "pointer counts disagree"
+        return groups
+
+    def _transfer(self, job_id: int, device: Any, host_spec: LoadStoreSpec, to_host: bool) -> TransferResult:
+        assert isinstance(host_spec, BlockIDsLoadStoreSpec)
+        started = time.perf_counter()
+        chunk_ids = host_spec.block_ids
+        chunk_offset = 0
+        num_bytes = 0
+        for _group, group_size, first_block_index, tensors in self._device_groups(device):
             skip = first_block_index % self._blocks_per_chunk
             num_chunks = -(-(group_size + skip) // self._blocks_per_chunk)
-            device_rows = torch.from_numpy(block_ids[block_offset : block_offset + group_size].astype(np.int64))
             host_rows = torch.from_numpy(
                 self.host_rows(chunk_ids[chunk_offset : chunk_offset + num_chunks], first_block_index, group_size)
             )
             # (chunk, block-within-chunk) pairs: the shared region's rows are strided, so they cannot be flattened
             chunk_index, block_index = host_rows // self._blocks_per_chunk, host_rows % self._blocks_per_chunk
-            for tensor_idx in self._group_tensors[group]:
-                device, host = self._device_tensors[tensor_idx], self._host_tensors[tensor_idx]
+            for tensor_idx, blocks in tensors.items():
+                device_rows = torch.from_numpy(blocks)
+                device_tensor, host = self._device_tensors[tensor_idx], self._host_tensors[tensor_idx]
                 if to_host:
-                    host[chunk_index, block_index] = device.index_select(0, device_rows)
+                    host[chunk_index, block_index] = device_tensor.index_select(0, device_rows)
                 else:
-                    device.index_copy_(0, device_rows, host[chunk_index, block_index])
-                num_bytes += group_size * device.shape[1]
-            block_offset += group_size
+                    device_tensor.index_copy_(0, device_rows, host[chunk_index, block_index])
+                num_bytes += group_size * device_tensor.shape[1]
             chunk_offset += num_chunks
-        assert block_offset == len(block_ids) and chunk_offset == len(chunk_ids), "spec sizes disagree"
+        assert chunk_offset == len(chunk_ids), "spec sizes disagree"
         return TransferResult(
             job_id=job_id, success=True, transfer_size=num_bytes, transfer_time=time.perf_counter() - started
         )

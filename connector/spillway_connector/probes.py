@@ -10,7 +10,6 @@ from typing import Any
 
 from spillway_connector import names
 from spillway_connector.compat import (
-    GPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingConnectorStats,
     OffloadingWorker,
@@ -34,13 +33,14 @@ class TransferProbe(OffloadingWorker):
         self._direction: dict[int, str] = {}  # job id -> direction, until the job finishes
         self._stats = OffloadingConnectorStats()
 
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+    # The device side is a GPULoadStoreSpec up to vLLM 0.33 and DevicePointers from 0.34: passed on as is.
+    def submit_store(self, job_id: int, src: Any, dst_spec: LoadStoreSpec) -> bool:
         self._direction[job_id] = names.DIRECTION_STORE
-        return self.inner.submit_store(job_id, src_spec, dst_spec)
+        return self.inner.submit_store(job_id, src, dst_spec)
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec, **kwargs: Any) -> bool:
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst: Any, **kwargs: Any) -> bool:
         self._direction[job_id] = names.DIRECTION_LOAD
-        return self.inner.submit_load(job_id, src_spec, dst_spec, **kwargs)
+        return self.inner.submit_load(job_id, src_spec, dst, **kwargs)
 
     def get_finished(self) -> list[TransferResult]:
         results = self.inner.get_finished()

@@ -1,13 +1,14 @@
 """Which vLLM versions the connector supports (dependency-free).
 
-The connector builds on vLLM's offloading classes, whose internals change between
-minor releases; it runs only on the minors it was built and tested against.
+The connector builds on vLLM's offloading classes, whose interfaces change between minor releases; it
+loads only on the minors whose interfaces it was built and tested against. What it replaces inside them is
+checked function by function instead (source_guard.py), so a minor whose code moved keeps vLLM's own.
 """
 from __future__ import annotations
 
 import re
 
-SUPPORTED_MINORS: tuple[tuple[int, int], ...] = ((0, 26), (0, 32), (0, 33))
+SUPPORTED_MINORS: tuple[tuple[int, int], ...] = ((0, 26), (0, 32), (0, 33), (0, 34))
 
 
 class UnsupportedVLLMVersion(ImportError):

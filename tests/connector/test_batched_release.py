@@ -6,7 +6,7 @@ chunks, sometimes two loads of one chunk at once), finish and evict (the pool is
 loads with vLLM's prepare_load and complete_load, the other with spillway_connector.batched_pin's and
 batched_release's (each alone, and both). Every answer (lookups, chunks and
 evictions of each store, chunks of each load) and the pools at the end must be the same. test_vllm_sources.py
-runs this file on 0.33's source too; on 0.26 it skips.
+runs this file on 0.33's and 0.34's sources too; on 0.26, whose manager is another, it skips.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import random
 import pytest
 from spillway_connector.batched_pin import batched_prepare_load
 from spillway_connector.batched_release import batched_complete_load
-from spillway_connector.compat import VLLM_MINOR
+from spillway_connector.compat import lru_manager_functions
 
-pytestmark = pytest.mark.skipif(VLLM_MINOR not in ((0, 32), (0, 33)), reason="vLLM's path on this version")
+pytestmark = pytest.mark.skipif(not lru_manager_functions(), reason="vLLM 0.26's manager: vLLM's path only")
 
 
 def _managers(capacity: int, policy: str = "lru"):

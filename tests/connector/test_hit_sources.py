@@ -3,7 +3,7 @@
 vLLM's OffloadingConnectorScheduler.get_external_cache_hit_sources runs on a bare scheduler object holding only
 the request state it reads; spillway_connector.hit_sources must give the same tiers, counts and order for any
 ranges (overlapping, with gaps, mixed tiers, partly outside the hit). test_vllm_sources.py runs this file on
-0.33's source too; on 0.26, which has no hit sources, it skips.
+0.33's and 0.34's sources too; on 0.26, which has no hit sources, it skips.
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import random
 from types import SimpleNamespace
 
 import pytest
-from spillway_connector.compat import FAST_HIT_SOURCES, CacheHitSource
+from spillway_connector.compat import CacheHitSource
 from spillway_connector.hit_sources import external_hit_sources
 
-pytestmark = pytest.mark.skipif(not FAST_HIT_SOURCES, reason="this vLLM has no external cache hit sources")
+pytestmark = pytest.mark.skipif(CacheHitSource is None, reason="this vLLM has no external cache hit sources")
 
 
 def _vllm_answer(key_ranges, start: int, num_tokens: int, tiers: dict) -> dict:

@@ -10,7 +10,7 @@ from support import require_vllm
 require_vllm(allow_module_level=True)
 
 from spillway_connector import names
-from spillway_connector.compat import pool_capacity_chunks, stats_sections
+from spillway_connector.compat import pool_capacity_chunks, stats_sections, worker_device_side
 from spillway_connector.connector import PreemptionReloads
 from spillway_connector.host_backend import HostOffloadingWorker
 from spillway_connector.probes import PoolProbe, TransferProbe, throughput_gbps
@@ -32,10 +32,17 @@ def data(stats) -> dict:
     return stats_sections(stats.data)[1] if stats is not None else {}
 
 
+CACHES = CanonicalKVCaches([CanonicalKVCacheTensor(torch.ones((16, PAGE), dtype=torch.int8), PAGE)],
+                           [[CanonicalKVCacheRef(0, PAGE)]])
+
+
 def host_worker() -> HostOffloadingWorker:
-    tensor = torch.ones((16, PAGE), dtype=torch.int8)
-    caches = CanonicalKVCaches([CanonicalKVCacheTensor(tensor, PAGE)], [[CanonicalKVCacheRef(0, PAGE)]])
-    return HostOffloadingWorker(caches, blocks_per_chunk=1, num_chunks=16)
+    return HostOffloadingWorker(CACHES, blocks_per_chunk=1, num_chunks=16)
+
+
+def device(block_ids: list[int]):
+    """The worker's device side for these blocks, as this vLLM's connector hands it over."""
+    return worker_device_side(GPULoadStoreSpec(block_ids, group_sizes=[len(block_ids)], block_indices=[0]), CACHES)
 
 
 def test_throughput_is_bytes_per_second_in_gb():
@@ -46,9 +53,9 @@ def test_throughput_is_bytes_per_second_in_gb():
 
 def test_transfer_probe_records_one_observation_per_finished_transfer_by_direction():
     probe = TransferProbe(host_worker())
-    probe.submit_store(1, GPULoadStoreSpec([1, 2, 3], group_sizes=[3], block_indices=[0]), CPULoadStoreSpec([0, 1, 2]))
-    probe.submit_store(2, GPULoadStoreSpec([4], group_sizes=[1], block_indices=[0]), CPULoadStoreSpec([3]))
-    probe.submit_load(3, CPULoadStoreSpec([0, 1]), GPULoadStoreSpec([5, 6], group_sizes=[2], block_indices=[0]))
+    probe.submit_store(1, device([1, 2, 3]), CPULoadStoreSpec([0, 1, 2]))
+    probe.submit_store(2, device([4]), CPULoadStoreSpec([3]))
+    probe.submit_load(3, CPULoadStoreSpec([0, 1]), device([5, 6]))
     results = probe.get_finished()
     assert sorted(r.job_id for r in results) == [1, 2, 3]  # passed through unchanged
     observed = data(probe.take_stats())[names.TRANSFER_THROUGHPUT]
@@ -62,7 +69,7 @@ def test_transfer_probe_records_one_observation_per_finished_transfer_by_directi
 
 def test_transfer_probe_counts_bytes_and_seconds_when_vllm_does_not():
     probe = TransferProbe(host_worker(), count_bytes_and_seconds=True)
-    probe.submit_store(1, GPULoadStoreSpec([1, 2], group_sizes=[2], block_indices=[0]), CPULoadStoreSpec([0, 1]))
+    probe.submit_store(1, device([1, 2]), CPULoadStoreSpec([0, 1]))
     (result,) = probe.get_finished()
     values = data(probe.take_stats())
     assert values[names.TRANSFER_BYTES][(names.DIRECTION_STORE,)] == 2 * PAGE == result.transfer_size

@@ -1,4 +1,4 @@
-"""The plugin's unit tests again, against other vLLM versions' sources (0.26 on the GPU, 0.33 in the image).
+"""The plugin's unit tests again, against other vLLM versions' sources (0.26 on the GPU, 0.33 and 0.34 in the image).
 
 Set SPILLWAY_VLLM_TREES to directories that each hold a `vllm/` package of a supported version (its pure
 Python offloading classes are what these tests exercise; the engine itself is not started), separated by
@@ -17,7 +17,7 @@ from support.vllm_trees import vllm_trees
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-UNIT_MODULES = ["test_host_backend.py", "test_probes.py", "test_prom_metrics.py", "test_hit_sources.py",
+UNIT_MODULES = ["test_host_backend.py", "test_probes.py", "test_prom_metrics.py", "test_hit_sources.py", "test_source_guard.py",
                 "test_batched_release.py"]
 TREES = [str(tree) for tree in vllm_trees()]
 

@@ -1,0 +1,74 @@
+"""Every replacement of vLLM code runs only over the exact code it was verified against (source_guard.py).
+
+On every supported vLLM with the code (the installed 0.32 and, through test_vllm_sources.py, the 0.33 and 0.34
+trees) the batched pin and release and the one-pass hit sources are on; a function whose code differs by one
+token turns its replacement off with one warning, while comments, blank lines and docstrings do not count.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import pytest
+from support import require_vllm
+
+require_vllm(allow_module_level=True)
+
+from spillway_connector import compat, source_guard
+from spillway_connector.batched_pin import batched_prepare_load
+from spillway_connector.batched_release import batched_complete_load
+
+ORIGINAL = '''
+def reserved(self) -> int:
+    """Blocks still needed."""
+    return sum(self.remaining(req) for req in self.inflight)
+'''
+
+
+def _function(tmp_path, name: str, source: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.reserved
+
+
+def test_comments_blank_lines_and_docstrings_do_not_count_but_code_does(tmp_path):
+    original = source_guard.fingerprint(_function(tmp_path, "original", ORIGINAL))
+    assert original is not None
+    reworded = ORIGINAL.replace('"""Blocks still needed."""', '"""Other words."""\n    # a comment\n')
+    assert source_guard.fingerprint(_function(tmp_path, "reworded", reworded)) == original
+    for changed in (ORIGINAL.replace("self.inflight", "self.in_flight"), ORIGINAL.replace("sum(", "max(")):
+        assert source_guard.fingerprint(_function(tmp_path, f"changed{hash(changed) & 0xffff}", changed)) != original
+
+
+def test_a_function_without_source_has_no_fingerprint():
+    assert source_guard.fingerprint(len) is None
+    assert source_guard.differences({"len": len}, {"len": frozenset({"0"})}) == ["len"]
+    assert source_guard.differences({}, {"gone": frozenset({"0"})}) == ["gone"]
+
+
+@pytest.mark.skipif(not compat.lru_manager_functions(), reason="vLLM 0.26: another manager, vLLM's path only")
+def test_this_vllm_reads_as_verified_and_the_replacements_are_on():
+    assert not source_guard.differences(compat.lru_manager_functions(), compat.LRU_MANAGER_CODE)
+    assert not source_guard.differences(compat.hit_sources_functions(), compat.HIT_SOURCES_CODE)
+    assert compat.FAST_HIT_SOURCES
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    manager = CPUOffloadingManager(8, cache_policy="lru")
+    assert batched_prepare_load(manager) is not None and batched_complete_load(manager) is not None
+
+
+@pytest.mark.skipif(not compat.lru_manager_functions(), reason="vLLM 0.26: another manager, vLLM's path only")
+def test_a_manager_whose_code_differs_keeps_vllms_path_and_says_so(monkeypatch, caplog):
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    changed = dict(compat.LRU_MANAGER_CODE, **{"LRUCachePolicy.mark_evictable": frozenset({"another release"})})
+    monkeypatch.setattr(compat, "LRU_MANAGER_CODE", changed)
+    monkeypatch.setattr(source_guard, "_refused", set())
+    manager = CPUOffloadingManager(8, cache_policy="lru")
+    with caplog.at_level(logging.WARNING, logger="spillway_connector"):
+        assert batched_prepare_load(manager) is None and batched_complete_load(manager) is None
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 1 and "LRUCachePolicy.mark_evictable" in warnings[0] and "stock code runs" in warnings[0]
