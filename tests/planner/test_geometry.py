@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from spillway.adapters.model_config import catalog_ids, load_config_file, resolve_geometry
+from spillway.adapters.model_config import catalog_ids, geometry_of, load_config_file, resolve_geometry
 from spillway.core.errors import InvalidSpec, ModelGeometryUnknown
 from spillway.core.geometry import geometry_from_config, kv_layout
 from spillway.core.model_source import ModelSource
@@ -86,7 +86,7 @@ def test_block_size_scales_block_bytes():
 
 @pytest.mark.parametrize("cfg,message", [
     ({"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2", "num_hidden_layers": 2,
-      "num_attention_heads": 4}, "layers_block_type has 0 entries for 2 layers"),
+      "num_attention_heads": 4}, "Zamba2Config .*refuses"),
     ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
       "num_key_value_heads": 0, "hidden_size": 64}, "KV heads must be a positive integer, got 0"),
     ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -95,16 +95,16 @@ def test_block_size_scales_block_bytes():
       "hidden_size": 64}, "not a multiple of 3 heads"),
     ({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 4,
       "num_attention_heads": 4, "head_dim": 32, "sliding_window": 512,
-      "layer_types": ["sliding_attention", "full_attention"]}, "2 entries for 4 layers"),
+      "layer_types": ["sliding_attention", "full_attention"]}, r"\(4\) must be equal to the number of `layer_types` \(2\)"),
     ({"architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "num_hidden_layers": 4,
-      "num_attention_heads": 4, "head_dim": 32, "sliding_window": 0, "sliding_window_pattern": 4},
-     "sliding_window"),
+      "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32, "sliding_window": 0,
+      "sliding_window_pattern": 4}, "sliding_window"),
     ({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 2,
       "num_attention_heads": 4, "head_dim": 32, "layer_types": ["sliding_attention", "cross_attention"],
-      "sliding_window": 512}, "not layer kinds"),
+      "sliding_window": 512}, "layer_types` entries must be in"),
     ({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 2,
-      "num_attention_heads": 4, "hidden_size": 64, "layer_types": ["full_attention", "linear_attention"]},
-     "linear_num_key_heads"),
+      "num_attention_heads": 4, "hidden_size": 64, "layer_types": ["full_attention", "linear_attention"],
+      "linear_num_key_heads": 0}, "linear_num_key_heads"),
     ({"architectures": ["SomethingNewForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
       "hidden_size": 64}, "not in vLLM 0.33's text-generation or multimodal registry"),
     ({"num_hidden_layers": 2}, "architectures"),
@@ -113,7 +113,8 @@ def test_block_size_scales_block_bytes():
     ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 0, "hidden_size": 64},
      "num_attention_heads"),
     ({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "num_hidden_layers": 2,
-      "num_attention_heads": 4, "hidden_size": 64, "sliding_window": -4096}, "sliding_window"),
+      "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 64, "sliding_window": -4096},
+     "sliding_window"),
     ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 2,
       "num_attention_heads": 4, "kv_lora_rank": 0, "qk_rope_head_dim": 64}, "kv_lora_rank"),
     ({"architectures": ["SarvamMLAForCausalLM"], "model_type": "sarvam", "num_hidden_layers": 2,
@@ -139,7 +140,7 @@ def test_block_size_scales_block_bytes():
 ])
 def test_models_it_cannot_size_get_a_clear_message(cfg, message):
     with pytest.raises(ModelGeometryUnknown, match=message):
-        geometry_from_config(cfg)
+        geometry_of(cfg)
 
 
 def test_disabled_sliding_window_is_full_attention():

@@ -2,11 +2,21 @@
 
 core.model_source decides which source supplies a model's config.json; this module reads it: a file, a
 ConfigMap key (through the caller's reader), the bundled catalog, or the hub (through the caller's fetcher).
+
+vLLM never reads a config.json as written: it builds transformers' config class of the model type
+(vllm/transformers_utils/config.py get_config, AutoConfig), whose constructor fills every field the file leaves
+out, some derived from others (Gemma 3's layer_types from num_hidden_layers and sliding_window_pattern: 52
+sliding and 10 full layers for gemma-3-27b-it, whose config.json lists none). `filled_config` builds the same
+class with the transformers release vLLM's image carries and hands the core its to_dict(): the planner's
+defaults are transformers' own. The model types vLLM builds with a config class of its own (_CONFIG_REGISTRY)
+and those transformers does not know (remote code) are read as written, as vLLM's own classes keep the
+file's fields and the core reads them with vLLM's defaults.
 """
 from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -14,7 +24,24 @@ from typing import Any
 
 from ..core.errors import ModelGeometryUnknown
 from ..core.geometry import ModelGeometry, geometry_from_config
+from ..core.model_facts import check_bounds
 from ..core.model_source import MAX_CONFIG_BYTES, ModelSource, Origin, origin, parse_config_text
+
+# The transformers release the vLLM images carry (the CPU engine's in .venv; operator/pyproject.toml pins it):
+# its config classes' defaults are the ones vLLM serves with.
+TRANSFORMERS_VERSION = "5.19.0"
+# vllm/transformers_utils/config.py _CONFIG_REGISTRY of vLLM 0.33.0: the model types whose config vLLM builds with
+# a class of its own instead of transformers' (tests/planner/test_model_reader.py checks it against the sources).
+VLLM_CONFIG_TYPES = frozenset({
+    "RefinedWeb", "RefinedWebModel", "alpamayo2_super", "bagel", "bailing_moe_v3_vl", "beam", "chatglm", "colqwen3",
+    "deepseek_v32", "deepseek_v41", "deepseek_vl_v2", "dory", "dots3_note", "eagle", "flint", "funaudiochat", "hy_v4",
+    "hyperclovax", "inkling_mm_model", "inkling_model", "isaac", "k3_dspark", "kimi_k2", "kimi_k25", "kimi_k3",
+    "kimi_linear", "kimi_vl", "midashenglm", "minimax_m3_mtp", "minimax_m3_vl", "moondream3",
+    "moss_transcribe_diarize", "muse_spark", "muse_spark_audio", "muse_spark_dspark", "muse_spark_text",
+    "muse_spark_vision", "musespark1x_text", "openvla", "ops_colqwen3", "ovis", "qwen3_asr",
+    "qwen3_vl_nemotron_embed", "speculators", "step3_text", "step3_vl", "step3p5", "step5", "step5_vl",
+    "ultravbert", "ultravox", "unlimited-ocr", "unlimited_ocr",
+})
 
 ConfigMapReader = Callable[[str, str], "str | None"]  # (name, key) -> config.json text, None when absent
 HubFetcher = Callable[[str, "str | None"], "dict[str, Any]"]  # (model, revision) -> config.json
@@ -81,11 +108,56 @@ def resolve_geometry(source: ModelSource | str, read_config_map: ConfigMapReader
     elif picked is Origin.CONFIG_MAP:
         config = _read_config_map(source, read_config_map)
     elif picked is Origin.CATALOG:
-        config = found or {}
+        # the catalog stores configs as vLLM reads them (test_model_reader.py fills each and finds them equal)
+        return geometry_from_config(found or {}, source.name)
     else:
         assert fetch_hub is not None and source.model
         config = fetch_hub(source.model, source.revision)
-    return geometry_from_config(config, source.name)
+    return geometry_of(config, source.name)
+
+
+@functools.lru_cache(maxsize=1)
+def _config_classes() -> Mapping[str, Any] | None:
+    """transformers' model type -> config class mapping, imported on first need (1.4 s, 64 MiB: the catalog's
+    configs, already filled, never pay it); None where transformers is not installed."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # its import-time advice (no PyTorch) is not ours
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        return None
+    return CONFIG_MAPPING
+
+
+def filled_config(config: Mapping[str, Any], name: str = "model") -> Mapping[str, Any]:
+    """`config` as vLLM sees it: built through transformers' config class of its model type, every default
+    filled (module docstring). Bounds are checked first: transformers expands per-layer lists from the layer
+    count, and 10**30 layers must be refused, not allocated."""
+    check_bounds(config, name)
+    model_type = config.get("model_type") if isinstance(config, Mapping) else None
+    if not isinstance(model_type, str) or model_type in VLLM_CONFIG_TYPES:
+        return config
+    classes = _config_classes()
+    if classes is None:
+        raise ModelGeometryUnknown(
+            f"{name}: reading a config.json needs transformers=={TRANSFORMERS_VERSION} (vLLM fills its defaults "
+            "through transformers' config classes, and without them the KV cache would be mis-sized); install it, "
+            "or plan a catalog model id")
+    if model_type not in classes:
+        return config
+    config_class = classes[model_type]
+    try:
+        built = config_class.from_dict(dict(config))
+        filled = built.to_dict()
+    except Exception as exc:  # noqa: BLE001 - transformers' validation raises many types; vLLM fails on each
+        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        raise ModelGeometryUnknown(f"{name}: transformers' {config_class.__name__} (what vLLM builds) refuses this "
+                                   f"config.json: {said}"[:500]) from None
+    return {**config, **filled}
+
+
+def geometry_of(config: Mapping[str, Any], name: str = "model") -> ModelGeometry:
+    """The geometry of a config.json as a user or a hub supplies it: filled as vLLM fills it, then read."""
+    return geometry_from_config(filled_config(config, name), name)
 
 
 def _read_config_map(source: ModelSource, read_config_map: ConfigMapReader | None) -> dict[str, Any]:

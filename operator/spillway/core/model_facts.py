@@ -96,6 +96,26 @@ UNMODELLED = {
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
 }
 
+# Bounds on a config's geometry, far above any model vLLM serves (the largest registry configs: 126 decoder layers,
+# 128 heads of 576 elements), below what would allocate a per-layer list the size of the memory or overflow a
+# float: a config past them is refused, not expanded (check_bounds).
+GEOMETRY_BOUNDS = {"layers": 100_000, "heads": 1 << 16, "head_dim": 1 << 16, "hidden_size": 1 << 24}
+BOUNDED_FIELDS = {
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "heads": ("num_attention_heads", "n_head", "n_heads", *KV_HEAD_KEYS),
+    "head_dim": ("head_dim", "attention_head_dim", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                 "v_head_dim", "index_head_dim"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+}
+
+# Model types whose transformers config class always fills layer_types (its __post_init__ derives them from the
+# layer count and the pattern fields), and whose vLLM model code reads them: a config of theirs without them was not
+# filled as vLLM fills it, and its layers' kinds are not in it.
+FILLED_LAYER_TYPES = frozenset({
+    "gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
+    "qwen3_5_moe_text", "olmo3",
+})
+
 
 _HASHED_FIELDS: dict[type, Callable[[Any], tuple]] = {}
 
@@ -171,6 +191,24 @@ def _int(config: Mapping[str, Any], key: str, name: str, default: int | None = N
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ModelGeometryUnknown(f"{name}: config.json field {key!r} must be a positive integer, got {value!r}")
     return value
+
+
+def check_bounds(config: Any, name: str = "model", depth: int = 0) -> None:
+    """Refuse a config whose layer count, heads, head size or hidden size no model has (GEOMETRY_BOUNDS), in it
+    and in the language model's config a multimodal wrapper nests: one line, before anything is sized or a
+    per-layer list expanded."""
+    if not isinstance(config, Mapping) or depth > 3:
+        return
+    for bound, keys in BOUNDED_FIELDS.items():
+        limit = GEOMETRY_BOUNDS[bound]
+        for key in keys:
+            value = config.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+                shown = str(value) if value < 10**12 else f"about 10**{len(str(value)) - 1}"
+                raise ModelGeometryUnknown(f"{name}: config.json field {key!r} is {shown}, beyond any model vLLM "
+                                           f"serves (at most {limit:,})")
+    for key in TEXT_CONFIG_KEYS:
+        check_bounds(config.get(key), name, depth + 1)
 
 
 def _first(config: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
@@ -330,6 +368,15 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
             raise ModelGeometryUnknown(f"{name}: interleaved_sliding_window needs an entry for each of {num_layers} "
                                        "layers")
         return [(FULL,) if window is None else (SLIDING,) for window in windows]
+    if model_type in ("llama4", "llama4_text"):
+        # vllm/model_executor/models/llama4.py reads no_rope_layers (transformers' Llama4TextConfig fills it), not
+        # layer_types: a layer with RoPE is chunked-local where attention_chunk_size is set, a NoPE layer global.
+        no_rope = config.get("no_rope_layers")
+        if not config.get("attention_chunk_size"):
+            return [(FULL,)] * num_layers
+        if not isinstance(no_rope, list) or len(no_rope) < num_layers:
+            raise ModelGeometryUnknown(f"{name}: no_rope_layers needs an entry for each of {num_layers} layers")
+        return [(CHUNKED,) if no_rope[i] else (FULL,) for i in range(num_layers)]
     types = config.get("layer_types")
     if isinstance(types, list) and "indexed_attention" in types:
         # vllm/models/deepseek_v32/attention.py: every layer's indexer keeps keys unless index_topk_freq or
@@ -360,21 +407,11 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [((SLIDING,) if kind == CHUNKED else (kind,)) if kind else () for kind in listed]
     if listed is not None:
         return [(kind,) if kind else () for kind in listed]
-    if model_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"):
-        interval = _int(config, "full_attention_interval", name, 4)
-        return [(FULL,) if (i + 1) % interval == 0 else (MAMBA,) for i in range(num_layers)]
-    if model_type in ("llama4", "llama4_text") and config.get("attention_chunk_size"):
-        # vLLM's Llama4 attention: layers with RoPE are chunked-local, every 4th (no_rope_layers 0) is global NoPE.
-        interval = config.get("no_rope_layer_interval") or 4
-        no_rope = config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
-        return [(CHUNKED,) if no_rope[i] else (FULL,) for i in range(num_layers)]
+    if model_type in FILLED_LAYER_TYPES:
+        raise ModelGeometryUnknown(f"{name}: config.json of model_type {model_type!r} without layer_types, which "
+                                   "transformers' config class fills and vLLM reads: fill it as vLLM does "
+                                   "(spillway.adapters.model_config.filled_config)")
     window = config.get("sliding_window")
-    if window is not None and config.get("sliding_window_pattern") and model_type.startswith(("gemma3", "cohere2")):
-        _int(config, "sliding_window", name)  # a pattern of windows of no tokens is no geometry
-        period = _int(config, "sliding_window_pattern", name)
-        return [(FULL,) if (i + 1) % period == 0 else (SLIDING,) for i in range(num_layers)]
-    if model_type in ("gemma2", "gpt_oss") and window:
-        return [(SLIDING,) if i % 2 == 0 else (FULL,) for i in range(num_layers)]
     if window and config.get("use_sliding_window", True) is not False:
         return [(SLIDING,)] * num_layers  # Mistral v0.1-style: every layer keeps a window
     return [(FULL,)] * num_layers
@@ -382,8 +419,7 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
 
 def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> MambaShape:
     def get(*keys: str, default: int | None = None) -> int:
-        value = _first(config, keys)
-        return _int({"v": value}, "v", name, default) if value is not None or default else _int(config, keys[0], name)
+        return _int(config, next((k for k in keys if config.get(k) is not None), keys[0]), name, default)
 
     hidden = config.get("hidden_size") or 0
     # olmo_hybrid.py sizes its gated delta-net state with the same calculator and fields as Qwen3-Next
@@ -502,6 +538,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     """The facts of a config.json mapping, or ModelGeometryUnknown saying what is missing or impossible."""
     if not isinstance(config, Mapping):
         raise ModelGeometryUnknown(f"{name}: config.json must be a JSON object")
+    check_bounds(config, name)
     architectures = config.get("architectures") or []
     architecture = architectures[0] if isinstance(architectures, list) and architectures else None
     if architecture is None:
@@ -535,6 +572,10 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         v_head_dim = head_dim
     elif attention:
         kv_heads, head_dim = _attention_geometry(text, heads, name)
+        if heads % kv_heads:
+            # vllm/model_executor/layers/attention/attention.py Attention.__init__ asserts it
+            raise ModelGeometryUnknown(f"{name}: vLLM refuses it: num_heads ({heads}) is not divisible by "
+                                       f"num_kv_heads ({kv_heads})")
         v_head_dim = _int(text, "v_head_dim", name, head_dim) if model_type in SWA_HEADS else head_dim
     window = None
     if SLIDING in flat and model_type == "iquest_loopcoder":

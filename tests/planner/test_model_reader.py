@@ -1,0 +1,117 @@
+"""A config.json read as vLLM reads it: through transformers' config class of its model type (every default it
+fills is the planner's), bounded before anything is expanded, refused where vLLM itself refuses."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from spillway.adapters.model_config import (
+    TRANSFORMERS_VERSION,
+    VLLM_CONFIG_TYPES,
+    _catalog,
+    filled_config,
+    geometry_of,
+)
+from spillway.core.errors import ModelGeometryUnknown
+from spillway.core.geometry import geometry_from_config, kv_layout
+from spillway.core.groups import FULL, SLIDING
+from spillway.core.model_facts import read_facts
+
+PUBLISHED = Path(__file__).resolve().parent / "published"
+GEMMA3_27B = PUBLISHED / "google--gemma-3-27b-it.json"  # as google publishes it: no layer_types, no pattern
+
+
+def _spillway(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spillway.cli", *args], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_the_transformers_in_use_is_the_one_the_reader_names():
+    from importlib.metadata import version
+    assert version("transformers") == TRANSFORMERS_VERSION
+
+
+def test_gemma3_as_published_gets_the_layer_kinds_transformers_fills():
+    config = json.loads(GEMMA3_27B.read_text())
+    facts = read_facts(filled_config(config), "gemma-3-27b-it")
+    kinds = [layer[0] for layer in facts.kinds]
+    assert (kinds.count(SLIDING), kinds.count(FULL), facts.window) == (52, 10, 1024)
+    # TP 2, block 32, fp8: vLLM's row is one block of a group of 10 layers, 8 KV heads of 128 per rank, K and V
+    layout = kv_layout(geometry_of(config, "gemma-3-27b-it"), 2, 32, "fp8")
+    assert layout.block_bytes == 10 * 32 * 8 * 128 * 2 == 655_360
+
+
+def test_an_unfilled_config_is_refused_by_the_core_not_read_as_all_sliding():
+    with pytest.raises(ModelGeometryUnknown, match="without layer_types"):
+        geometry_from_config(json.loads(GEMMA3_27B.read_text()), "gemma-3-27b-it")
+
+
+def test_the_published_config_plans_through_the_cli():
+    out = _spillway("plan", "--model-config", str(GEMMA3_27B), "--tensor-parallel-size", "2", "--block-size", "32",
+                    "--kv-cache-dtype", "fp8", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["geometry"]["block_bytes"] == 655_360
+
+
+def test_the_model_types_vllm_builds_itself_are_its_registrys():
+    """VLLM_CONFIG_TYPES is vllm/transformers_utils/config.py _CONFIG_REGISTRY of the image's release."""
+    trees = [t for t in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if "/0.33." in t]
+    if not trees:
+        pytest.skip("vLLM 0.33's source tree is not unpacked (make vllm-src)")
+    tree = ast.parse((Path(trees[0]) / "vllm/transformers_utils/config.py").read_text())
+    (call,) = [node.value for node in ast.walk(tree) if isinstance(node, ast.AnnAssign)
+               and getattr(node.target, "id", None) == "_CONFIG_REGISTRY"]
+    keys = {k.arg for k in call.keywords if k.arg} | {key.value for k in call.keywords if k.arg is None
+                                                      for key in k.value.keys}
+    assert keys == VLLM_CONFIG_TYPES
+
+
+def test_the_catalog_stores_configs_as_vllm_reads_them():
+    """The catalog is not filled at plan time (its entries keep only geometry fields): each must read the same
+    layers, windows and heads as its filled form."""
+    for model, config in _catalog().items():
+        raw, filled = read_facts(config, model), read_facts(filled_config(config, model), model)
+        assert (raw.kinds, raw.window, raw.num_kv_heads, raw.head_dim, raw.layer_heads, raw.mamba) == \
+            (filled.kinds, filled.window, filled.num_kv_heads, filled.head_dim, filled.layer_heads, filled.mamba), model
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("num_hidden_layers", 10**30, "'num_hidden_layers' is about 10\\*\\*30, beyond any model vLLM serves"),
+    ("num_hidden_layers", 10**9, "'num_hidden_layers' is 1000000000, beyond"),
+    ("num_attention_heads", 1 << 30, "'num_attention_heads' is 1073741824"),
+    ("head_dim", 1 << 30, "'head_dim' is 1073741824"),
+    ("num_key_value_heads", 1 << 20, "'num_key_value_heads'"),
+])
+def test_absurd_geometry_is_refused_in_one_line(field, value, message):
+    config = json.loads(GEMMA3_27B.read_text())
+    config["text_config"][field] = value
+    with pytest.raises(ModelGeometryUnknown, match=message):
+        geometry_of(config)
+    with pytest.raises(ModelGeometryUnknown, match=message):  # the core bounds it too, filled or not
+        read_facts(config)
+
+
+def test_a_layer_count_of_10_to_the_30_exits_2_with_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                      "num_hidden_layers": 10**30, "num_attention_heads": 32}))
+    out = _spillway("plan", "--model-config", str(tmp_path / "config.json"))
+    assert (out.returncode, out.stdout, out.stderr.count("\n")) == (2, "", 1), out.stderr
+    assert "num_hidden_layers' is about 10**30" in out.stderr
+
+
+def test_more_kv_heads_than_attention_heads_is_refused_with_vllms_assertion():
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
+              "num_attention_heads": 64, "num_key_value_heads": 128, "hidden_size": 8192}
+    with pytest.raises(ModelGeometryUnknown, match=r"num_heads \(64\) is not divisible by num_kv_heads \(128\)"):
+        geometry_of(config)
+
+
+def test_a_config_transformers_refuses_is_one_line_naming_its_class():
+    config = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": "62"}
+    with pytest.raises(ModelGeometryUnknown, match="Gemma3TextConfig .*expected int"):
+        geometry_of(config)
