@@ -164,3 +164,14 @@ def test_a_mixed_pool_is_sized_for_its_smallest_node_class_and_the_status_says_s
     ms = api.get()
     assert admit({k: ms[k] for k in ("apiVersion", "kind", "metadata", "spec")} | {"status": stored(ms["status"])})[1] \
         == [], "status.plan.disk is pruned or refused by the CRD's status schema"
+
+
+def test_a_host_path_tier_is_refused_when_the_administrator_allows_none(api):
+    disk_node(api)
+    api.modelserver(offload={"disk": {"enabled": True, "volume": {"hostPath": {"path": "/mnt/nvme/kv",
+                                                                                "capacity": "8Ti"}}}})
+    conditions = failed(api, "DiskHostPathNotAllowed")
+    message = conditions["Planned"]["message"]
+    assert "/mnt/nvme/kv: this operator allows no node directory for a disk tier" in message, message
+    assert "operator.diskTier.hostPathPrefixes" in message
+    assert api.deployments() == []

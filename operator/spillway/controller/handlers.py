@@ -292,7 +292,7 @@ def _plan(body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger
         assert eligible is not None
         result = desired_for(body, spec, eligible, _config_map_reader(step.namespace),
                              _hub_fetcher(step.namespace, spec), _pod_monitors_wanted(), SETTINGS.router_image)
-        check_disk_volume(result, step.namespace, kube())
+        check_disk_volume(result, step.namespace, kube(), SETTINGS.disk_host_path_prefixes)
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
             taken, step.live[(obj["kind"], obj["metadata"]["name"])] = kube().conflict_live(obj)
             if taken is not None:

@@ -2,10 +2,12 @@
 passed down, so that nothing below reads the environment and `spillway render` depends on its inputs only."""
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core import k8s_names as names
+from ..core.disk_tier import check_host_path_prefixes
 from ..core.errors import SpillwayError
 
 
@@ -16,6 +18,7 @@ class OperatorSettings:
     allow_hub_fetch: bool = False  # fetch config.json of a model id the catalog lacks from the hub
     pod_monitors: bool = True  # render PodMonitors when the cluster serves them (False: never)
     router_image: str = names.DEFAULT_ROUTER_IMAGE  # the kv-aware router's image unless spec.routing names one
+    disk_host_path_prefixes: tuple[str, ...] = ()  # node directories a hostPath disk tier may use (none)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> OperatorSettings:
@@ -34,7 +37,24 @@ class OperatorSettings:
             allow_hub_fetch=(value(names.ENV_ALLOW_HUB_FETCH) or "").lower() == "true",
             pod_monitors=pod_monitors == "auto",
             router_image=value(names.ENV_ROUTER_IMAGE) or cls.router_image,
+            disk_host_path_prefixes=_host_path_prefixes(value(names.ENV_DISK_HOST_PATH_PREFIXES)),
         )
+
+
+def _host_path_prefixes(text: str | None) -> tuple[str, ...]:
+    name = names.ENV_DISK_HOST_PATH_PREFIXES
+    if text is None:
+        return ()
+    try:
+        prefixes = json.loads(text)
+    except ValueError:
+        prefixes = None
+    if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+        raise SpillwayError(f"{name}={text!r}: a JSON list of absolute directories, e.g. [\"/mnt/nvme/spillway\"]")
+    try:
+        return check_host_path_prefixes(prefixes, name)
+    except SpillwayError as exc:
+        raise SpillwayError(str(exc)) from None
 
 
 def _number(name: str, text: str, kind: type) -> float | int:

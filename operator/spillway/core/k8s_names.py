@@ -95,6 +95,10 @@ ENV_POD_MONITORS = "SPILLWAY_POD_MONITORS"  # "auto" (when the CRD exists, defau
 ENV_METRICS_PORT = "SPILLWAY_METRICS_PORT"  # serve the operator's /metrics on this port (unset: off)
 ENV_RETRY_SECONDS = "SPILLWAY_RETRY_SECONDS"  # wait before retrying API errors and missing ConfigMaps (30)
 ENV_ROUTER_IMAGE = "SPILLWAY_ROUTER_IMAGE"  # the kv-aware router's image (the chart sets it from its values)
+# The node directories a disk tier's hostPath may be (or be under): a JSON list of absolute paths (unset: none);
+# the chart sets it from operator.diskTier.hostPathPrefixes.
+ENV_DISK_HOST_PATH_PREFIXES = "SPILLWAY_DISK_HOST_PATH_PREFIXES"
+CHART_VALUE_DISK_HOST_PATH_PREFIXES = "operator.diskTier.hostPathPrefixes"
 
 
 # -- name rules (RFC 1123) -----------------------------------------------------------------------------------
