@@ -115,3 +115,16 @@ def test_a_config_transformers_refuses_is_one_line_naming_its_class():
     config = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": "62"}
     with pytest.raises(ModelGeometryUnknown, match="Gemma3TextConfig .*expected int"):
         geometry_of(config)
+
+
+def test_a_window_is_counted_in_the_offloads_chunks():
+    """vLLM's scheduler keeps a sliding group's window in chunks (get_sliding_window_size_in_chunks): 1,024 tokens
+    in chunks of 4 blocks of 32 are 8 chunks, not 32 blocks."""
+    out = _spillway("plan", "--model-config", str(GEMMA3_27B), "--tensor-parallel-size", "2", "--block-size", "32",
+                    "--offload-block-size", "128", "--node-memory", "1Ti", "--gpus-per-node", "8",
+                    "--offload-size", "64Gi", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["pool"]["blocks"] == 4 * plan["pool"]["chunks"]
+    windows = {(g["kind"], g["window"], g["window_chunks"]) for g in plan["kv_cache_groups"]["groups"]}
+    assert windows == {(SLIDING, 1024, 8), (FULL, None, None)}

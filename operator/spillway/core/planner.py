@@ -201,11 +201,14 @@ class Plan:
             "warnings": list(self.warnings),
         }
         if self.groups is not None:
+            per_chunk = self.pool.blocks // self.pool.chunks if self.pool is not None and self.pool.chunks else 1
             out["kv_cache_groups"] = {
                 "vllm_release": ".".join(map(str, self.groups.release)),
                 "row_bytes": self.groups.row_bytes,
                 "host_copies": self.groups.copies,
-                "groups": [{**asdict(g), "window_chunks": self.groups.window_chunks(g)} for g in self.groups.groups],
+                # in the offload's chunks (a chunk of several blocks keeps fewer of them), as vLLM's scheduler counts
+                "groups": [{**asdict(g), "window_chunks": self.groups.window_chunks(g, per_chunk)}
+                           for g in self.groups.groups],
             }
         for name in ("node", "pool", "pod", "transfer", "engine", "disk"):
             part = getattr(self, name)
