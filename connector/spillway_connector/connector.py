@@ -14,22 +14,19 @@ from __future__ import annotations
 from typing import Any
 
 from spillway_connector import names
-from spillway_connector.batched_pin import batched_prepare_load
-from spillway_connector.batched_release import batched_complete_load
 from spillway_connector.compat import (
     FAST_HIT_SOURCES,
-    VLLM_EXPORTS_TRANSFER_COUNTERS,
     KVConnectorRole,
     OffloadingConnector,
     OffloadingConnectorStats,
-    pool_capacity_chunks,
 )
 from spillway_connector.disk_tier import guard_disk_tiers
 from spillway_connector.hit_sources import external_hit_sources
 from spillway_connector.kv_event_order import parents_first
 from spillway_connector.metrics import SpillwayPromMetrics
 from spillway_connector.probes import PoolProbe, TransferProbe
-from spillway_connector.transfer_config import EXTRA_RECOMPUTE_BELOW_TOKENS
+from spillway_connector.source_guard import logger
+from spillway_connector.transfer_config import EXTRA_RECOMPUTE_BELOW_TOKENS, EXTRA_SPEC_NAME
 
 
 class PreemptionReloads:
@@ -109,40 +106,49 @@ def _merge(first: Any, second: Any) -> Any:
     return first.aggregate(second)
 
 
+def _without_probes(side: str, vllm_config: Any) -> None:
+    extra = getattr(getattr(vllm_config, "kv_transfer_config", None), "kv_connector_extra_config", None) or {}
+    logger.warning("spillway_connector: the offloading spec %r is not one of Spillway's (spillway_connector.spec), "
+                   "so its %s carries no probe: the pool and transfer metrics are off; set spec_name and "
+                   "spec_module_path as the planner writes them", extra.get(EXTRA_SPEC_NAME, "CPUOffloadingSpec"), side)
+
+
 class SpillwayOffloadingConnector(OffloadingConnector):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
         super().__init__(vllm_config, role, kv_cache_config)
+        self._vllm_config = vllm_config
         self._reloads = PreemptionReloads()
         self._floor = ShortHitFloor.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
         self._pool: PoolProbe | None = None
         self._transfers: TransferProbe | None = None
         self._disk_tiers: list = []
         if self.connector_scheduler is not None:
-            manager = self.connector_scheduler.manager
+            pool = self.connector_scheduler.manager
+            # The pool probe comes with Spillway's offloading specs (spillway_connector/spec.py), which the planner
+            # names in spec_name/spec_module_path; another spec leaves vLLM's manager bare and these metrics off.
+            if isinstance(pool, PoolProbe):
+                self._pool = pool
+            else:
+                _without_probes("manager", vllm_config)
+            manager = pool.inner if isinstance(pool, PoolProbe) else pool
             self._disk_tiers = guard_disk_tiers(manager, vllm_config.kv_transfer_config.kv_connector_extra_config)
-            self._pool = PoolProbe(manager, pool_capacity_chunks(manager))
-            # vLLM's work in one pass (spillway_connector/batched_pin.py, batched_release.py)
-            pin, release = batched_prepare_load(manager), batched_complete_load(manager)
-            if pin is not None:
-                self._pool.prepare_load = pin
-            if release is not None:
-                self._pool.complete_load = release
-            self.connector_scheduler.manager = self._pool
 
     # -- worker side --------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Any) -> None:
         super().register_kv_caches(kv_caches)
-        self._probe_transfers()
+        self._find_transfer_probe()
 
     def register_cross_layers_kv_cache(self, *args: Any, **kwargs: Any) -> None:  # vLLM 0.26
         super().register_cross_layers_kv_cache(*args, **kwargs)
-        self._probe_transfers()
+        self._find_transfer_probe()
 
-    def _probe_transfers(self) -> None:
+    def _find_transfer_probe(self) -> None:
         worker = self.connector_worker
-        if worker is not None and worker.worker is not None and not isinstance(worker.worker, TransferProbe):
-            self._transfers = TransferProbe(worker.worker, count_bytes_and_seconds=not VLLM_EXPORTS_TRANSFER_COUNTERS)
-            worker.worker = self._transfers
+        if worker is not None and worker.worker is not None:
+            if isinstance(worker.worker, TransferProbe):
+                self._transfers = worker.worker
+            else:
+                _without_probes("worker", self._vllm_config)
 
     # -- scheduler side -------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:

@@ -1,7 +1,7 @@
 """Host-memory transfer backend for vLLM's offloading on the CPU platform.
 
 vLLM's CPUOffloadingSpec refuses to build its worker unless the KV cache lives on a
-CUDA/XPU device. HostOffloadingSpec keeps everything else of it — pool sizing from
+CUDA/XPU device. HostOffloadingSpec (Spillway's spec, spec.py, on vLLM's) keeps everything else of it — pool sizing from
 `cpu_bytes_to_use`, vLLM's real CPUOffloadingManager with its LRU/ARC policy, its
 metric definitions — and supplies a worker that copies KV pages between the
 engine's KV-cache tensors and a host buffer with torch index_select/index_copy_.
@@ -24,7 +24,6 @@ from spillway_connector import transfer_config as tc
 from spillway_connector.compat import (
     BlockIDsLoadStoreSpec,
     CanonicalKVCaches,
-    CPUOffloadingSpec,
     DevicePointers,
     GPULoadStoreSpec,
     LoadStoreSpec,
@@ -32,6 +31,7 @@ from spillway_connector.compat import (
     TransferResult,
     spec_pool_chunks,
 )
+from spillway_connector.spec import SpillwayOffloadingSpec
 
 
 def _request_amx_permission() -> None:
@@ -176,20 +176,17 @@ class HostOffloadingWorker(OffloadingWorker):
         )
 
 
-class HostOffloadingSpec(CPUOffloadingSpec):
-    """vLLM's CPU offloading spec (pool sizing, CPUOffloadingManager, LRU/ARC, metrics)
-    with a host-memory worker, so it runs where the KV cache itself is in host memory."""
+class HostOffloadingSpec(SpillwayOffloadingSpec):
+    """Spillway's CPU offloading spec (vLLM's pool sizing, CPUOffloadingManager, LRU/ARC and metrics, with the
+    connector's probes) with a host-memory worker, so it runs where the KV cache itself is in host memory."""
 
     def __init__(self, config: Any):
         super().__init__(config)
         if getattr(config, "canonical_layout", False):
             raise ValueError(f"{type(self).__name__} does not implement canonical_layout; leave it unset")
-        self._host_worker: HostOffloadingWorker | None = None
 
-    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if self._host_worker is None:
-            self._host_worker = HostOffloadingWorker(kv_caches, self.blocks_per_chunk, spec_pool_chunks(self))
-        return self._host_worker
+    def _build_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        return HostOffloadingWorker(kv_caches, self.blocks_per_chunk, spec_pool_chunks(self))
 
 
 def kv_transfer_config(

@@ -36,6 +36,13 @@ _DOCS = {
     names.TIER_LOADED_CHUNKS: "Chunks read from a secondary tier back into the CPU pool, by tier.",
     names.TIER_BREAK_EVEN_GBPS: "Disk read rate (GB/s) below which a hit from the tier costs more than recomputing "
     "it, as planned, by tier.",
+    names.TIER_CHECKSUM_MISMATCHES: "Chunk files of a secondary tier that failed their checksum: removed, and the "
+    "chunk recomputed, by tier.",
+    names.TIER_DELETE_ERRORS: "Chunk files the disk tier's evictor could not delete (skipped, retried), by tier.",
+    names.TIER_EVICTOR_ERRORS: "Errors in the disk tier evictor's loop (it goes on), by tier.",
+    names.TIER_EVICTOR_RESTARTS: "Disk tier evictor threads restarted after dying, by tier.",
+    names.TIER_VOLUME_FREE_BYTES: "Free bytes of the disk tier's volume (statvfs), by tier.",
+    names.TIER_WRITABLE: "1 while the disk tier's volume is writable, 0 while it is read-only, by tier.",
     names.TIER_READ_THROUGHPUT: "Throughput of each finished load from a secondary tier into the CPU pool, GB/s.",
 }
 _OURS = frozenset(names.ALL)

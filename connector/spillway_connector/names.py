@@ -39,6 +39,15 @@ TIER_REFUSED_CHUNKS = "spillway:kv_offload_tier_refused_chunks"  # counter: stor
 TIER_LOADED_CHUNKS = "spillway:kv_offload_tier_loaded_chunks"  # counter: chunks read back into the CPU pool
 TIER_READ_THROUGHPUT = "spillway:kv_offload_tier_read_throughput_gbps"  # histogram: tier -> CPU pool, per load
 TIER_BREAK_EVEN_GBPS = "spillway:kv_offload_tier_break_even_read_gbps"  # gauge: the planned rate that pays
+# Faults of the disk tier, each also named by one log line (connector/spillway_connector/disk_evictor.py,
+# chunk_integrity.py): chunk files that failed their checksum (removed, recomputed), files the evictor could not
+# delete, errors in the evictor's loop, evictor threads restarted after dying.
+TIER_CHECKSUM_MISMATCHES = "spillway:kv_offload_tier_checksum_mismatches"  # counter
+TIER_DELETE_ERRORS = "spillway:kv_offload_tier_delete_errors"  # counter
+TIER_EVICTOR_ERRORS = "spillway:kv_offload_tier_evictor_errors"  # counter
+TIER_EVICTOR_RESTARTS = "spillway:kv_offload_tier_evictor_restarts"  # counter
+TIER_VOLUME_FREE_BYTES = "spillway:kv_offload_tier_volume_free_bytes"  # gauge: statvfs of the tier's volume
+TIER_WRITABLE = "spillway:kv_offload_tier_writable"  # gauge: 1, or 0 while the volume is read-only
 
 # -- labels -------------------------------------------------------------------------
 LABEL_DIRECTION = "direction"
@@ -63,15 +72,21 @@ COUNTERS = (
     TIER_EVICTED_CHUNKS,
     TIER_REFUSED_CHUNKS,
     TIER_LOADED_CHUNKS,
+    TIER_CHECKSUM_MISMATCHES,
+    TIER_DELETE_ERRORS,
+    TIER_EVICTOR_ERRORS,
+    TIER_EVICTOR_RESTARTS,
 )
-GAUGES = (POOL_CAPACITY_CHUNKS, POOL_RESIDENT_CHUNKS, TIER_CAPACITY_BYTES, TIER_USED_BYTES, TIER_BREAK_EVEN_GBPS)
+GAUGES = (POOL_CAPACITY_CHUNKS, POOL_RESIDENT_CHUNKS, TIER_CAPACITY_BYTES, TIER_USED_BYTES, TIER_BREAK_EVEN_GBPS,
+          TIER_VOLUME_FREE_BYTES, TIER_WRITABLE)
 HISTOGRAMS = (TRANSFER_THROUGHPUT, TIER_READ_THROUGHPUT)
 ALL = COUNTERS + GAUGES + HISTOGRAMS
 # Metrics labelled by direction (besides vLLM's engine labels).
 BY_DIRECTION = (TRANSFER_THROUGHPUT, TRANSFER_BYTES, TRANSFER_SECONDS)
 # Metrics labelled by tier.
 BY_TIER = (TIER_CAPACITY_BYTES, TIER_USED_BYTES, TIER_EVICTED_BYTES, TIER_EVICTED_CHUNKS, TIER_REFUSED_CHUNKS,
-           TIER_LOADED_CHUNKS, TIER_READ_THROUGHPUT, TIER_BREAK_EVEN_GBPS)
+           TIER_LOADED_CHUNKS, TIER_READ_THROUGHPUT, TIER_BREAK_EVEN_GBPS, TIER_CHECKSUM_MISMATCHES,
+           TIER_DELETE_ERRORS, TIER_EVICTOR_ERRORS, TIER_EVICTOR_RESTARTS, TIER_VOLUME_FREE_BYTES, TIER_WRITABLE)
 
 
 def exported(name: str) -> str:

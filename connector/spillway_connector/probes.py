@@ -82,8 +82,14 @@ class PoolProbe:
     (`inner` is fixed at construction: its methods are cached on first use).
     """
 
-    def __init__(self, inner: Any, capacity_chunks: int | None):
+    def __init__(self, inner: Any, capacity_chunks: int | None, prepare_load: Any = None, complete_load: Any = None):
+        """`prepare_load`/`complete_load`: what the manager's own methods do, faster (batched_pin.py,
+        batched_release.py), or None to call the manager's."""
         self.inner = inner
+        if prepare_load is not None:
+            self.prepare_load = prepare_load
+        if complete_load is not None:
+            self.complete_load = complete_load
         self.capacity_chunks = capacity_chunks
         self.resident_chunks = 0
         self._evicted_chunks = 0

@@ -38,6 +38,15 @@ EXTRA_SPEC_MODULE_PATH = "spec_module_path"  # ... and its module
 OFFLOADING_CONNECTOR = "OffloadingConnector"  # vLLM's own
 SPILLWAY_CONNECTOR = "SpillwayOffloadingConnector"
 SPILLWAY_CONNECTOR_MODULE = "spillway_connector.connector"
+# Spillway's offloading specs (spec.py): vLLM's, with the connector's probes. kv_transfer_config names them for
+# SPILLWAY_CONNECTOR in place of vLLM's CPUOffloadingSpec (the default) and TieringOffloadingSpec.
+SPILLWAY_OFFLOADING_SPEC = "SpillwayOffloadingSpec"
+SPILLWAY_TIERING_OFFLOADING_SPEC = "SpillwayTieringOffloadingSpec"
+SPILLWAY_SPEC_MODULE = "spillway_connector.spec"
+SPILLWAY_SPECS = {None: SPILLWAY_OFFLOADING_SPEC, "CPUOffloadingSpec": SPILLWAY_OFFLOADING_SPEC,
+                  TIERING_OFFLOADING_SPEC: SPILLWAY_TIERING_OFFLOADING_SPEC}
+# vLLM's scheduler with the in-flight reservation remembered (scheduler.py), for releases before 0.34.
+SCHEDULER_CLS = "spillway_connector.scheduler.SpillwayScheduler"
 # Host-memory transfer backend for the CPU platform (host_backend.py).
 HOST_OFFLOADING_SPEC = "HostOffloadingSpec"
 HOST_OFFLOADING_SPEC_MODULE = "spillway_connector.host_backend"
@@ -45,7 +54,9 @@ HOST_OFFLOADING_SPEC_MODULE = "spillway_connector.host_backend"
 
 def kv_transfer_config(cpu_bytes: int, eviction_policy: str = "lru", *, connector: str = SPILLWAY_CONNECTOR,
                        offload_block_size: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The object for a `cpu_bytes` CPU pool served by `connector` (SPILLWAY_CONNECTOR or OFFLOADING_CONNECTOR)."""
+    """The object for a `cpu_bytes` CPU pool served by `connector` (SPILLWAY_CONNECTOR or OFFLOADING_CONNECTOR).
+    SPILLWAY_CONNECTOR runs on Spillway's subclass of the spec vLLM would pick (SPILLWAY_SPECS), which carries the
+    connector's probes; an out-of-tree spec (spec_module_path given) is kept as is."""
     extra_config: dict[str, Any] = {EXTRA_CPU_BYTES: int(cpu_bytes), EXTRA_EVICTION_POLICY: eviction_policy}
     if offload_block_size is not None:
         extra_config[EXTRA_OFFLOAD_BLOCK_SIZE] = offload_block_size
@@ -56,6 +67,10 @@ def kv_transfer_config(cpu_bytes: int, eviction_policy: str = "lru", *, connecto
     }
     if connector == SPILLWAY_CONNECTOR:
         config[KV_CONNECTOR_MODULE_PATH_KEY] = SPILLWAY_CONNECTOR_MODULE
+        extra_config = config[KV_CONNECTOR_EXTRA_CONFIG_KEY]
+        if EXTRA_SPEC_MODULE_PATH not in extra_config and extra_config.get(EXTRA_SPEC_NAME) in SPILLWAY_SPECS:
+            extra_config[EXTRA_SPEC_NAME] = SPILLWAY_SPECS[extra_config.get(EXTRA_SPEC_NAME)]
+            extra_config[EXTRA_SPEC_MODULE_PATH] = SPILLWAY_SPEC_MODULE
     return config
 
 

@@ -51,7 +51,7 @@ def test_render_shows_the_volume_the_ephemeral_storage_and_the_tiering_spec(tmp_
     assert resources["requests"]["ephemeral-storage"] == resources["limits"]["ephemeral-storage"] == "3486516Mi"
     config = json.loads(container["args"][container["args"].index("--kv-transfer-config") + 1])
     extra = config["kv_connector_extra_config"]
-    assert extra["spec_name"] == "TieringOffloadingSpec"
+    assert extra["spec_name"] == "SpillwayTieringOffloadingSpec"  # vLLM's, with the connector's probes
     assert extra["secondary_tiers"][0]["root_dir"] == dt.MOUNT_PATH
     assert 0 < extra["spillway_disk_tier_bytes"] < 3322676 * 2**20  # the bound stays inside the sizeLimit
     assert {"name": "PYTHONHASHSEED", "value": "0"} in container["env"]

@@ -37,7 +37,9 @@ def test_auto_takes_the_replica_share_less_the_weights_allowance_and_configures_
     assert disk.bound_bytes == disk.chunks * pool.chunk_bytes <= disk.tier_bytes - dt.TIER_SLACK_BYTES
     assert disk.tier_bytes - dt.TIER_SLACK_BYTES - disk.bound_bytes < pool.chunk_bytes  # whole chunks, no waste
     extra = transfer_config(p)[api.KV_CONNECTOR_EXTRA_CONFIG_KEY]
-    assert extra[api.EXTRA_SPEC_NAME] == "TieringOffloadingSpec" and api.EXTRA_SPEC_MODULE_PATH not in extra
+    # vLLM's TieringOffloadingSpec, as Spillway's subclass that carries the connector's probes
+    assert extra[api.EXTRA_SPEC_NAME] == "SpillwayTieringOffloadingSpec"
+    assert extra[api.EXTRA_SPEC_MODULE_PATH] == "spillway_connector.spec"
     assert extra["secondary_tiers"] == [{"type": "fs", "root_dir": dt.MOUNT_PATH, "n_read_threads": dt.READ_THREADS,
                                          "n_write_threads": dt.WRITE_THREADS}]
     assert extra["spillway_disk_tier_bytes"] == disk.bound_bytes

@@ -20,8 +20,12 @@ from spillway_connector.transfer_config import (  # noqa: F401 - re-exported: th
     KV_ROLE_BOTH,
     KV_ROLE_KEY,
     OFFLOADING_CONNECTOR,
+    SCHEDULER_CLS,
     SPILLWAY_CONNECTOR,
     SPILLWAY_CONNECTOR_MODULE,
+    SPILLWAY_OFFLOADING_SPEC,
+    SPILLWAY_SPEC_MODULE,
+    SPILLWAY_TIERING_OFFLOADING_SPEC,
     flag_value,
     kv_transfer_config,
 )
@@ -114,10 +118,14 @@ ENV_HF_TOKEN = "HF_TOKEN"  # read by vLLM's Hugging Face downloads
 CONTIGUOUS_LAYOUT = "BLHNC"  # block-outermost: one region holds a block's KV of all layers
 ENV_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"  # CPU platform, legacy: whole GiB, overrides --kv-cache-memory-bytes
 ENV_API_KEY = "VLLM_API_KEY"  # the server's bearer token (vllm/envs.py), from spec.apiKeySecretRef
-# Threads that pre-fault the CPU pool: read by the image's patched vLLM 0.33 (images/vllm/patches/
-# parallel_prefault.py), the replica's CPU cores.
+# Threads that pre-fault the CPU pool, the replica's CPU cores: read by Spillway's offloading spec
+# (spillway_connector/spec.py) on the releases whose region it pre-faults (0.33+); others ignore the variable.
 ENV_PREFAULT_THREADS = "SPILLWAY_PREFAULT_THREADS"
-PREFAULT_PATCH_RELEASE = (0, 33)  # the release whose region the patch rewrites; others ignore the variable
+PREFAULT_SINCE = (0, 33)
+# vLLM's --scheduler-cls (vllm/engine/arg_utils.py) with Spillway's scheduler (SCHEDULER_CLS, from the connector's
+# transfer_config) on releases before SCHEDULER_CLS_BEFORE: from 0.34 vLLM remembers the reservation itself.
+FLAG_SCHEDULER_CLS = "--scheduler-cls"
+SCHEDULER_CLS_BEFORE = (0, 34)
 # Environment spec.env may not set: the operator writes these, or they open the server (dev endpoints such
 # as /reset_prefix_cache and /collective_rpc, runtime LoRA loading, pickle deserialization) or change its
 # memory (vllm/envs.py, vLLM 0.33).
@@ -137,6 +145,7 @@ HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 MODELS_PATH = "/v1/models"
 COMPLETIONS_PATH = "/v1/completions"
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 RESET_PREFIX_CACHE_PATH = "/reset_prefix_cache"  # POST; served only with ENV_SERVER_DEV_MODE=1
 ENV_SERVER_DEV_MODE = "VLLM_SERVER_DEV_MODE"
 SERVE_COMMAND = ("vllm", "serve")  # the OpenAI server of any vLLM image
@@ -164,6 +173,8 @@ class Metric:
     REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
     REQUEST_PREFILL_TIME = "vllm:request_prefill_time_seconds"
     PROMPT_TOKENS = "vllm:prompt_tokens"
+    # prometheus_client's process collector (the API server's process): it changes when the server restarts
+    PROCESS_START_TIME = "process_start_time_seconds"
     # Prefix-cache hit tokens by the tier that supplied them, label CacheHitSource.LABEL (vLLM 0.32+:
     # vllm/v1/metrics/loggers.py, counter_prompt_tokens_cached_by_source).
     PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source"
@@ -205,3 +216,7 @@ class TieringMetric:
     READ_BYTES = "vllm:kv_offload_tiering_read_bytes"
     READ_TIME = "vllm:kv_offload_tiering_read_time"
     WRITE_BYTES = "vllm:kv_offload_tiering_write_bytes"
+    # Failed jobs by tier (tiering/metrics.py _observe_finished_job_stats): a promotion reads chunks of a secondary
+    # tier into the pool (a disk load), a cascade writes the pool's chunks to it (a disk store).
+    PROMOTION_JOB_FAILURES = "vllm:kv_offload_tiering_promotion_job_failures"
+    CASCADE_JOB_FAILURES = "vllm:kv_offload_tiering_cascade_job_failures"

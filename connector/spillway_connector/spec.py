@@ -1,0 +1,255 @@
+"""Spillway's offloading specs: vLLM's own specs, whose manager and worker carry the connector's probes.
+
+Selected through vLLM's spec seam (`kv_connector_extra_config` `spec_name` + `spec_module_path`,
+vllm/v1/kv_offload/factory.py); the planner writes them (transfer_config.kv_transfer_config):
+  - SpillwayOffloadingSpec (module spillway_connector.spec): vLLM's CPUOffloadingSpec, the GPU pool;
+  - SpillwayTieringOffloadingSpec: vLLM's TieringOffloadingSpec, the pool over secondary tiers (the node disk).
+What each adds, and nothing else:
+  - get_manager() wraps vLLM's manager in the pool probe (probes.PoolProbe: resident, capacity and evicted chunks),
+    which does a load's pin and release in one pass where the manager is vLLM's LRU one and its code reads as
+    verified (batched_pin.py, batched_release.py; PATCHES.md entries 1 and 2); vLLM's own CPUOffloadingSpec wraps
+    its manager the same way (FilterReusedOffloadingManager).
+  - get_worker() wraps vLLM's worker in the transfer probe (probes.TransferProbe: throughput per direction).
+  - the worker's shared region is pre-faulted from several threads instead of one (shared_region below;
+    PATCHES.md entry 5).
+The connector (SpillwayOffloadingConnector) reads the probes from its scheduler's manager and worker; it wraps
+nothing itself.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from spillway_connector.batched_pin import batched_prepare_load
+from spillway_connector.batched_release import batched_complete_load
+from spillway_connector.compat import (
+    VLLM_EXPORTS_TRANSFER_COUNTERS,
+    CanonicalKVCaches,
+    CPUOffloadingSpec,
+    OffloadingWorker,
+    SharedOffloadRegion,
+    TieringOffloadingSpec,
+    pool_capacity_chunks,
+)
+from spillway_connector.probes import PoolProbe, TransferProbe
+from spillway_connector.source_guard import logger, verified
+
+PREFAULT_THREADS_ENV = "SPILLWAY_PREFAULT_THREADS"  # spillway.core.vllm_api.ENV_PREFAULT_THREADS
+MAX_PREFAULT_THREADS = 64
+_PIECE = 256 << 20  # bytes a thread faults in one madvise call: small enough to balance the threads
+_MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
+
+# The code shared_region relies on, by release (vllm/v1/kv_offload/cpu/shared_offload_region.py,
+# vllm/v1/kv_offload/cpu/spec.py, vllm/v1/kv_offload/tiering/spec.py): 0.33.0 and 0.34.0. 0.32's region has no
+# populate_shard and pre-faults differently; its CPU platform never maps the region.
+REGION_CODE = {
+    "SharedOffloadRegion.__init__": frozenset({"2002d8ef373c8b87", "693fdeebcf4c8ad5"}),
+    "SharedOffloadRegion.iter_worker_slot_ranges": frozenset({"d6418663bfac2051"}),
+}
+# The specs' create_worker, which SpillwayOffloadingSpec and SpillwayTieringOffloadingSpec redo with shared_region:
+# 0.33.0 and 0.34.0 (cpu/spec.py; tiering/spec.py, the same in 0.32.0 and 0.33.0).
+CPU_WORKER_CODE = {"CPUOffloadingSpec.create_worker": frozenset({"21642d90a0accd2a", "1e415f467b7c2f8c"})}
+TIERING_WORKER_CODE = {"TieringOffloadingSpec.create_worker": frozenset({"71fba26f6786a76c", "5d8d94774e8c8c7d"})}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(a // -b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _cdiv(a, b) * b
+
+
+def region_functions() -> dict[str, Any]:
+    if SharedOffloadRegion is None:
+        return {}
+    return {name: vars(SharedOffloadRegion).get(name.split(".")[1]) for name in REGION_CODE}
+
+
+def prefault_threads() -> int:
+    """SPILLWAY_PREFAULT_THREADS (the operator sets the replica's cores), else the CPUs this process may run on,
+    at most 16 (bench/results/h200-2026-12-02: 16 threads fault 64 GiB in 7.2-7.8 s, one in 41-68 s)."""
+    raw = os.environ.get(PREFAULT_THREADS_ENV, "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return min(int(raw), MAX_PREFAULT_THREADS)
+    return max(1, min(len(os.sched_getaffinity(0)), 16))
+
+
+def _madvise() -> Any:
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise
+
+
+def prefault(base: int, ranges: list[tuple[int, int]], threads: int) -> int:
+    """MADV_POPULATE_WRITE the (offset, length) `ranges` of the mapping at `base` from up to `threads` threads,
+    each a contiguous share (so threads work in different files: page-cache inserts serialise per file). ctypes
+    releases the GIL, mmap.madvise does not. Returns the threads used; raises OSError as vLLM's own call does."""
+    merged: list[list[int]] = []
+    for offset, length in sorted(ranges):
+        if merged and merged[-1][0] + merged[-1][1] == offset:
+            merged[-1][1] += length
+        else:
+            merged.append([offset, length])
+    page = mmap.PAGESIZE
+    total = sum(length for _, length in merged)
+    piece = max(page, min(_PIECE, _round_up(_cdiv(total, max(threads, 1)), page)))
+    pieces = [(offset + at, min(piece, length - at)) for offset, length in merged for at in range(0, length, piece)]
+    threads = max(1, min(threads, len(pieces)))
+    madvise = _madvise()
+
+    def fault(share: list[tuple[int, int]]) -> None:
+        for offset, length in share:
+            if madvise(base + offset, length, _MADV_POPULATE_WRITE) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"madvise(MADV_POPULATE_WRITE): {os.strerror(err)}")
+
+    shares = [pieces[len(pieces) * i // threads:len(pieces) * (i + 1) // threads] for i in range(threads)]
+    if threads == 1:
+        fault(shares[0])
+        return 1
+    with ThreadPoolExecutor(threads, thread_name_prefix="spillway-prefault") as pool:
+        for done in [pool.submit(fault, share) for share in shares]:
+            done.result()
+    return threads
+
+
+def _populate_write_supported(base: int) -> bool:
+    return _madvise()(base, mmap.PAGESIZE, _MADV_POPULATE_WRITE) == 0
+
+
+def shared_region(threads: int | None = None, **kwargs: Any) -> Any:
+    """vLLM's SharedOffloadRegion(**kwargs), with the pages vLLM would pre-fault (this worker's slots, its shard of
+    a replicated region, or the whole region) faulted from several threads. vLLM's constructor is told to fault
+    none (populate_shard with no share of its own, which adds one barrier, on every worker alike), the same ranges
+    are faulted here, and a replicated region's workers meet once more after, as vLLM's do after their shards.
+    Where the region's code does not read as verified, or the kernel lacks MADV_POPULATE_WRITE, vLLM's own
+    constructor does all of it."""
+    if not verified("the parallel pre-fault (spec.py)", region_functions(), REGION_CODE):
+        return SharedOffloadRegion(**kwargs)
+    threads = prefault_threads() if threads is None else threads
+    shard = kwargs.pop("populate_shard", None)
+    count = shard[1] if shard is not None else 1
+    region = SharedOffloadRegion(**kwargs, populate_shard=(count, count))
+    started = time.perf_counter()
+    total = region.total_size_bytes
+    if shard is not None:  # vLLM's shard arithmetic (SharedOffloadRegion.__init__)
+        share = _round_up(_cdiv(total, count), mmap.PAGESIZE)
+        start = min(shard[0] * share, total)
+        ranges = [(start, min(share, total - start))] if start < total else []
+    elif kwargs.get("rank") is not None:
+        ranges = list(region.iter_worker_slot_ranges())
+    else:
+        ranges = [(0, total)]
+    base = region.base_tensor.data_ptr()
+    if ranges and not _populate_write_supported(base):  # vLLM's per-page fallback, one thread
+        from vllm.v1.kv_offload.cpu import shared_offload_region
+
+        populate = shared_offload_region._get_populate_write_fn(region.mmap_obj)
+        for offset, length in ranges:
+            populate(region.mmap_obj, offset, length)
+        used = 1
+    else:
+        used = prefault(base, ranges, threads) if ranges else 0
+    if shard is not None and kwargs.get("barrier") is not None:
+        kwargs["barrier"]()
+    logger.info("spillway_connector: pre-faulted the CPU offload region (%.2f GB) in %.3f s with %d thread(s)",
+                sum(length for _, length in ranges) / 1e9, time.perf_counter() - started, used)
+    return region
+
+
+class _Probed:
+    """vLLM's spec with its manager and worker wrapped in the connector's probes (each built once)."""
+
+    _spillway_pool: PoolProbe | None = None
+    _spillway_transfers: TransferProbe | None = None
+
+    def get_manager(self) -> Any:
+        if self._spillway_pool is None:
+            manager = super().get_manager()  # type: ignore[misc]
+            self._spillway_pool = PoolProbe(manager, pool_capacity_chunks(manager),
+                                            prepare_load=batched_prepare_load(manager),
+                                            complete_load=batched_complete_load(manager))
+        return self._spillway_pool
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._spillway_transfers is None:
+            worker = self._build_worker(kv_caches)
+            self._spillway_transfers = TransferProbe(worker, count_bytes_and_seconds=not VLLM_EXPORTS_TRANSFER_COUNTERS)
+        return self._spillway_transfers
+
+    def _build_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        """The worker the probe wraps: vLLM's (the CPU-platform specs of host_backend.py give their own)."""
+        return super().get_worker(kv_caches)  # type: ignore[misc]
+
+
+class SpillwayOffloadingSpec(_Probed, CPUOffloadingSpec):
+    def create_worker(self, kv_caches: CanonicalKVCaches) -> Any:
+        """vLLM's CPUOffloadingSpec.create_worker (0.33, 0.34), its region built by shared_region."""
+        if not verified("the parallel pre-fault (spec.py)", {"CPUOffloadingSpec.create_worker":
+                        vars(CPUOffloadingSpec).get("create_worker")}, CPU_WORKER_CODE):
+            return super().create_worker(kv_caches)
+        from vllm.v1.kv_offload.cpu import spec as cpu_spec
+        from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker
+
+        mmap_region = None
+        if self._uses_shared_region() and self.num_chunks > 0:
+            world_size, worker_index = self.config.parallel.world_size, self.config.parallel.rank
+            segments = getattr(cpu_spec, "REGION_SEGMENTS", None) or cpu_spec._REGION_SEGMENTS  # 0.34, 0.33
+            mmap_region = shared_region(
+                engine_id=self.config.engine_id, num_chunks=self.num_chunks,
+                rank=0 if self.replicated_layout else worker_index, kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+                cpu_page_size=self.cpu_page_size_per_worker, barrier=cpu_spec._all_workers_barrier,
+                num_segments=segments,
+                populate_shard=(worker_index, world_size) if self.replicated_layout else None,
+            )
+        try:
+            return CPUOffloadingWorker(kv_caches=kv_caches, blocks_per_chunk=self.blocks_per_chunk,
+                                       num_cpu_chunks=self.num_chunks, mmap_region=mmap_region)
+        except Exception:
+            if mmap_region is not None:
+                mmap_region.cleanup()
+            raise
+
+
+def tiering_region(spec: Any) -> Any:
+    """The region vLLM's TieringOffloadingSpec.create_worker builds for `spec`'s worker, by shared_region."""
+    rank = 0 if spec.replicated_layout else spec.config.parallel.rank
+    return shared_region(engine_id=spec._engine_id, num_chunks=spec.num_chunks, rank=rank,
+                         kv_bytes_per_chunk=spec.kv_bytes_per_chunk, cpu_page_size=spec.cpu_page_size_per_worker)
+
+
+def tiering_create_worker_verified() -> bool:
+    return TieringOffloadingSpec is not None and verified(
+        "the parallel pre-fault (spec.py)",
+        {"TieringOffloadingSpec.create_worker": vars(TieringOffloadingSpec).get("create_worker")},
+        TIERING_WORKER_CODE)
+
+
+if TieringOffloadingSpec is not None:
+
+    class SpillwayTieringOffloadingSpec(_Probed, TieringOffloadingSpec):
+        def create_worker(self, kv_caches: CanonicalKVCaches) -> Any:
+            """vLLM's TieringOffloadingSpec.create_worker (0.32-0.34), its region built by shared_region."""
+            if not tiering_create_worker_verified():
+                return super().create_worker(kv_caches)
+            from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker
+            from vllm.v1.kv_offload.tiering import spec as tiering_spec
+
+            reject = getattr(tiering_spec, "_reject_workers_across_nodes", None)  # 0.34
+            if reject is not None and self.secondary_tier_configs and self.config.parallel.world_size > 1:
+                reject()
+            worker_mmap = tiering_region(self)
+            try:
+                if self.config.canonical_layout:
+                    self._validate_canonical_refs(kv_caches)
+                return CPUOffloadingWorker(kv_caches=kv_caches, blocks_per_chunk=self.blocks_per_chunk,
+                                           num_cpu_chunks=self.num_chunks, mmap_region=worker_mmap,
+                                           canonical_layout=self.config.canonical_layout)
+            except Exception:
+                worker_mmap.cleanup()
+                raise
