@@ -1,19 +1,25 @@
-"""DiskTierIndex on a real directory: the bound, least-recently-used order, busy files, a restart's scan, and
-nothing outside the tier's root ever deleted (links, `..`, other files)."""
+"""DiskTierIndex on a real directory: the bound (files in whole blocks and the directories they need),
+least-recently-used order, busy files, a restart's scan, other namespaces reclaimed, faults (a file that cannot be
+deleted, a dying thread), and nothing ever deleted that vLLM's file mapper did not name inside the slot (links,
+`..`, other files, another replica's chunks)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from spillway_connector import disk_evictor
 from spillway_connector.disk_evictor import DiskTierIndex, inside
 
 CHUNK = 4096
+NS = "model_0123456789ab"  # <model>_<12 hex>: vLLM's namespace directory name
+OLD_NS = "model_ba9876543210"
 
 
-def chunk_path(root: Path, n: int) -> str:
-    return str(root / "model_abc_r0" / f"{n:03x}" / "00_g0" / f"{n:064x}.bin")
+def chunk_path(root: Path, n: int, ns: str = NS) -> str:
+    return str(root / f"{ns}_r0" / f"{n:03x}" / "00_g0" / f"{n:064x}.bin")
 
 
 def write(path: str, size: int = CHUNK) -> None:
@@ -31,30 +37,56 @@ def store(index: DiskTierIndex, path: str) -> bool:
     return admitted
 
 
-def on_disk(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*.bin") if p.is_file() and not p.is_symlink())
+def du(root: Path) -> int:
+    """What the volume spends below `root`: allocated blocks of files and directories (du's count)."""
+    used = 0
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            used += os.lstat(os.path.join(directory, name)).st_blocks * 512
+    return used
 
 
-def test_the_bound_holds_and_the_least_recently_used_go_first(tmp_path: Path):
-    index = DiskTierIndex(str(tmp_path), 10 * CHUNK)
-    paths = [chunk_path(tmp_path, n) for n in range(30)]
-    for n, path in enumerate(paths[:10]):
+def per_chunk(index: DiskTierIndex) -> int:
+    return CHUNK + 2 * index.block  # the file and its two directories (each chunk hash its own here)
+
+
+def index_for(root: Path, chunks: int, **kwargs) -> DiskTierIndex:
+    root.mkdir(parents=True, exist_ok=True)
+    probe = DiskTierIndex(str(root), 1)
+    return DiskTierIndex(str(root), chunks * per_chunk(probe), namespace=NS, **kwargs)
+
+
+def test_the_bound_counts_files_and_directories_and_the_least_recently_used_go_first(tmp_path: Path):
+    root = tmp_path / "slot"
+    index = index_for(root, 10)
+    bound = index.capacity_bytes
+    paths = [chunk_path(root, n) for n in range(30)]
+    for path in paths[:10]:
         assert store(index, path)
     index.pin([paths[0]])  # a load of the oldest: it becomes the youngest
     index.release([paths[0]])
     for path in paths[10:30]:
         assert store(index, path)
-        assert on_disk(tmp_path) <= 10 * CHUNK and index.used_bytes <= 10 * CHUNK
+        assert index.used_bytes <= bound and du(root) - du_base(root) <= bound
     kept = {p for p in paths if os.path.exists(p)}
     assert kept == set(paths[20:30])
+    assert index.used_bytes == du(root) - du_base(root), "the index counts what du sees"
     counts = index.take_counts()
     assert (counts.evicted_chunks, counts.evicted_bytes, counts.refused_chunks) == (20, 20 * CHUNK, 0)
     assert index.take_counts().evicted_chunks == 0  # taken once
+    gone = Path(paths[0]).parent
+    assert not gone.exists() and not gone.parent.exists(), "a chunk's directories go with its last file"
+
+
+def du_base(root: Path) -> int:
+    """The namespace's fixed directories (<ns>_r0), which the bound leaves aside."""
+    return sum(os.lstat(p).st_blocks * 512 for p in root.glob("*_r0"))
 
 
 def test_a_touch_keeps_a_hot_chunk_and_a_busy_one_is_never_deleted(tmp_path: Path):
-    index = DiskTierIndex(str(tmp_path), 4 * CHUNK)
-    paths = [chunk_path(tmp_path, n) for n in range(12)]
+    root = tmp_path / "slot"
+    index = index_for(root, 4)
+    paths = [chunk_path(root, n) for n in range(12)]
     for path in paths[:4]:
         store(index, path)
     index.pin([paths[1]])  # being read: stays however old
@@ -63,45 +95,64 @@ def test_a_touch_keeps_a_hot_chunk_and_a_busy_one_is_never_deleted(tmp_path: Pat
         store(index, path)
     assert os.path.exists(paths[0]) and os.path.exists(paths[1])
     index.release([paths[1]])
-    # everything busy: a new store is refused rather than let the tier grow
-    busy = DiskTierIndex(str(tmp_path / "b"), 2 * CHUNK)
+    busy = index_for(tmp_path / "b", 2)  # everything busy: a new store is refused rather than let the tier grow
     a, b, c = (chunk_path(tmp_path / "b", n) for n in range(3))
     assert busy.reserve([a, b], CHUNK) == [True, True]
     assert busy.reserve([c], CHUNK) == [False]
-    assert busy.take_counts().refused_chunks == 1 and busy.used_bytes == 2 * CHUNK
+    assert busy.take_counts().refused_chunks == 1 and busy.used_bytes == busy.capacity_bytes
 
 
 def test_a_failed_store_gives_its_room_back(tmp_path: Path):
-    index = DiskTierIndex(str(tmp_path), 2 * CHUNK)
-    path = chunk_path(tmp_path, 1)
+    index = index_for(tmp_path / "slot", 2)
+    path = chunk_path(tmp_path / "slot", 1)
     assert index.reserve([path], CHUNK) == [True]
     index.release([path], stored=False)  # never written
     assert index.used_bytes == 0 and len(index) == 0
 
 
-def test_the_scan_indexes_what_a_restarted_engine_finds_oldest_first_and_skips_links(tmp_path: Path):
-    root, outside = tmp_path / "tier", tmp_path / "outside"
+def test_the_scan_takes_its_namespace_reclaims_others_and_leaves_foreign_files(tmp_path: Path):
+    root, outside = tmp_path / "slot", tmp_path / "outside"
     old, new = chunk_path(root, 1), chunk_path(root, 2)
     write(old)
     write(new)
     os.utime(old, (1000, 1000))
+    leftover = new + "_123.tmp"  # a store cut by the previous engine's end
+    write(leftover)
+    stale = [chunk_path(root, n, OLD_NS) for n in range(3)]  # another revision's chunks in this slot
+    for path in stale:
+        write(path)
+    (root / OLD_NS).mkdir()
+    (root / OLD_NS / "config.json").write_text("{}")
     write(str(outside / "victim.bin"))
     (root / "escape.bin").symlink_to(outside / "victim.bin")
     (root / "escape-dir").symlink_to(outside, target_is_directory=True)
     (root / "notes.txt").write_text("x")
-    index = DiskTierIndex(str(root), CHUNK)  # room for one: the scan deletes the older
-    assert index.scan() == 2
-    assert not os.path.exists(old) and os.path.exists(new)
-    assert index.used_bytes == CHUNK
-    assert (outside / "victim.bin").exists() and (root / "escape.bin").is_symlink() and (root / "notes.txt").exists()
+    (root / "pytorch_model.bin").write_bytes(b"w" * CHUNK)  # a model cache's file: not the mapper's name
+    foreign_chunk = root / f"{NS}_r0" / "fff" / "ff_g0" / "not-a-hash.bin"
+    write(str(foreign_chunk))
+    index = DiskTierIndex(str(root), CHUNK + 2 * DiskTierIndex(str(root), 1).block, namespace=NS)
+    assert index.scan() == 2  # room for one: the scan deletes the older
+    assert not os.path.exists(old) and os.path.exists(new) and not os.path.exists(leftover)
+    index.start()
+    try:
+        for _ in range(100):
+            if not (root / f"{OLD_NS}_r0").exists() and not (root / OLD_NS).exists():
+                break
+            time.sleep(0.05)
+        assert not (root / f"{OLD_NS}_r0").exists() and not (root / OLD_NS).exists(), "stale namespace reclaimed"
+    finally:
+        index.stop()
+    for kept in (outside / "victim.bin", root / "notes.txt", root / "pytorch_model.bin", foreign_chunk):
+        assert kept.exists(), kept
+    assert (root / "escape.bin").is_symlink()
 
 
-def test_nothing_outside_the_root_is_reserved_or_deleted(tmp_path: Path):
-    root, outside = tmp_path / "tier", tmp_path / "outside"
+def test_nothing_outside_the_slot_is_reserved_or_deleted(tmp_path: Path):
+    root, outside = tmp_path / "slot", tmp_path / "outside"
     root.mkdir()
     write(str(outside / "victim.bin"))
     (root / "door").symlink_to(outside, target_is_directory=True)
-    index = DiskTierIndex(str(root), 4 * CHUNK)
+    index = index_for(root, 4)
     escapes = [str(root / ".." / "outside" / "victim.bin"), str(root / "door" / "victim.bin"),
                str(outside / "victim.bin")]
     assert index.reserve(escapes, CHUNK) == [False, False, False]
@@ -118,16 +169,84 @@ def test_nothing_outside_the_root_is_reserved_or_deleted(tmp_path: Path):
 
 
 def test_the_background_thread_keeps_room_free(tmp_path: Path):
-    index = DiskTierIndex(str(tmp_path), 20 * CHUNK).start()
+    root = tmp_path / "slot"
+    index = index_for(root, 20).start()
     try:
         for n in range(20):
-            store(index, chunk_path(tmp_path, n))
+            store(index, chunk_path(root, n))
         index._wake.set()
         for _ in range(100):
-            if index.used_bytes <= 18 * CHUNK:
+            if len(index) <= 18:
                 break
             time.sleep(0.05)
-        assert index.used_bytes == 18 * CHUNK == on_disk(tmp_path)  # drained to LOW_WATER (90%)
+        assert len(index) == 18 and index.used_bytes == du(root) - du_base(root)  # drained to LOW_WATER (90%)
+    finally:
+        index.stop()
+
+
+def immutable(path: str, on: bool) -> bool:
+    """chattr +i / -i (root on ext4): a file even root cannot delete. False when the file system refuses."""
+    result = subprocess.run(["chattr", "+i" if on else "-i", path], check=False, capture_output=True)
+    return result.returncode == 0
+
+
+def test_a_file_that_cannot_be_deleted_is_counted_and_skipped(tmp_path: Path):
+    root = tmp_path / "slot"
+    index = index_for(root, 3)
+    paths = [chunk_path(root, n) for n in range(6)]
+    store(index, paths[0])
+    if os.geteuid() != 0 or not immutable(paths[0], True):
+        pytest.skip("needs root and chattr to make an undeletable file")
+    try:
+        for path in paths[1:]:
+            assert store(index, path), "stores go on past the file that cannot be deleted"
+        counts = index.take_counts()
+        assert counts.delete_errors >= 1
+        assert os.path.exists(paths[0])
+        assert index.used_bytes <= index.capacity_bytes
+        assert index.used_bytes == du(root) - du_base(root), "its bytes still count"
+        immutable(paths[0], False)
+        index._stuck_tried = 0.0
+        disk_evictor.STUCK_RETRY_S, saved = 0.0, disk_evictor.STUCK_RETRY_S
+        try:
+            index._step()
+        finally:
+            disk_evictor.STUCK_RETRY_S = saved
+        assert not os.path.exists(paths[0]), "retried once it can be deleted"
+    finally:
+        immutable(paths[0], False)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread killed on purpose
+def test_a_dead_evictor_thread_is_restarted_and_loop_errors_are_counted(tmp_path: Path, monkeypatch):
+    index = index_for(tmp_path / "slot", 4).start()
+    try:
+        calls = []
+
+        def failing_step():
+            calls.append(1)
+            raise OSError("injected")
+
+        monkeypatch.setattr(index, "_step", failing_step)
+        index._wake.set()
+        for _ in range(100):
+            if calls:
+                break
+            time.sleep(0.02)
+        assert index.alive(), "an error in the loop does not end the thread"
+        index.stop()
+        assert not index.ensure_running(), "a stopped evictor stays stopped"
+
+        def dying_step():
+            raise SystemExit  # not an Exception: ends the thread
+        index._stop.clear()
+        monkeypatch.setattr(index, "_step", dying_step)
+        index.start()
+        index._thread.join(timeout=5)
+        assert not index.alive()
+        monkeypatch.setattr(index, "_step", lambda: None)
+        assert index.ensure_running() and index.alive()
+        assert index.take_counts().loop_errors >= 1
     finally:
         index.stop()
 

