@@ -132,7 +132,8 @@ def test_vllm_names_the_tiering_metrics_as_we_do():
         pytest.skip("the vLLM 0.33.0 source tree is not unpacked (SPILLWAY_VLLM_TREES)")
     source = (tree / "vllm/v1/kv_offload/tiering/base.py").read_text()
     for name in (api.TieringMetric.CHUNK_QUERIES, api.TieringMetric.CHUNK_HITS, api.TieringMetric.READ_BYTES,
-                 api.TieringMetric.READ_TIME, api.TieringMetric.WRITE_BYTES):
+                 api.TieringMetric.READ_TIME, api.TieringMetric.WRITE_BYTES, api.TieringMetric.PROMOTION_JOB_FAILURES,
+                 api.TieringMetric.CASCADE_JOB_FAILURES):
         assert f'"{name}"' in source, name
 
 

@@ -248,6 +248,7 @@ def offload_rows() -> tuple[RowSpec, ...]:
             ),
         ),
         _disk_tier_row(),
+        _disk_faults_row(),
         _routing_row(),
         _router_row(),
     )
@@ -303,6 +304,60 @@ def _disk_tier_row() -> RowSpec:
                     Query(f(rec.TIER_EVICTED_CHUNKS_RATE), legend + " evicted"),
                     Query(f(rec.TIER_HIT_CHUNKS_RATE), legend + " hits"),
                 ),
+            ),
+        ),
+    )
+
+
+def _disk_faults_row() -> RowSpec:
+    """What goes wrong under the tier: vLLM's failed jobs, the connector's checksums, evictor and volume."""
+    tier_key = by(*POD_KEY, "tier")
+    legend = "{{pod}} {{tier}}"
+    restarts = f"sum {tier_key} (increase({f(counter(connector.TIER_EVICTOR_RESTARTS))}[{RATE_INTERVAL}]))"
+    return RowSpec(
+        "Disk tier faults",
+        "Failed disk stores and loads (vLLM's cascade and promotion job failures), chunk files that failed their "
+        "checksum (removed, never served), the evictor's delete errors and restarts, and the tier's volume: free "
+        "bytes and whether it can be written (alerts SpillwayDiskTierStoreFailures, SpillwayDiskTierLoadFailures, "
+        "SpillwayDiskTierChecksumMismatches, SpillwayDiskTierEvictorFailing, SpillwayDiskTierVolumeFull, "
+        "SpillwayDiskTierReadOnly). Flat at zero on a healthy tier; empty without it.",
+        (
+            PanelSpec(
+                "Failed stores and loads",
+                "Writes of the CPU pool's chunks to disk per second that failed "
+                "(vllm:kv_offload_tiering_cascade_job_failures) and reads from disk into the pool that failed "
+                "(vllm:kv_offload_tiering_promotion_job_failures; those prompts are recomputed).",
+                "ops",
+                (
+                    Query(f(rec.TIER_STORE_FAILURES_RATE), legend + " store failures"),
+                    Query(f(rec.TIER_LOAD_FAILURES_RATE), legend + " load failures"),
+                ),
+            ),
+            PanelSpec(
+                "Checksums and evictor",
+                "Chunk files per second that failed their checksum (the connector's tier_checksum_mismatches), "
+                "files the evictor could not delete plus errors in its loop (tier_delete_errors, "
+                "tier_evictor_errors), and evictor restarts in the interval (tier_evictor_restarts: it died).",
+                "ops",
+                (
+                    Query(f(rec.TIER_CHECKSUM_MISMATCHES_RATE), legend + " checksum mismatches"),
+                    Query(f(rec.TIER_EVICTOR_FAULTS_RATE), legend + " evictor faults"),
+                    Query(restarts, legend + " evictor restarts"),
+                ),
+            ),
+            PanelSpec(
+                "Volume free space",
+                "Free bytes of the volume the tier lives on (statvfs, the connector's tier_volume_free_bytes): on an "
+                "emptyDir the node's ephemeral storage, shared with everything else there.",
+                "bytes",
+                (Query(f"min {tier_key} ({f(connector.TIER_VOLUME_FREE_BYTES)})", legend + " free"),),
+            ),
+            PanelSpec(
+                "Writable",
+                "1 while the tier's directory can be written, 0 while it is read-only (the connector's "
+                "tier_writable): every store then fails.",
+                "none",
+                (Query(f"min {tier_key} ({f(connector.TIER_WRITABLE)})", legend),),
             ),
         ),
     )

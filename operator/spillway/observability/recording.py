@@ -58,6 +58,10 @@ TIER_EVICTED_CHUNKS_RATE = _level("kv_offload_tier_evicted_chunks", f"rate{WINDO
 TIER_EVICTED_BYTES_RATE = _level("kv_offload_tier_evicted_bytes", f"rate{WINDOW}")
 TIER_WRITE_BYTES_RATE = _level("kv_offload_tier_write_bytes", f"rate{WINDOW}")
 TIER_READ_GBPS = _level("kv_offload_tier_read_gbps", f"mean{WINDOW}")
+TIER_STORE_FAILURES_RATE = _level("kv_offload_tier_store_failures", f"rate{WINDOW}")
+TIER_LOAD_FAILURES_RATE = _level("kv_offload_tier_load_failures", f"rate{WINDOW}")
+TIER_CHECKSUM_MISMATCHES_RATE = _level("kv_offload_tier_checksum_mismatches", f"rate{WINDOW}")
+TIER_EVICTOR_FAULTS_RATE = _level("kv_offload_tier_evictor_faults", f"rate{WINDOW}")
 
 _VLLM_BYTES = {LOAD: Metric.OFFLOAD_LOAD_BYTES, STORE: Metric.OFFLOAD_STORE_BYTES}
 _VLLM_SECONDS = {LOAD: Metric.OFFLOAD_LOAD_TIME, STORE: Metric.OFFLOAD_STORE_TIME}
@@ -101,6 +105,12 @@ def _tiers() -> list[Recorded]:
     def tier_rate(metric: str) -> str:
         return rate_sum(f"{counter(metric)}{{{secondary}}}", tier_key)
 
+    # Two counters summed per pod and tier: each rate gets a label of its own first, since without their names
+    # the two would be one labelset, which `or` keeps once and a vector may not hold twice.
+    evictor_faults = " or ".join(
+        f'label_replace(rate({counter(metric)}[{WINDOW}]), "fault", "{fault}", "", "")'
+        for metric, fault in ((connector.TIER_DELETE_ERRORS, "delete"), (connector.TIER_EVICTOR_ERRORS, "loop")))
+
     return [
         Recorded(TIER_USED_RATIO, _ratio(f"sum {tier_key} ({connector.TIER_USED_BYTES})",
                                          f"sum {tier_key} ({connector.TIER_CAPACITY_BYTES})"),
@@ -117,6 +127,15 @@ def _tiers() -> list[Recorded]:
                  "Bytes per second written from the CPU pool to a secondary tier, by tier."),
         Recorded(TIER_READ_GBPS, _ratio(tier_rate(TieringMetric.READ_BYTES), tier_rate(TieringMetric.READ_TIME))
                  + " / 1e9", "Mean read throughput from a secondary tier into the CPU pool while reading, GB/s."),
+        Recorded(TIER_STORE_FAILURES_RATE, tier_rate(TieringMetric.CASCADE_JOB_FAILURES),
+                 "Failed writes of the CPU pool's chunks to a secondary tier per second (vLLM's cascade jobs), by tier."),
+        Recorded(TIER_LOAD_FAILURES_RATE, tier_rate(TieringMetric.PROMOTION_JOB_FAILURES),
+                 "Failed reads of a secondary tier's chunks into the CPU pool per second (vLLM's promotion jobs), "
+                 "by tier: those prompts are recomputed."),
+        Recorded(TIER_CHECKSUM_MISMATCHES_RATE, rate_sum(counter(connector.TIER_CHECKSUM_MISMATCHES), tier_key),
+                 "Chunk files per second that failed their checksum (removed, their prompts recomputed), by tier."),
+        Recorded(TIER_EVICTOR_FAULTS_RATE, f"sum {tier_key} ({evictor_faults})",
+                 "Files per second the evictor could not delete plus errors in its loop, by tier."),
     ]
 
 
