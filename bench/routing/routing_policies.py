@@ -48,9 +48,8 @@ TENANT_KEY = ["--tenant-session"]
 SPILLWAY = "spillway"  # `spillway route` with the flags given
 POLICIES = {
     "spillway": (SPILLWAY, [], []),
-    # A holder passed over once it has 2 more requests in flight than the least loaded replica (the replicas'
-    # max_num_seqs): what locality costs when the bound bites three in flight.
-    "spillway_imbalance2": (SPILLWAY, ["--max-imbalance", "2"], []),
+    # No pod above the mean in flight (the bound never below 2): what locality costs when the bound bites.
+    "spillway_load1": (SPILLWAY, ["--load-factor", "1"], []),
     "round_robin": (R.POLICY_ROUND_ROBIN, [], []),
     "kv_aware": (R.POLICY_KV_AWARE, [], []),
     "kv_aware_t0.1": (R.POLICY_KV_AWARE, [R.FLAG_ROUTER_TEMPERATURE, "0.1"], []),

@@ -139,27 +139,38 @@ def _served(workers) -> list[int]:
     return [sum(1 for path, _, _ in w.seen if path == "/v1/completions") for w in workers]
 
 
+def _owners(urls: list[str], prefixes) -> dict[int, str]:
+    """Where the policy places each prefix over these workers (core/affinity.py, as the router runs it)."""
+    index = affinity.AffinityIndex(affinity.AffinitySettings(block_tokens=BLOCK, index_blocks=64))
+    index.sync(urls)
+    return {p: index.choose(affinity.prompt_blocks(_prompt(p, 0), BLOCK), {}).replica for p in prefixes}
+
+
 def test_prefixes_stick_spread_and_follow_pod_changes(workers, tmp_path):
     listed = tmp_path / "workers"
     listed.write_text(f"{workers[0].url}\n# a comment\n{workers[1].url}\n")
     router = _Router(listed)
+    prefixes = range(24)
     try:
         router.wait(200)
         where = {}
-        for suffix in range(4):
-            for prefix in range(4):
+        for suffix in range(2):
+            for prefix in prefixes:
                 status, body = router.post(_prompt(prefix, suffix))
                 assert status == 200
                 where.setdefault(prefix, set()).add(json.loads(body)["worker"])
         assert all(len(w) == 1 for w in where.values()), where  # each prefix on one worker
-        assert _served(workers) == [8, 8, 0]  # four prefixes over two workers: two each
+        two = {p: next(iter(w)) for p, w in where.items()}
+        assert two == _owners([workers[0].url, workers[1].url], prefixes)  # the ring's owners
+        assert _served(workers)[2] == 0 and min(_served(workers)[:2]) > 0
         listed.write_text("\n".join(w.url for w in workers) + "\n")  # a third pod became ready
         time.sleep(1.0)
-        for prefix in range(4):  # known prefixes stay where they are
-            assert json.loads(router.post(_prompt(prefix, 9))[1])["worker"] in where[prefix]
-        assert json.loads(router.post(_prompt(50, 0))[1])["worker"] == workers[2].url  # a new one: the new pod
+        three = {p: json.loads(router.post(_prompt(p, 9))[1])["worker"] for p in prefixes}
+        assert three == _owners([w.url for w in workers], prefixes)
+        moved = [p for p in prefixes if three[p] != two[p]]
+        assert moved and all(three[p] == workers[2].url for p in moved)  # the new pod takes its arcs at once
         metrics = router.metrics()
-        assert _sample(metrics, routing.ROUTER_METRIC_REQUESTS, worker=workers[2].url, decision="new") == 1
+        assert _sample(metrics, routing.ROUTER_METRIC_REQUESTS, worker=workers[2].url, decision="new") == len(moved)
         assert _sample(metrics, routing.ROUTER_METRIC_WORKERS) == 3
         assert _sample(metrics, routing.ROUTER_METRIC_PROMPT_BLOCKS, worker=workers[0].url) == 4 * _served(workers)[0]
         assert _sample(metrics, routing.ROUTER_METRIC_IN_FLIGHT, worker=workers[0].url) == 0
@@ -172,7 +183,7 @@ def test_prefixes_stick_spread_and_follow_pod_changes(workers, tmp_path):
         assert _samples(router.metrics()) == {(routing.ROUTER_METRIC_WORKERS, frozenset()): 0}
     finally:
         log = router.stop()
-    assert "the index of the others is kept" in log
+    assert "the others keep their arcs of the ring" in log
 
 
 def test_streams_pass_through_and_tokens_are_the_clients(workers, tmp_path):
@@ -185,8 +196,8 @@ def test_streams_pass_through_and_tokens_are_the_clients(workers, tmp_path):
         assert status == 200 and body.count(b"data: ") == 3, body
         assert router.post(_prompt(1, 2))[0] == 200
         # The client's own token reaches the pod (which checks it, spec.apiKeySecretRef); the router adds none.
-        assert [auth for _, auth, _ in workers[0].seen] == ["Bearer client-key", None]
-        with urllib.request.urlopen(router.url("/v1/models"), timeout=5) as response:  # any other path passes too
+        assert [auth for path, auth, _ in workers[0].seen if path == "/v1/completions"] == ["Bearer client-key", None]
+        with urllib.request.urlopen(router.url("/v1/models"), timeout=5) as response:  # an OpenAI route
             assert json.loads(response.read())["path"] == "/v1/models"
     finally:
         router.stop()
@@ -199,15 +210,22 @@ def test_a_gone_worker_is_a_502(tmp_path):
     try:
         router.wait(200)
         status, body = router.post(_prompt(1, 1))
-        assert status == 502 and b"did not answer" in body
-        assert _sample(router.metrics(), routing.ROUTER_METRIC_UPSTREAM_ERRORS, worker=listed.read_text().strip()) == 1
+        assert status == 502 and b"answered" in body and b"127.0.0.1" not in body
+        worker = listed.read_text().strip()
+        assert _sample(router.metrics(), routing.ROUTER_METRIC_UPSTREAM_ERRORS, worker=worker) == 1
+        assert _sample(router.metrics(), routing.ROUTER_METRIC_RETRIES, worker=worker) == 1
     finally:
         router.stop()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--block-size", "0"], "block_tokens must be"),
-    (["--max-imbalance", "-2"], "max_imbalance must be"),
+    (["--load-factor", "0.5"], "load_factor must be"),
+    (["--load-factor", "nan"], "load_factor must be"),
+    (["--poll-seconds", "NaN"], "--poll-seconds must be"),
+    (["--poll-seconds", "inf"], "--poll-seconds must be"),
+    (["--read-timeout", "-1"], "--read-timeout must be"),
+    (["--port", "70000"], "--port must be"),
     (["--replicas", "not a name!"], "is not a DNS name"),
 ])
 def test_bad_settings_are_refused_with_a_message(args, message, tmp_path):
@@ -223,7 +241,7 @@ def test_bad_settings_are_refused_with_a_message(args, message, tmp_path):
 def test_routers_in_one_process_keep_their_own_series():
     """Each Router has a registry of its own: two in one process neither collide nor see each other's series;
     a worker's series start at 0 when it joins (every decision) and go when it leaves."""
-    settings = affinity.AffinitySettings(block_tokens=BLOCK, index_blocks=64, max_imbalance=2)
+    settings = affinity.AffinitySettings(block_tokens=BLOCK, index_blocks=64)
     first, second = Router(settings, log=lambda _: None), Router(settings, log=lambda _: None)
     first.set_workers(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
     second.set_workers(["http://10.0.0.3:8000"])

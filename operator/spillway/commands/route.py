@@ -1,37 +1,50 @@
 """`spillway route`: Spillway's prefix-affinity router over a ModelServer's ready vLLM pods.
 
-An OpenAI endpoint that sends each request to one pod by the policy in core/affinity.py: the pod that was sent
-the longest run of the prompt's leading blocks, unless it is too far above the least loaded one; a new prefix to
-the pod holding the fewest. The router records its own placements as it routes, so it needs no KV events, keeps
-what it knows when pods come and go, and knows a prefix from its first prompt on (why not vllm-router's
-kv_aware: docs/routing.md).
+An OpenAI endpoint that sends each request to one pod by the policy in core/affinity.py: the owner of the
+prompt's leading blocks on a consistent-hash ring of the ready pods, unless it would hold more than its share
+of the requests in flight (then the next pod along the ring). Placement depends on the prompt and the pod set
+only, so several router pods agree without talking, and a pod that joins takes its share at once.
 
 Pods are found without Kubernetes API access: the ModelServer's headless Service <name>-replicas answers DNS
-with the IPs of its ready pods, resolved every few seconds; a new pod joins the index empty, a gone one is
-forgotten, the others keep their entries. Without a ready pod /health answers 503, so the router pod is not
-ready (the truth) and nothing crash-loops.
+with the IPs of its ready pods, resolved every few seconds; each pod's /metrics is read at the same pace, and a
+pod whose process started again (or whose prompt-token counter went back) has its record forgotten. Without
+a ready pod /health answers 503, so the router pod is not ready (the truth) and nothing crash-loops.
+
+As a public endpoint: only the OpenAI routes pass (paths normalised first); a body's leading bytes only are
+parsed, off the event loop when large; headers, bodies and the pods' first byte and every later read have
+timeouts; connections are capped; a connection that failed before any byte came back is retried on the next
+pod and counts against that pod's circuit; an answer the pod cuts is cut for the client too; 502s and 504s
+name no address.
 
 The router holds no secret: a client's Authorization header passes through to the pod, which checks it as it
 would without the router (spec.apiKeySecretRef), and the router itself asks nothing of the pods.
 
-    spillway route --replicas llama-replicas.team-a.svc --block-size 64 [--index-blocks N] [--max-imbalance K]
+    spillway route --replicas llama-replicas.team-a.svc --block-size 64 [--index-blocks N] [--index-bytes B]
     spillway route --workers-file workers.txt --block-size 64     # outside Kubernetes: one URL per line
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import posixpath
 import re
 import signal
 import socket
 import sys
+import time
+from bisect import bisect_right
 from collections import Counter as Tally
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
 import orjson
 import uvloop
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientConnectionError, ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp.client_exceptions import ClientConnectorError, ConnectionTimeoutError, ServerDisconnectedError
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from ..core import affinity, routing
@@ -39,12 +52,16 @@ from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 
 POLL_SECONDS = 5.0
-CONNECT_TIMEOUT_S = 10.0
-# A 128K-token prompt as JSON token ids is about 0.8 MB; text and chat bodies with images are larger still.
-MAX_BODY_BYTES = 64 << 20
-# Headers that belong to one connection (RFC 9110 7.6.1), plus those aiohttp sets for the body it sends.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                        "transfer-encoding", "upgrade", "host", "content-length"})
+PROBE_TIMEOUT_S = 2.0
+# Headers that belong to one connection (RFC 9110 7.6.1), plus those aiohttp sets for the body it sends; the
+# headers a Connection header names are dropped too.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+                        "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
+# orjson parses in C under the GIL: a body above this is parsed in a worker thread so that the loop's other
+# connections are not held behind it (256 KiB parse in under a millisecond; the thread hop costs ~50 us).
+PARSE_IN_THREAD_BYTES = 64 << 10
+MAX_DEPTH = 64  # deeper bodies are not an OpenAI request
+FORWARDED = {path: method for method, path in routing.ROUTER_FORWARDED}
 
 
 def resolve_ips(host: str) -> list[str]:
@@ -64,16 +81,154 @@ def worker_url(ip: str) -> str:
     return f"http://{host}:{api.SERVER_PORT}"
 
 
+# -- what a request is -----------------------------------------------------------------------------------------
+
+class BadRequest(Exception):
+    """Input the router refuses itself: (status, one line for the client and the log)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def forwarded_path(raw_path: str, method: str) -> tuple[str, str]:
+    """(the OpenAI path to forward, the raw query) for a request target, after percent-decoding and resolving
+    dot segments as the pod's server would; BadRequest for any other path (404) or method (405)."""
+    path, _, query = raw_path.partition("?")
+    decoded = unquote(path, errors="strict")
+    if not decoded.startswith("/") or "\\" in decoded or "\x00" in decoded or "%" in decoded:
+        raise BadRequest(404, "not found: the router serves the OpenAI routes only")
+    normal = posixpath.normpath(decoded)
+    if normal.startswith("//"):
+        normal = "/" + normal.lstrip("/")
+    wanted = FORWARDED.get(normal)
+    if wanted is None:
+        raise BadRequest(404, "not found: the router serves the OpenAI routes only")
+    if method != wanted and not (wanted == "GET" and method == "HEAD"):
+        raise BadRequest(405, f"method {method[:16]} not allowed here")
+    return normal, query
+
+
+# A string (complete, or open at the end of the bytes read) or a bracket.
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\Z)|[\[\]{}]', re.DOTALL)
+_CUT_TRIES = 8
+
+
+def _scan(head: bytes) -> tuple[list[tuple[int, bytes]], list[tuple[int, int]], int | None]:
+    """(after each bracket, the closers of those then open; the complete strings' spans; where a string
+    left open at the end starts). BadRequest when the brackets nest deeper than MAX_DEPTH."""
+    stack: list[bytes] = []
+    events: list[tuple[int, bytes]] = [(0, b"")]
+    spans: list[tuple[int, int]] = []
+    open_string = None
+    for match in _TOKENS.finditer(head):
+        token = match.group()
+        if token[:1] == b'"':
+            if len(token) > 1 and token.endswith(b'"') and not _escaped_end(token):
+                spans.append(match.span())
+            else:
+                open_string = match.start()
+            continue
+        if token in (b"{", b"["):
+            stack.append(b"}" if token == b"{" else b"]")
+            if len(stack) > MAX_DEPTH:
+                raise BadRequest(400, f"the body nests deeper than {MAX_DEPTH} levels")
+        elif stack:
+            stack.pop()
+        events.append((match.end(), b"".join(reversed(stack))))
+    return events, spans, open_string
+
+
+def _head_json(head: bytes) -> Any:
+    """The leading bytes of a JSON body made whole: cut after the last complete member or element (or inside
+    an open string value) and the open brackets closed, so a prompt's first tokens parse without the rest.
+    None when nothing usable comes of it."""
+    events, spans, open_string = _scan(head)
+    closers_at = lambda offset: events[bisect_right([e for e, _ in events], offset) - 1][1]
+    if open_string is not None:  # a long text value cut short: close it where it was cut
+        for trim in range(8):
+            text = head[:len(head) - trim]
+            try:
+                return orjson.loads(text + b'"' + closers_at(open_string))
+            except orjson.JSONDecodeError:
+                continue
+    starts = [s for s, _ in spans]
+    cut = len(head)
+    for _ in range(_CUT_TRIES):
+        cut = head.rfind(b",", 0, cut)
+        if cut <= 0:
+            return None
+        i = bisect_right(starts, cut) - 1
+        if i >= 0 and spans[i][1] > cut:  # inside a string
+            cut = spans[i][0]
+            continue
+        try:
+            return orjson.loads(head[:cut] + closers_at(cut))
+        except orjson.JSONDecodeError:
+            continue
+    return None
+
+
+def _escaped_end(token: bytes) -> bool:
+    """Whether a token's last quote is escaped (an odd run of backslashes before it): the string is open."""
+    run = len(token) - 1 - len(token[:-1].rstrip(b"\\"))
+    return run % 2 == 1
+
+
+def parse_body(body: bytes, cap: int = routing.ROUTER_PARSE_BYTES) -> dict[str, Any]:
+    """The request body as far as routing reads it: the whole JSON object when it is at most `cap` bytes (a
+    malformed one is a BadRequest, as vLLM would answer), else its first `cap` bytes made whole (what vLLM
+    makes of the rest is its own answer)."""
+    if not body:
+        raise BadRequest(400, "the body is empty: an OpenAI request is a JSON object")
+    if len(body) <= cap:
+        if body.count(b"[") + body.count(b"{") > MAX_DEPTH:
+            _scan(body)  # brackets enough to nest too deep: the scan refuses a body that does
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(400, f"the body is not JSON ({str(exc)[:120]})") from None
+        if not isinstance(parsed, dict):
+            raise BadRequest(400, "the body is not a JSON object")
+        return parsed
+    parsed = _head_json(body[:cap])
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def end_to_end(headers) -> dict[str, str]:
+    """The headers to pass on: none of one connection's, nor any a Connection header names."""
+    named = {token.strip().lower() for value in headers.getall("Connection", ()) for token in value.split(",")}
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = routing.ROUTER_MAX_BODY_BYTES
+    body_budget_bytes: int = routing.ROUTER_BODY_BUDGET_BYTES
+    parse_bytes: int = routing.ROUTER_PARSE_BYTES
+    max_connections: int = routing.ROUTER_MAX_CONNECTIONS
+    header_timeout_s: float = routing.ROUTER_HEADER_TIMEOUT_S
+    body_timeout_s: float = routing.ROUTER_BODY_TIMEOUT_S
+    connect_timeout_s: float = routing.ROUTER_CONNECT_TIMEOUT_S
+    first_byte_timeout_s: float = routing.ROUTER_FIRST_BYTE_TIMEOUT_S
+    read_timeout_s: float = routing.ROUTER_READ_TIMEOUT_S
+    attempts: int = routing.ROUTER_ATTEMPTS
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 10.0
+
+
 ROUTER_SAMPLES = (routing.ROUTER_METRIC_REQUESTS, routing.ROUTER_METRIC_MATCHED_BLOCKS,
                   routing.ROUTER_METRIC_PROMPT_BLOCKS, routing.ROUTER_METRIC_UPSTREAM_ERRORS,
-                  routing.ROUTER_METRIC_IN_FLIGHT, routing.ROUTER_METRIC_WORKERS)
+                  routing.ROUTER_METRIC_IN_FLIGHT, routing.ROUTER_METRIC_WORKERS, routing.ROUTER_METRIC_RETRIES,
+                  routing.ROUTER_METRIC_RESTARTS)
 
 
 class _WorkerSeries:
     """One worker's children of the router's metrics, looked up once when it joins: a labelled child costs
     microseconds to find (prometheus_client hashes the label values under a lock), an attribute nanoseconds."""
 
-    __slots__ = ("in_flight", "matched_blocks", "prompt_blocks", "requests", "upstream_errors")
+    __slots__ = ("in_flight", "matched_blocks", "prompt_blocks", "requests", "restarts", "retries",
+                 "upstream_errors")
 
     def __init__(self, metrics: RouterMetrics, worker: str) -> None:
         self.requests = {reason: metrics.requests.labels(worker, reason) for reason in affinity.DECISIONS}
@@ -81,14 +236,16 @@ class _WorkerSeries:
         self.prompt_blocks = metrics.prompt_blocks.labels(worker)
         self.upstream_errors = metrics.upstream_errors.labels(worker)
         self.in_flight = metrics.in_flight.labels(worker)
+        self.retries = metrics.retries.labels(worker)
+        self.restarts = metrics.restarts.labels(worker)
 
 
 class RouterMetrics:
     """The router's series on a registry of its own (several routers in one process do not share them): per
     worker and decision, requests; per worker, prompt blocks, those matched where they were sent before,
-    upstream errors and requests in flight; the workers routed over. A worker's series start at 0 when it
-    joins (a first increment is a rate, not a new series) and are removed when it leaves: a gone pod's IP is
-    not a series forever, and the index forgets it too."""
+    upstream errors, failed connections retried elsewhere, restarts seen and requests in flight; the workers
+    routed over. A worker's series start at 0 when it joins (a first increment is a rate, not a new series)
+    and are removed when it leaves: a gone pod's IP is not a series forever, and the record forgets it too."""
 
     def __init__(self, workers: Callable[[], int]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -101,7 +258,11 @@ class RouterMetrics:
         self.prompt_blocks = Counter(routing.ROUTER_METRIC_PROMPT_BLOCKS, "Prompt blocks routed", [worker],
                                      registry=r)
         self.upstream_errors = Counter(routing.ROUTER_METRIC_UPSTREAM_ERRORS, "Requests the worker did not "
-                                       "answer (a 502) or whose answer was cut", [worker], registry=r)
+                                       "answer in time (a 502 or 504) or whose answer was cut", [worker], registry=r)
+        self.retries = Counter(routing.ROUTER_METRIC_RETRIES, "Attempts whose connection to the worker failed "
+                               "before any byte came back, sent on to the next worker", [worker], registry=r)
+        self.restarts = Counter(routing.ROUTER_METRIC_RESTARTS, "Restarts of the worker seen on its /metrics "
+                                "(its record forgotten)", [worker], registry=r)
         self.in_flight = Gauge(routing.ROUTER_METRIC_IN_FLIGHT, "Requests in flight to the worker", [worker],
                                registry=r)
         self.workers = Gauge(routing.ROUTER_METRIC_WORKERS, "Ready workers routed over", registry=r)
@@ -129,45 +290,83 @@ class RouterMetrics:
             return
         for reason in affinity.DECISIONS:
             self.requests.remove(worker, reason)
-        for metric in (self.matched_blocks, self.prompt_blocks, self.upstream_errors, self.in_flight):
+        for metric in (self.matched_blocks, self.prompt_blocks, self.upstream_errors, self.in_flight,
+                       self.retries, self.restarts):
             metric.remove(worker)
 
     def exposition(self) -> bytes:
         return generate_latest(self._exposed)
 
 
-class Router:
-    """The proxy: one AffinityIndex, the requests in flight per worker, and the router's metrics."""
+_START = re.compile(rb"^" + re.escape(api.Metric.PROCESS_START_TIME.encode()) + rb" (\S+)$", re.MULTILINE)
+_PROMPT_TOKENS = re.compile(rb"^" + re.escape(f"{api.Metric.PROMPT_TOKENS}_total".encode()) + rb"(?:\{[^}]*\})? (\S+)$",
+                            re.MULTILINE)
 
-    def __init__(self, settings: affinity.AffinitySettings, log=print) -> None:
+
+def restart_marks(exposition: bytes) -> tuple[float | None, float | None]:
+    """(the server process's start time, its prompt tokens so far) from a vLLM pod's /metrics; None where absent."""
+    start = _START.search(exposition)
+    tokens = [float(m.group(1)) for m in _PROMPT_TOKENS.finditer(exposition)]
+    return (float(start.group(1)) if start else None), (sum(tokens) if tokens else None)
+
+
+def restarted(before: tuple[float | None, float | None], now: tuple[float | None, float | None]) -> bool:
+    """A new process (another start time), or a counter that went back (a process with no start time shown)."""
+    if before[0] is not None and now[0] is not None and before[0] != now[0]:
+        return True
+    return before[1] is not None and now[1] is not None and now[1] < before[1]
+
+
+class Router:
+    """The proxy: one AffinityIndex, the requests in flight per worker, a circuit per worker and the router's
+    metrics."""
+
+    def __init__(self, settings: affinity.AffinitySettings, log=print, limits: Limits | None = None) -> None:
         self.index = affinity.AffinityIndex(settings)
+        self.limits = limits or Limits()
+        self.breaker = affinity.Breaker(self.limits.breaker_failures, self.limits.breaker_cooldown_s)
         self.log = log
-        self.in_flight: Tally[str] = Tally()  # what the index balances on; the gauge shows it
+        self.in_flight: Tally[str] = Tally()  # what the bound balances on; the gauge shows it
         self.router_metrics = RouterMetrics(lambda: len(self.index.replicas))
         self.session: ClientSession | None = None
+        self.body_bytes = 0  # request bodies held now
+        self.marks: dict[str, tuple[float | None, float | None]] = {}
 
     def set_workers(self, urls: list[str]) -> None:
         added, removed = self.index.sync(urls)
         for worker in removed:
             self.router_metrics.forget(worker)
+            self.breaker.forget(worker)
+            self.marks.pop(worker, None)
         for worker in added:
             self.router_metrics.worker(worker).in_flight.set(self.in_flight[worker])  # 0 unless it came back
         if added or removed:
             self.log(f"spillway route: routing over {len(urls)} ready pods (added {added}, removed {removed}; "
-                     f"the index of the others is kept)")
+                     f"the others keep their arcs of the ring)")
+
+    def saw_marks(self, worker: str, marks: tuple[float | None, float | None]) -> None:
+        before = self.marks.get(worker)
+        self.marks[worker] = marks
+        if before is not None and restarted(before, marks) and worker in self.index.replicas:
+            self.index.forget(worker)
+            self.breaker.forget(worker)
+            self.router_metrics.worker(worker).restarts.inc()
+            self.log(f"spillway route: {worker} restarted (its /metrics says so); its record is forgotten")
 
     async def start(self) -> None:
-        # No total timeout: a long generation streams for minutes. auto_decompress off: bodies pass through
-        # byte for byte with their Content-Encoding.
-        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-                                     auto_decompress=False)
+        # No total timeout: a long generation streams for minutes; the first byte and every later read have
+        # their own. auto_decompress off: bodies pass through byte for byte with their Content-Encoding.
+        self.session = ClientSession(
+            timeout=ClientTimeout(total=None, sock_connect=self.limits.connect_timeout_s),
+            auto_decompress=False, connector=TCPConnector(limit=0, ttl_dns_cache=None))
 
     async def close(self) -> None:
         if self.session is not None:
             await self.session.close()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        # The body is read by forward() itself, against the router's budget; aiohttp's own cap stays above it.
+        app = web.Application(client_max_size=self.limits.max_body_bytes + 1)
         app.router.add_get(routing.ROUTER_HEALTH_PATH, self.health)
         app.router.add_route("*", "/{tail:.*}", self.forward)
         return app
@@ -182,53 +381,151 @@ class Router:
             return web.Response(status=503, text="no ready vLLM pod\n")
         return web.Response(text="ok\n")
 
-    def _choose(self, body: bytes, method: str) -> affinity.Decision:
-        parsed = None
-        if method == "POST" and body:
-            try:
-                parsed = orjson.loads(body)  # a 32K-token prompt's ids: 4x faster than json (bench/router-overhead/router_overhead.py)
-            except ValueError:
-                parsed = None  # not JSON: the worker answers it; routed as a prompt-less request
-        return self.index.route(parsed if isinstance(parsed, dict) else {}, self.in_flight)
+    async def _read_body(self, request: web.Request) -> bytes:
+        limits = self.limits
+        length = request.content_length
+        if length is not None and length > limits.max_body_bytes:
+            raise BadRequest(413, f"the body is larger than {limits.max_body_bytes} bytes")
+        reserved = length if length is not None else 0
+        if self.body_bytes + reserved > limits.body_budget_bytes:
+            raise BadRequest(503, "the router holds as many request bodies as it may; try again")
+        self.body_bytes += reserved
+        try:
+            async with asyncio.timeout(limits.body_timeout_s):
+                parts, size = [], 0
+                while chunk := await request.content.readany():
+                    size += len(chunk)
+                    if size > limits.max_body_bytes:
+                        raise BadRequest(413, f"the body is larger than {limits.max_body_bytes} bytes")
+                    if size > reserved:
+                        if self.body_bytes + size - reserved > limits.body_budget_bytes:
+                            raise BadRequest(503, "the router holds as many request bodies as it may; try again")
+                        self.body_bytes += size - reserved
+                        reserved = size
+                    parts.append(chunk)
+        except TimeoutError:
+            self.body_bytes -= reserved
+            raise BadRequest(408, f"the body did not arrive within {limits.body_timeout_s:g} s") from None
+        except BaseException:
+            self.body_bytes -= reserved
+            raise
+        request["reserved"] = reserved
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _blocks(self, body: bytes) -> list[int]:
+        cap = self.limits.parse_bytes
+        settings = self.index.settings
+        if min(len(body), cap) > PARSE_IN_THREAD_BYTES:
+            parsed = await asyncio.get_running_loop().run_in_executor(None, parse_body, body, cap)
+        else:
+            parsed = parse_body(body, cap)
+        return affinity.prompt_blocks(parsed, settings.block_tokens, settings.max_blocks)
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
         try:
-            decision = self._choose(body, request.method)
-        except LookupError:
-            return _error(503, "no ready vLLM pod to route to")
-        worker = decision.replica
-        series = self.router_metrics.worker(worker)
-        series.requests[decision.reason].inc()
-        series.matched_blocks.inc(decision.matched_blocks)
-        series.prompt_blocks.inc(decision.prompt_blocks)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+            path, query = forwarded_path(request.raw_path, request.method)
+            body = await self._read_body(request) if request.method == "POST" else b""
+        except BadRequest as exc:
+            self.log(f"spillway route: refused {request.method[:16]} {request.raw_path[:120]!r}: {exc.status} {exc}")
+            return _error(exc.status, str(exc))
+        try:
+            try:
+                blocks = await self._blocks(body) if request.method == "POST" else []
+            except BadRequest as exc:
+                self.log(f"spillway route: refused a body for {path}: {exc.status} {exc}")
+                return _error(exc.status, str(exc))
+            return await self._proxy(request, path + (f"?{query}" if query else ""), body, blocks)
+        finally:
+            self.body_bytes -= request.get("reserved", 0)
+
+    async def _proxy(self, request: web.Request, target: str, body: bytes, blocks: list[int]) -> web.StreamResponse:
         assert self.session is not None
-        response: web.StreamResponse | None = None
-        self.in_flight[worker] += 1
-        series.in_flight.set(self.in_flight[worker])
+        headers = end_to_end(request.headers)
+        limits = self.limits
+        tried: list[str] = []
+        for attempt in range(limits.attempts):
+            exclude = [*tried, *self.breaker.open(time.monotonic())]
+            try:
+                decision = self.index.choose(blocks, self.in_flight, exclude)
+            except LookupError:
+                return _error(503, "no ready vLLM pod to route to")
+            worker = decision.replica
+            if worker in tried:
+                break  # every pod was tried
+            if attempt == 0:
+                self.index.record(worker, blocks)
+            series = self.router_metrics.worker(worker)
+            self.in_flight[worker] += 1
+            series.in_flight.set(self.in_flight[worker])
+            try:
+                try:
+                    async with asyncio.timeout(limits.first_byte_timeout_s):
+                        upstream = await self.session.request(request.method, f"{worker}{target}", data=body,
+                                                              headers=headers, allow_redirects=False)
+                except (ClientConnectorError, ConnectionTimeoutError, ServerDisconnectedError) as exc:
+                    # Nothing came back: the request is sent on to the next pod along the ring.
+                    tried.append(worker)
+                    series.retries.inc()
+                    if self.breaker.failed(worker, time.monotonic()):
+                        self.log(f"spillway route: {worker} failed {limits.breaker_failures} times in a row; "
+                                 f"its circuit is open for {limits.breaker_cooldown_s:g} s")
+                    self.log(f"spillway route: no answer from {worker} ({exc.__class__.__name__}); "
+                             f"{'trying the next pod' if attempt + 1 < limits.attempts else 'giving up'}")
+                    continue
+                except TimeoutError:
+                    series.upstream_errors.inc()
+                    self.breaker.failed(worker, time.monotonic())
+                    self.log(f"spillway route: {worker} sent no byte within {limits.first_byte_timeout_s:g} s")
+                    return _error(504, f"the vLLM pod did not answer within {limits.first_byte_timeout_s:g} s")
+                except (ClientError, OSError) as exc:
+                    series.upstream_errors.inc()
+                    self.breaker.failed(worker, time.monotonic())
+                    self.log(f"spillway route: {worker} failed: {exc.__class__.__name__}: {str(exc)[:200]}")
+                    return _error(502, "the vLLM pod did not answer")
+                self.breaker.succeeded(worker)
+                if attempt == 0:
+                    series.requests[decision.reason].inc()
+                    series.matched_blocks.inc(decision.matched_blocks)
+                else:
+                    series.requests[affinity.DECISION_OVERLOADED].inc()
+                    self.index.record(worker, blocks)
+                series.prompt_blocks.inc(decision.prompt_blocks)
+                return await self._relay(request, upstream, worker, series)
+            finally:
+                self.in_flight[worker] -= 1
+                self.router_metrics.set_in_flight(worker, self.in_flight[worker])
+        if tried and tried[-1] in self.index.replicas:
+            self.router_metrics.worker(tried[-1]).upstream_errors.inc()
+        return _error(502, "no vLLM pod answered")
+
+    async def _relay(self, request: web.Request, upstream, worker: str, series: _WorkerSeries) -> web.StreamResponse:
+        """The pod's answer passed on as it comes; an answer the pod cuts (or that stalls past the read
+        timeout) is cut for the client too, so a client never takes a truncated answer for a whole one."""
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         try:
-            async with self.session.request(request.method, f"{worker}{request.rel_url}", data=body,
-                                            headers=headers) as upstream:
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for key, value in upstream.headers.items():
-                    if key.lower() not in HOP_BY_HOP:
-                        response.headers.add(key, value)
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
-                return response
+            for key, value in end_to_end(upstream.headers).items():
+                response.headers.add(key, value)
+            await response.prepare(request)
+            read = self.limits.read_timeout_s
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(loop.time() + read) as deadline:
+                while chunk := await upstream.content.readany():
+                    try:
+                        await response.write(chunk)
+                    except (ClientConnectionError, ConnectionError):
+                        return response  # the client left: nothing to tell it
+                    deadline.reschedule(loop.time() + read)
+            await response.write_eof()
+            return response
         except (TimeoutError, ClientError, OSError) as exc:
             series.upstream_errors.inc()
-            if response is not None and response.prepared:
-                # The answer had begun (a stream cut by the pod or the client): nothing more can be sent.
-                self.log(f"spillway route: a response from {worker} was cut: {exc.__class__.__name__}: {exc}")
-                return response
-            return _error(502, f"vLLM pod {worker} did not answer: {exc.__class__.__name__}: {exc}")
+            self.log(f"spillway route: the answer from {worker} was cut ({exc.__class__.__name__}); cutting the "
+                     f"client's too")
+            if request.transport is not None:
+                request.transport.abort()
+            return response
         finally:
-            self.in_flight[worker] -= 1
-            self.router_metrics.set_in_flight(worker, self.in_flight[worker])
+            upstream.release()
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.exposition(), content_type="text/plain", charset="utf-8",
@@ -244,9 +541,24 @@ def _error(status: int, message: str) -> web.Response:
                              status=status)
 
 
+async def probe(router: Router, worker: str) -> None:
+    """Read a worker's /metrics for the marks of a restart; a worker that does not answer is left as it is."""
+    assert router.session is not None
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            async with router.session.get(f"{worker}{api.METRICS_PATH}") as response:
+                if response.status != 200:
+                    return
+                text = await response.read()
+    except (TimeoutError, ClientError, OSError):
+        return
+    router.saw_marks(worker, restart_marks(text))
+
+
 async def follow_workers(router: Router, discover: Callable[[], list[str]], poll_s: float,
                          stopped: asyncio.Event) -> None:
-    """Resolve the ready pods every poll_s and hand them to the router (the resolver's trouble keeps the set)."""
+    """Resolve the ready pods every poll_s and hand them to the router (the resolver's trouble keeps the set);
+    read each one's /metrics at the same pace."""
     loop = asyncio.get_running_loop()
     while not stopped.is_set():
         try:
@@ -257,10 +569,30 @@ async def follow_workers(router: Router, discover: Callable[[], list[str]], poll
             if not urls and router.index.replicas:
                 router.log("spillway route: no ready vLLM pod; answering 503 until one is ready")
             router.set_workers(urls)
+        if router.session is not None and router.index.replicas:
+            await asyncio.gather(*(probe(router, w) for w in router.index.replicas))
         try:
             await asyncio.wait_for(stopped.wait(), poll_s)
         except TimeoutError:
             pass
+
+
+def _cap_connections(runner: web.AppRunner, cap: int) -> None:
+    """Connections beyond `cap` are closed as they open: a flood of idle or half-sent requests takes no more."""
+    server = runner.server
+    assert server is not None
+    accept = server.connection_made
+
+    def connection_made(handler, transport) -> None:
+        accept(handler, transport)
+        if len(server.connections) > cap:
+            transport.abort()
+
+    server.connection_made = connection_made  # type: ignore[method-assign]
+
+
+class ListenError(InvalidSpec):
+    """The router cannot listen where it was told to."""
 
 
 async def serve(router: Router, discover: Callable[[], list[str]], *, host: str = "0.0.0.0",
@@ -268,11 +600,19 @@ async def serve(router: Router, discover: Callable[[], list[str]], *, host: str 
                 poll_s: float = POLL_SECONDS, stopped: asyncio.Event | None = None) -> None:
     stopped = stopped or asyncio.Event()
     await router.start()
-    runners = [web.AppRunner(router.app(), access_log=None), web.AppRunner(router.metrics_app(), access_log=None)]
+    # keepalive_timeout: aiohttp closes a connection that has not sent a whole request's headers this long
+    # after it opened or after its last answer, which is the header timeout (slow or half-sent headers).
+    runners = [web.AppRunner(router.app(), access_log=None, keepalive_timeout=router.limits.header_timeout_s),
+               web.AppRunner(router.metrics_app(), access_log=None, keepalive_timeout=router.limits.header_timeout_s)]
     try:
         for runner, bind in zip(runners, (port, metrics_port)):
             await runner.setup()
-            await web.TCPSite(runner, host, bind).start()
+            _cap_connections(runner, router.limits.max_connections)
+            try:
+                await web.TCPSite(runner, host, bind).start()
+            except (OSError, UnicodeError, ValueError) as exc:  # UnicodeError: a name IDNA cannot encode
+                reason = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
+                raise ListenError(f"spillway route: cannot listen on {host[:80]}:{bind}: {reason}") from None
         await follow_workers(router, discover, poll_s, stopped)
     finally:
         for runner in runners:
@@ -289,13 +629,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="a file of worker URLs, one per line, read again every --poll-seconds (elsewhere)")
     p.add_argument("--block-size", type=int, required=True, help="the pods' --block-size")
     p.add_argument("--index-blocks", type=int, default=routing.DEFAULT_INDEX_BLOCKS,
-                   help="blocks remembered per pod: its GPU and CPU caches' blocks (the operator passes the plan's)")
-    p.add_argument("--max-imbalance", type=int, default=routing.DEFAULT_MAX_IMBALANCE,
-                   help="requests in flight beyond the least loaded pod at which a prefix's holder is passed over")
+                   help="blocks recorded per pod: its GPU and CPU caches' blocks (the operator passes the plan's)")
+    p.add_argument("--index-bytes", type=int, default=affinity.AffinitySettings.index_bytes,
+                   help="memory for the record of all pods together (the operator renders the memory limit "
+                        "from it)")
+    p.add_argument("--key-blocks", type=int, default=affinity.DEFAULT_KEY_BLOCKS,
+                   help="leading blocks that name a prompt's prefix on the hash ring")
+    p.add_argument("--load-factor", type=float, default=affinity.DEFAULT_LOAD_FACTOR,
+                   help="a pod takes no more than this times the mean requests in flight (>= 1)")
     p.add_argument("--port", type=int, default=routing.ROUTER_PORT)
     p.add_argument("--metrics-port", type=int, default=routing.ROUTER_METRICS_PORT)
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--poll-seconds", type=float, default=POLL_SECONDS)
+    p.add_argument("--max-connections", type=int, default=routing.ROUTER_MAX_CONNECTIONS)
+    p.add_argument("--max-body-bytes", type=int, default=routing.ROUTER_MAX_BODY_BYTES)
+    p.add_argument("--header-timeout", type=float, default=routing.ROUTER_HEADER_TIMEOUT_S, metavar="SECONDS")
+    p.add_argument("--body-timeout", type=float, default=routing.ROUTER_BODY_TIMEOUT_S, metavar="SECONDS")
+    p.add_argument("--first-byte-timeout", type=float, default=routing.ROUTER_FIRST_BYTE_TIMEOUT_S,
+                   metavar="SECONDS", help="for a pod's first byte of an answer (then 504)")
+    p.add_argument("--read-timeout", type=float, default=routing.ROUTER_READ_TIMEOUT_S, metavar="SECONDS",
+                   help="between two chunks of a pod's answer (then the answer is cut)")
     p.set_defaults(func=cmd_route)
 
 
@@ -327,9 +680,34 @@ def read_workers_file(path: Path) -> list[str]:
 def settings_from(args: argparse.Namespace) -> affinity.AffinitySettings:
     try:
         return affinity.AffinitySettings(block_tokens=args.block_size, index_blocks=args.index_blocks,
-                                         max_imbalance=args.max_imbalance)
+                                         index_bytes=args.index_bytes, key_blocks=args.key_blocks,
+                                         load_factor=args.load_factor)
     except ValueError as exc:
         raise InvalidSpec(f"spillway route: {exc}") from None
+
+
+def _seconds(value: float, flag: str, most: float = 86_400.0) -> float:
+    if not math.isfinite(value) or not 0 < value <= most:
+        raise InvalidSpec(f"spillway route: {flag} must be a number of seconds in (0, {most:g}]; got {value!r}")
+    return value
+
+
+def _count(value: int, flag: str, least: int = 1, most: int = 1 << 40) -> int:
+    if not least <= value <= most:
+        raise InvalidSpec(f"spillway route: {flag} must be a whole number in {least}..{most}; got {value!r}")
+    return value
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    for flag in ("port", "metrics_port"):
+        _count(getattr(args, flag), f"--{flag.replace('_', '-')}", 1, 65535)
+    _seconds(args.poll_seconds, "--poll-seconds", 3600.0)
+    return Limits(max_body_bytes=_count(args.max_body_bytes, "--max-body-bytes", 1024, 1 << 30),
+                  max_connections=_count(args.max_connections, "--max-connections", 1, 1 << 20),
+                  header_timeout_s=_seconds(args.header_timeout, "--header-timeout"),
+                  body_timeout_s=_seconds(args.body_timeout, "--body-timeout"),
+                  first_byte_timeout_s=_seconds(args.first_byte_timeout, "--first-byte-timeout"),
+                  read_timeout_s=_seconds(args.read_timeout, "--read-timeout"))
 
 
 def cmd_route(args: argparse.Namespace) -> int:
@@ -338,8 +716,8 @@ def cmd_route(args: argparse.Namespace) -> int:
         discover = lambda: [worker_url(ip) for ip in resolve_ips(args.replicas)]
     else:
         discover = lambda: read_workers_file(args.workers_file)
-    settings = settings_from(args)
-    router = Router(settings, log=lambda m: print(m, file=sys.stderr, flush=True))
+    settings, limits = settings_from(args), limits_from(args)
+    router = Router(settings, log=lambda m: print(m, file=sys.stderr, flush=True), limits=limits)
 
     async def main() -> None:
         stopped = asyncio.Event()

@@ -42,12 +42,31 @@ ROUTER_METRIC_WORKERS = "spillway_router_workers"
 ROUTER_METRIC_PREFIX = "spillway_router_"
 ROUTER_LABEL_WORKER = "worker"  # the worker's URL, http://<pod IP>:8000
 ROUTER_LABEL_DECISION = "decision"
-# Blocks the router remembers per pod when no plan says (`spillway route` outside the operator): a 512 GiB pool
-# of 2 MiB blocks; an entry costs about 100 bytes.
+ROUTER_METRIC_RETRIES = "spillway_router_retries_total"  # attempts whose connection failed before any byte came back
+ROUTER_METRIC_RESTARTS = "spillway_router_worker_restarts_total"  # restarts seen on a worker's /metrics
+# Blocks the router records per pod when no plan says (`spillway route` outside the operator): a 512 GiB pool
+# of 2 MiB blocks.
 DEFAULT_INDEX_BLOCKS = 262_144
-# A prefix's holder is passed over when it has this many requests in flight beyond the least loaded pod:
-# measured on the tenants workload (docs/routing.md, bench/routing).
-DEFAULT_MAX_IMBALANCE = 8
+
+# -- the router as a public endpoint --------------------------------------------------------------------------
+# What it forwards: the OpenAI routes, nothing else (vLLM's API key guards /v1 only; /invocations, /tokenize,
+# /pooling, /score, ... answer without one). Its own /health it answers itself.
+ROUTER_FORWARDED = (("POST", api.COMPLETIONS_PATH), ("POST", api.CHAT_COMPLETIONS_PATH), ("GET", api.MODELS_PATH))
+ROUTER_MAX_BODY_BYTES = 16 << 20  # a 128K-token prompt as JSON token ids is about 0.8 MB
+ROUTER_BODY_BUDGET_BYTES = 256 << 20  # request bodies held at once, over all connections (503 beyond)
+ROUTER_PARSE_BYTES = 256 << 10  # a body's leading bytes read for routing: far more than DEFAULT_MAX_BLOCKS need
+ROUTER_MAX_CONNECTIONS = 1024
+ROUTER_HEADER_TIMEOUT_S = 10.0  # a request's headers, from the connection's start or the previous answer
+ROUTER_BODY_TIMEOUT_S = 30.0
+ROUTER_CONNECT_TIMEOUT_S = 3.0  # a pod on the cluster network answers a SYN in milliseconds
+ROUTER_FIRST_BYTE_TIMEOUT_S = 300.0  # a long prompt queued behind others: minutes at most
+ROUTER_READ_TIMEOUT_S = 60.0  # between two chunks of an answer (a token is milliseconds)
+ROUTER_ATTEMPTS = 3  # a request whose connection failed before any byte came back goes on to the next pod
+# The router's memory: its process at rest (about 110 MiB RSS measured: bench/routing/overhead.py), the
+# request bodies it may hold, and the record's budget; the rendered request and limit are their sum.
+ROUTER_BASE_BYTES = 192 << 20
+ROUTER_MAX_INDEX_BYTES = 1 << 30
+ROUTER_MIN_INDEX_BYTES = 16 << 20
 EPP_PORT = 9002  # llm-d-router's endpoint picker (gRPC ext-proc): endpointPickerRef.port.number
 # llm-d-router v0.10.0 apix/config/v1alpha1 (GroupName llm-d.ai); the older inference.networking.x-k8s.io is deprecated
 EPP_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"

@@ -1,0 +1,218 @@
+"""The kv-aware router's placement policy (core/affinity.py), on its own: blocks and keys, the ring's owners,
+the load bound relative to the mean, what a new or restarted replica takes, the record's memory bound and the
+circuit breaker."""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import tracemalloc
+from collections import Counter
+
+import pytest
+from spillway.core import affinity as A
+
+BLOCK = 4
+PODS = tuple(f"http://10.0.0.{i}:8000" for i in range(1, 5))
+
+
+def _index(replicas=PODS, **settings) -> A.AffinityIndex:
+    index = A.AffinityIndex(A.AffinitySettings(**{"block_tokens": BLOCK, "index_blocks": 1000, **settings}))
+    index.sync(replicas)
+    return index
+
+
+def _prompt(prefix: int, suffix: int, prefix_blocks: int = 6) -> dict:
+    return {"prompt": [prefix] * (prefix_blocks * BLOCK) + [1000 + suffix] * (BLOCK - 1)}
+
+
+def _owner(index: A.AffinityIndex, prefix: int) -> str:
+    return index.choose(A.prompt_blocks(_prompt(prefix, 0), BLOCK), {}).replica
+
+
+def test_blocks_are_whole_and_chained():
+    one = A.prompt_blocks({"prompt": list(range(11))}, BLOCK)
+    assert len(one) == 2  # 11 tokens: two whole blocks, the rest is not cached by vLLM either
+    other = A.prompt_blocks({"prompt": [99, *range(1, 11)]}, BLOCK)
+    assert one[1] != other[1]  # the second block's hash covers the first
+    assert A.prompt_blocks({"prompt": list(range(12))}, BLOCK)[:2] == one
+
+
+def test_blocks_are_capped_at_what_a_decision_needs():
+    long = {"prompt": list(range(100_000))}
+    assert len(A.prompt_blocks(long, BLOCK, max_blocks=16)) == 16
+    text = {"prompt": "y" * 10_000_000}
+    assert len(A.prompt_blocks(text, BLOCK, max_blocks=8)) == 8
+
+
+def test_text_blocks_are_the_same_in_every_process():
+    """Router pods agree only if a text's block hashes do not depend on the process's string hash seed."""
+    code = ("from spillway.core import affinity as A; "
+            "print(A.prompt_blocks({'messages': [{'role': 'user', 'content': 'z' * 400}]}, 4)[-1])")
+    seen = {subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                           env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("1", "2")}
+    assert len(seen) == 1, seen
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": "x" * (8 * BLOCK * A.CHARS_PER_TOKEN)},
+    {"prompt": [list(range(40))]},
+    {"messages": [{"role": "system", "content": "s" * 200}, {"role": "user", "content": [{"type": "text",
+                                                                                         "text": "q" * 100}]}]},
+])
+def test_text_batches_and_chats_have_blocks(body):
+    assert len(A.prompt_blocks(body, BLOCK)) >= 2
+
+
+@pytest.mark.parametrize("body", [{}, {"prompt": []}, {"prompt": [1, 2]}, {"prompt": [{"a": 1}] * 9},
+                                  {"prompt": [True] * 9}, {"messages": "hi"}, {"messages": [1, 2]},
+                                  {"prompt": {"a": 1}}])
+def test_requests_without_a_usable_prompt_have_no_blocks(body):
+    assert A.prompt_blocks(body, BLOCK) == []
+
+
+def test_deep_content_is_not_recursed_into():
+    deep: object = "x"
+    for _ in range(5000):
+        deep = {"text": deep}
+    body = {"messages": [{"role": "user", "content": [deep, {"type": "text", "text": "q" * 64}]}]}
+    assert len(A.prompt_blocks(body, BLOCK)) >= 1
+
+
+def test_chats_sharing_leading_messages_share_leading_blocks():
+    system = {"role": "system", "content": "You answer questions about the handbook. " * 20}
+    a = A.prompt_blocks({"messages": [system, {"role": "user", "content": "first question"}]}, BLOCK)
+    b = A.prompt_blocks({"messages": [system, {"role": "user", "content": "another one entirely"}]}, BLOCK)
+    assert a[:A.DEFAULT_KEY_BLOCKS] == b[:A.DEFAULT_KEY_BLOCKS]
+
+
+def test_placement_is_the_same_for_every_router_and_every_order():
+    """Two routers that saw different traffic in different orders place every prefix alike: placement is a
+    function of the prompt and the pod set only."""
+    first, second = _index(), _index(replicas=tuple(reversed(PODS)))
+    for prefix in range(50):
+        first.route(_prompt(prefix, 0), {})
+    for prefix in random.Random(3).sample(range(200), 200):
+        second.route(_prompt(prefix, 1), {})
+    assert all(_owner(first, p) == _owner(second, p) for p in range(200))
+
+
+def test_prompts_sharing_the_key_blocks_share_a_replica():
+    index = _index(key_blocks=2)
+    a = {"prompt": [5] * (2 * BLOCK) + [6] * (4 * BLOCK)}
+    b = {"prompt": [5] * (2 * BLOCK) + [7] * (4 * BLOCK)}
+    assert index.route(a, {}).replica == index.route(b, {}).replica
+
+
+def test_prefixes_spread_over_every_replica():
+    index = _index()
+    owners = Counter(_owner(index, p) for p in range(400))
+    assert set(owners) == set(PODS)
+    assert max(owners.values()) < 1.5 * 100 and min(owners.values()) > 0.5 * 100, owners
+
+
+def test_a_prompt_follows_its_prefix_and_is_counted_as_a_match():
+    index = _index()
+    first = index.route(_prompt(1, 0), {})
+    second = index.route(_prompt(1, 1), {first.replica: 1})  # the first is still being computed
+    assert (second.replica, second.reason, second.matched_blocks) == (first.replica, A.DECISION_PREFIX, 6)
+    assert first.reason == A.DECISION_NEW
+
+
+def test_the_load_bound_acts_at_low_concurrency_and_spills_along_the_ring():
+    """5 in flight over 4 replicas: the mean is 1.25 (this request counted), the bound ceil(1.25 x 1.25) = 2,
+    so a hot prefix's owner holding 2 is passed over for its successor, always the same one; with 1 it is not
+    (the bound is never below 2)."""
+    index = _index()
+    owner = _owner(index, 7)
+    spill = index.choose(A.prompt_blocks(_prompt(7, 1), BLOCK), {owner: 2, "other": 3})
+    assert spill.replica != owner and spill.reason == A.DECISION_OVERLOADED
+    successor = next(r for r in index._ring.walk(A.prompt_blocks(_prompt(7, 0), BLOCK)[3]) if r != owner)
+    assert spill.replica == successor
+    assert index.choose(A.prompt_blocks(_prompt(7, 2), BLOCK), {owner: 1}).replica == owner  # under the bound
+
+
+def test_a_hot_prefix_spreads_before_its_owner_queues():
+    """Closed loop at 8 in flight, every request of one prefix: no replica ever holds more than the bound."""
+    index = _index()
+    load: Counter[str] = Counter()
+    for i in range(8):
+        load[index.route(_prompt(9, i), load).replica] += 1
+    assert max(load.values()) <= 3 and len(load) >= 3, load  # ceil(1.25 x 8 / 4) = 3
+
+
+def test_a_new_replica_takes_its_share_at_once_and_the_others_keep_theirs():
+    index = _index(replicas=PODS[:3])
+    before = {p: _owner(index, p) for p in range(200)}
+    added, removed = index.sync(PODS)
+    assert (added, removed) == ([PODS[3]], [])
+    after = {p: _owner(index, p) for p in range(200)}
+    moved = [p for p in before if before[p] != after[p]]
+    assert all(after[p] == PODS[3] for p in moved)  # only to the new replica
+    assert len(moved) >= 0.5 * 200 / 4, len(moved)  # at least half its even share, on its first request
+
+
+def test_a_restarted_replica_is_forgotten_but_keeps_its_arcs():
+    index = _index()
+    owner = index.route(_prompt(3, 0), {}).replica
+    index.forget(owner)
+    again = index.route(_prompt(3, 1), {})
+    assert (again.replica, again.reason, again.matched_blocks) == (owner, A.DECISION_NEW, 0)
+
+
+def test_excluded_replicas_pass_their_prompts_to_the_next_along_the_ring():
+    index = _index()
+    blocks = A.prompt_blocks(_prompt(4, 0), BLOCK)
+    owner = index.choose(blocks, {}).replica
+    other = index.choose(blocks, {}, exclude=[owner]).replica
+    assert other != owner
+    assert index.choose(blocks, {}, exclude=list(PODS)).replica == owner  # none left: all are candidates
+
+
+def test_the_record_keeps_prefix_heads_within_its_capacity():
+    index = _index(replicas=(PODS[0],), index_blocks=8)
+    for prefix in range(4):
+        index.route(_prompt(prefix, 0), {})
+    assert len(index._blocks[PODS[0]]) == 8
+    assert index.matched(PODS[0], A.prompt_blocks(_prompt(3, 0), BLOCK)) == 6  # the newest whole
+    assert index.matched(PODS[0], A.prompt_blocks(_prompt(2, 0), BLOCK)) >= 1  # the one before keeps its head
+
+
+def test_the_record_stays_within_its_memory_budget():
+    budget = 1 << 20
+    index = _index(index_blocks=10**9, index_bytes=budget)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for prefix in range(1500):  # 24,000 blocks against a budget of 5,461
+            index.record(PODS[prefix % 4], A.prompt_blocks({"prompt": list(range(prefix, prefix + 64))}, BLOCK))
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert sum(len(b) for b in index._blocks.values()) <= budget // A.INDEX_ENTRY_BYTES
+    assert used <= budget, used
+
+
+def test_no_replica_is_a_lookup_error():
+    with pytest.raises(LookupError):
+        _index(replicas=()).route(_prompt(1, 0), {})
+
+
+def test_the_breaker_opens_after_failures_and_closes_on_success():
+    breaker = A.Breaker(failures=2, cooldown_s=5)
+    assert not breaker.failed("a", now=0)
+    assert breaker.failed("a", now=1) and breaker.open(now=2) == ["a"]
+    assert breaker.open(now=6.5) == []  # half open: one request may try it
+    breaker.failed("a", now=7)
+    assert breaker.open(now=8) == ["a"]  # failed again: open again
+    breaker.succeeded("a")
+    assert breaker.open(now=8) == []
+
+
+@pytest.mark.parametrize("field, value", [(f, v) for f in ("block_tokens", "index_blocks", "index_bytes", "key_blocks")
+                                          for v in (0, -1, True, 2.5, "8")]
+                         + [("load_factor", v) for v in (0.5, float("nan"), float("inf"), True, "2")])
+def test_settings_refuse_nonsense(field, value):
+    good = {"block_tokens": 16, "index_blocks": 10}
+    with pytest.raises(ValueError, match=field):
+        A.AffinitySettings(**{**good, field: value})
