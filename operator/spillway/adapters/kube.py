@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -77,13 +78,23 @@ class ApiError(Exception):
         super().__init__(f"{method} {path}: {status} {detail}"[:2000])
 
 
+def segment(value: str) -> str:
+    """One path segment, percent-encoded whole: a '/' or '?' in a name stays in its segment. A segment of dots
+    alone would be resolved by the HTTP client (RFC 3986 removes dot segments: `x/../victim` is `victim`), so
+    it is refused; no Kubernetes object is named '.' or '..'."""
+    if value in ("", ".", ".."):
+        raise InvalidSpec(f"{value!r} cannot name a Kubernetes object (an API path segment)")
+    return urllib.parse.quote(value, safe="")
+
+
 def path(api_version: str, kind_or_plural: str, namespace: str | None = None, name: str | None = None,
          subresource: str | None = None) -> str:
+    """The API path of a kind (its collection) or of one object; every caller-given segment quoted."""
     plural = PLURALS.get(kind_or_plural, kind_or_plural)
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    parts = [base] + (["namespaces", namespace] if namespace else []) + [plural]
-    parts += [name] if name else []
-    parts += [subresource] if subresource else []
+    parts = [base] + (["namespaces", segment(namespace)] if namespace else []) + [segment(plural)]
+    parts += [segment(name)] if name else []
+    parts += [segment(subresource)] if subresource else []
     return "/".join(parts)
 
 

@@ -24,10 +24,12 @@ from .routing_spec import RoutingSpec, check_events_args, parse_routing
 from .spec_checks import (
     OFFLOAD_FIELDS,
     SPEC_FIELDS,
+    argv_text,
     check_affinity,
     check_document,
     check_tolerations,
     known_fields,
+    object_name,
 )
 
 # Resources the plan sets; a spec may add others (cpu, ephemeral-storage, ...) but not these.
@@ -96,8 +98,14 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     return value
 
 
+def _given(obj: Mapping[str, Any], key: str, default: Any) -> Any:
+    """The field's value; an explicit null means the default, as the API server's defaulting makes it."""
+    value = obj.get(key)
+    return default if value is None else value
+
+
 def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, minimum: int) -> int | None:
-    value = obj.get(key, default)
+    value = _given(obj, key, default)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -109,7 +117,7 @@ def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, mini
 
 def _str(obj: Mapping[str, Any], key: str, where: str, default: str | None = None,
          choices: tuple[str, ...] | None = None) -> str | None:
-    value = obj.get(key, default)
+    value = _given(obj, key, default)
     if value is None:
         return None
     if not isinstance(value, str):
@@ -120,7 +128,7 @@ def _str(obj: Mapping[str, Any], key: str, where: str, default: str | None = Non
 
 
 def _bool(obj: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
-    value = obj.get(key, default)
+    value = _given(obj, key, default)
     if not isinstance(value, bool):
         raise InvalidSpec(f"{where}.{key} must be true or false, got {value!r}")
     return value
@@ -135,12 +143,12 @@ def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
     return value
 
 
-def _key_ref(value: Any, where: str, default_key: str) -> ObjectKeyRef:
+def _key_ref(value: Any, where: str, default_key: str, kind: str) -> ObjectKeyRef:
     ref = _mapping(value, where)
     name = _str(ref, "name", where)
     if not name:
         raise InvalidSpec(f"{where}.name is required")
-    return ObjectKeyRef(name, _str(ref, "key", where, default_key) or default_key)
+    return ObjectKeyRef(object_name(name, f"{where}.name", kind), _str(ref, "key", where, default_key) or default_key)
 
 
 # -- the spec --------------------------------------------------------------------------------------------
@@ -152,6 +160,11 @@ def _offload(spec: Mapping[str, Any]) -> OffloadRequest:
     size = off.get("size", "auto")
     if isinstance(size, bool) or not isinstance(size, (str, int, float)):
         raise InvalidSpec(f"{where}.size must be auto, a fraction like \"0.5\" or a quantity like 200Gi; got {size!r}")
+    disk = parse_disk(off.get("disk"), _int(spec, "replicas", "spec", 1, 0), _resources(spec))
+    for value, field_name, kind in ((disk.volume.claim_name, "persistentVolumeClaim.claimName", "PersistentVolumeClaim"),
+                                    (disk.volume.storage_class, "ephemeral.storageClassName", "StorageClass")):
+        if value is not None:
+            object_name(value, f"{where}.disk.volume.{field_name}", kind)
     return OffloadRequest(
         enabled=_bool(off, "enabled", where, True),
         size=str(size).strip(),
@@ -159,7 +172,7 @@ def _offload(spec: Mapping[str, Any]) -> OffloadRequest:
         layout=Layout(_str(off, "layout", where, Layout.CONTIGUOUS, choices(Layout))),
         offload_block_size=_int(off, "blockSize", where, None, 1),
         connector=Connector(_str(off, "connector", where, Connector.SPILLWAY, choices(Connector))),
-        disk=parse_disk(off.get("disk"), _int(spec, "replicas", "spec", 1, 0), _resources(spec)),
+        disk=disk,
     )
 
 
@@ -174,7 +187,7 @@ def _model_config(spec: Mapping[str, Any]) -> ModelConfigSource | None:
     if inline is not None:
         check_document(inline, f"{where}.inline")
         return ModelConfigSource(inline=_mapping(inline, f"{where}.inline"))
-    return ModelConfigSource(config_map=_key_ref(ref, f"{where}.configMapRef", DEFAULT_CONFIG_KEY))
+    return ModelConfigSource(config_map=_key_ref(ref, f"{where}.configMapRef", DEFAULT_CONFIG_KEY, "ConfigMap"))
 
 
 def _resources(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -204,7 +217,8 @@ def _extra_args(spec: Mapping[str, Any]) -> tuple[str, ...]:
     args = _list(spec, "extraArgs", "spec")
     for arg in args:
         if not isinstance(arg, str):
-            raise InvalidSpec(f"spec.extraArgs must be strings, got {arg!r}")
+            raise InvalidSpec(f"spec.extraArgs must be strings, got {arg!r}"[:300])
+        argv_text(arg, "spec.extraArgs entry")
         flag = planned_flag(arg)
         if flag is not None:
             raise InvalidSpec(
@@ -262,7 +276,7 @@ def _argv_word(obj: Mapping[str, Any], key: str, what: str) -> str | None:
     if value.strip().startswith("-"):
         raise InvalidSpec(f"spec.{key} {value[:80]!r} starts with '-': vLLM's command line would read it as a "
                           f"flag; it must name {what}")
-    return value.strip()
+    return argv_text(value.strip(), f"spec.{key}")
 
 
 def _env(spec: Mapping[str, Any], reserved: set[str]) -> tuple[Mapping[str, Any], ...]:
@@ -294,14 +308,14 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         if not isinstance(value, str):
             raise InvalidSpec(f"spec.nodeSelector.{key} must be a string, got {value!r}")
     hf_token = spec.get("hfTokenSecretRef")
-    token_ref = _key_ref(hf_token, "spec.hfTokenSecretRef", DEFAULT_SECRET_KEY) if hf_token is not None else None
+    token_ref = _key_ref(hf_token, "spec.hfTokenSecretRef", DEFAULT_SECRET_KEY, "Secret") if hf_token is not None else None
     reserved = set(api.RESERVED_ENV) | ({api.ENV_HF_TOKEN} if token_ref else set())
     pull_secrets = []
     for item in _list(spec, "imagePullSecrets", "spec"):
         name = _mapping(item, "spec.imagePullSecrets[]").get("name")
         if not isinstance(name, str) or not name:
             raise InvalidSpec(f"spec.imagePullSecrets entries need a name, got {item!r}")
-        pull_secrets.append(name)
+        pull_secrets.append(object_name(name, "spec.imagePullSecrets[].name", "Secret"))
     affinity = spec.get("affinity")
     return ModelServerSpec(
         model=model,
@@ -350,7 +364,7 @@ def _exposure(spec: Mapping[str, Any]) -> dict[str, Any]:
     known_fields(policy, frozenset({"enabled", "namespaceSelector"}), "spec.networkPolicy")
     clients = policy.get("namespaceSelector")
     return {
-        "api_key_secret": _key_ref(key, "spec.apiKeySecretRef", DEFAULT_API_KEY_KEY) if key is not None else None,
+        "api_key_secret": _key_ref(key, "spec.apiKeySecretRef", DEFAULT_API_KEY_KEY, "Secret") if key is not None else None,
         "network_policy": _bool(policy, "enabled", "spec.networkPolicy", True),
         "client_namespaces": _mapping(clients, "spec.networkPolicy.namespaceSelector") if clients is not None else None,
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..core import k8s_names as names
 from ..core.errors import InvalidSpec
 
 NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
@@ -23,6 +24,33 @@ SPEC_FIELDS = frozenset({
     "networkPolicy", "routing",
 })
 OFFLOAD_FIELDS = frozenset({"enabled", "size", "evictionPolicy", "layout", "blockSize", "connector", "disk"})
+
+
+def object_name(value: str, where: str, kind: str) -> str:
+    """A name the operator puts into an API path (GET .../namespaces/<ns>/<kind>/<name>) or a pod names for the
+    kubelet: a DNS-1123 subdomain, as the API server requires of every ConfigMap, Secret and claim. Checked here,
+    not only by the CRD's pattern: `../../victim/configmaps/private` would otherwise walk the path out of the
+    ModelServer's namespace, and a 10 KB name makes a URL the API server refuses for ever."""
+    problem = names.name_problem(value, subdomain=True)
+    if problem is not None:
+        shown = f"{value[:80]!r}{'...' if len(value) > 80 else ''}"
+        raise InvalidSpec(f"{where} {shown} is not the name of a {kind}: a name {problem}")
+    return value
+
+
+# Kubernetes expands $(VAR) in a container's args from its env (a literal one is written $$(VAR)); vLLM's argv
+# is parsed by C code (the kernel's execve) that ends each word at a NUL.
+ARGV_FORBIDDEN = {"\x00": "a NUL byte, which ends the word where the kernel passes it to vLLM",
+                  "$(": "'$(', which Kubernetes expands from the container's environment (the token, the API key)"}
+
+
+def argv_text(value: str, where: str) -> str:
+    """A value the pod's command line carries as written: it may hold no NUL and no $(VAR) reference."""
+    for needle, why in ARGV_FORBIDDEN.items():
+        if needle in value:
+            shown = f"{value[:80]!r}{'...' if len(value) > 80 else ''}"
+            raise InvalidSpec(f"{where} {shown} holds {why}")
+    return value
 
 
 def known_fields(obj: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
