@@ -47,14 +47,21 @@ class NodeSummary:
                          self.cpu_millis, self.ephemeral_storage, self.disk_read_gbps)
 
 
+# More GPUs than any one machine holds (NVIDIA's largest single-node systems hold 16): a count above it is a
+# device plugin's misreport, and planning for it would split the node's memory that many ways.
+MAX_NODE_GPUS = 1024
+
+
 def _gpu_count(status: Mapping[str, Any]) -> int:
+    """The node's GPUs; 0 (the node is not planned for) when unreadable or beyond MAX_NODE_GPUS."""
     for part in ("allocatable", "capacity"):
         value = (status.get(part) or {}).get(names.GPU_RESOURCE)
         if value is not None:
             try:
-                return int(parse_bytes(value, names.GPU_RESOURCE))
+                count = int(parse_bytes(value, names.GPU_RESOURCE))
             except InvalidSpec:
                 return 0
+            return count if count <= MAX_NODE_GPUS else 0
     return 0
 
 

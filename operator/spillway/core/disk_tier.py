@@ -290,6 +290,12 @@ def check_claim(request: DiskTierRequest, claim: Mapping[str, Any] | None, names
                           f"mount it, but all {request.replicas} replicas share the claim")
     held = claim_bytes(claim)
     declared = parse_bytes(v.capacity, f"{where}.capacity") if v.capacity else None
+    if held is None and declared is not None:  # the check below cannot be made: said, not skipped
+        shown = ((claim.get("status") or {}).get("capacity") or {}).get("storage") or (
+            ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+        raise DiskTierDoesNotFit(f"{where}.claimName {v.claim_name}: the claim's size {str(shown)[:40]!r} is no "
+                                 f"readable quantity, so the tier's capacity {v.capacity} cannot be checked against "
+                                 "it; fix the claim's storage request")
     if held is not None and declared is not None and declared > held:
         raise DiskTierDoesNotFit(f"{where}.capacity {v.capacity} ({format_bytes(declared)}) is more than "
                                  f"PersistentVolumeClaim {v.claim_name} holds ({format_bytes(held)}): the tier "
