@@ -158,6 +158,7 @@ def test_routed_objects_validate_strictly(mode):
     ({"mode": "round-robin"}, {}, "routing.mode must be one of"),
     ({"mode": "kv-aware", "speed": 1}, {}, "speed"),
     ({"mode": "llm-d"}, {"env": [{"name": "PYTHONHASHSEED", "value": "7"}]}, "PYTHONHASHSEED"),
+    ({"mode": "kv-aware", "router": {"resources": {"limits": {"memory": "256Mi"}}}}, {}, "below the router's least"),
 ])
 def test_bad_routing_input_is_refused(routing_spec, extra, message):
     with pytest.raises(InvalidSpec, match=message):
@@ -216,3 +217,29 @@ def test_the_crd_admits_good_routing_and_refuses_bad(routing_spec, error):
 def test_the_crd_defaults_routing_to_none():
     obj, errors = admit(modelserver())
     assert errors == [] and obj["spec"]["routing"] == {"mode": routing.MODE_NONE}
+
+
+def test_the_routers_memory_is_rendered_from_its_record_budget():
+    """The router records at most --index-bytes, and its memory request and limit are that budget plus its
+    process and the bodies it may hold: an index that outgrew the limit was OOM-killed and came back empty."""
+    from spillway.controller import routing_objects as O
+    from spillway.core import affinity
+    from spillway.core.quantity import parse_bytes
+
+    router = kinds(render(routing.MODE_KV_AWARE))[("Deployment", "llama-router")]
+    container, = router["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    budget = int(command[command.index("--index-bytes") + 1])
+    blocks = int(command[command.index("--index-blocks") + 1])
+    assert routing.ROUTER_MIN_INDEX_BYTES <= budget <= routing.ROUTER_MAX_INDEX_BYTES
+    assert budget == min(routing.ROUTER_MAX_INDEX_BYTES, max(routing.ROUTER_MIN_INDEX_BYTES,
+                                                             3 * blocks * affinity.INDEX_ENTRY_BYTES))
+    resources = container["resources"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+    assert parse_bytes(resources["limits"]["memory"]) >= O.router_memory_bytes(budget)
+    # A memory limit of the user's own: the record gets what it leaves.
+    objects = kinds(render(routing.MODE_KV_AWARE, routing_extra={"router": {"resources": {"limits": {"memory": "600Mi"}}}}))
+    container, = objects[("Deployment", "llama-router")]["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["memory"] == "600Mi"
+    budget = int(container["command"][container["command"].index("--index-bytes") + 1])
+    assert O.router_memory_bytes(budget) <= 600 << 20

@@ -17,16 +17,16 @@ from typing import Any
 
 import yaml
 
+from ..core import affinity, routing
 from ..core import k8s_names as names
-from ..core import routing
 from ..core import vllm_api as api
 from ..core.planner import Plan
+from ..core.quantity import parse_bytes, to_quantity
 from .hardening import PROMETHEUS_NAME
 from .objects import derived_name, labels, owner_reference, selector, with_hash
 from .spec import ModelServerSpec
 
-ROUTER_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
-ROUTER_LIMITS = {"memory": "1Gi"}
+ROUTER_REQUESTS = {"cpu": "500m"}  # memory: router_memory_bytes, request = limit
 EPP_CONFIG_KEY = "config.yaml"
 
 
@@ -115,15 +115,33 @@ def pool_blocks(spec: ModelServerSpec, result: Plan) -> int:
     return (result.pool.tokens // spec.request.block_size) if result.pool is not None else 0
 
 
+def router_index_bytes(spec: ModelServerSpec, index_blocks: int) -> int:
+    """The router's record budget: every replica's planned blocks (the default without a pool) at
+    INDEX_ENTRY_BYTES each, within the router's bounds; within a memory limit the user set, what it leaves."""
+    blocks = index_blocks if index_blocks > 0 else routing.DEFAULT_INDEX_BLOCKS
+    want = max(1, spec.replicas) * blocks * affinity.INDEX_ENTRY_BYTES
+    budget = min(routing.ROUTER_MAX_INDEX_BYTES, max(routing.ROUTER_MIN_INDEX_BYTES, want))
+    limit = spec.routing.router_resources.get("limits", {}).get("memory")
+    if limit is not None:
+        budget = min(budget, parse_bytes(limit) - routing.ROUTER_BASE_BYTES - routing.ROUTER_BODY_BUDGET_BYTES)
+    return budget
+
+
+def router_memory_bytes(index_bytes: int) -> int:
+    """What the router may hold: its process, the request bodies it holds at once, and its record."""
+    return routing.ROUTER_BASE_BYTES + routing.ROUTER_BODY_BUDGET_BYTES + index_bytes
+
+
 def router_command(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks: int) -> list[str]:
-    """`spillway route` over the replicas, remembering per pod what its pool holds (the default without a pool)."""
+    """`spillway route` over the replicas, recording per pod what its pool holds (the default without a pool),
+    all pods' records within the memory budget the pod's limit is rendered from."""
     name = body["metadata"]["name"]
     namespace = body["metadata"].get("namespace") or "default"
     args = ["spillway", "route", "--replicas", f"{replicas_service_name(name)}.{namespace}.svc",
             "--block-size", str(spec.request.block_size)]
     if index_blocks > 0:
         args += ["--index-blocks", str(index_blocks)]
-    return args
+    return [*args, "--index-bytes", str(router_index_bytes(spec, index_blocks))]
 
 
 def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks: int,
@@ -133,6 +151,7 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks:
     name = body["metadata"]["name"]
     rname, rlabels = router_name(name), router_labels(name)
     resources = spec.routing.router_resources
+    memory = to_quantity(router_memory_bytes(router_index_bytes(spec, index_blocks)), "Mi")
 
     # Headless: DNS answers with each ready pod's IP (not-ready pods are left out), which the router needs.
     replicas = {"apiVersion": "v1", "kind": "Service",
@@ -146,8 +165,8 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks:
         "command": router_command(body, spec, index_blocks),
         "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": routing.ROUTER_PORT, "protocol": "TCP"},
                   {"name": names.PORT_NAME_METRICS, "containerPort": routing.ROUTER_METRICS_PORT, "protocol": "TCP"}],
-        "resources": {"requests": {**ROUTER_REQUESTS, **resources.get("requests", {})},
-                      "limits": {**ROUTER_LIMITS, **resources.get("limits", {})}},
+        "resources": {"requests": {**ROUTER_REQUESTS, "memory": memory, **resources.get("requests", {})},
+                      "limits": {"memory": memory, **resources.get("limits", {})}},
         # Readiness only: with no ready vLLM pod /health answers 503, and a liveness probe would restart the
         # pod in a loop for what is the replicas' state.
         "readinessProbe": _router_probe(routing.ROUTER_HEALTH_PATH, 5, 2),

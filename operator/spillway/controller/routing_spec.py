@@ -9,6 +9,7 @@ from typing import Any
 from ..core import routing
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
+from ..core.quantity import format_bytes, parse_bytes
 from .spec_checks import known_fields
 
 ROUTING_FIELDS = frozenset({"mode", "hostTierCredit", "router"})
@@ -81,9 +82,16 @@ def parse_routing(spec: Mapping[str, Any]) -> RoutingSpec:
     image = router.get("image")
     if image is not None and (not isinstance(image, str) or not image.strip()):
         raise InvalidSpec(f"{where}.router.image must name an image, got {image!r}")
+    resources = _resources(router.get("resources"), f"{where}.router.resources")
+    limit = resources.get("limits", {}).get("memory")
+    if limit is not None:
+        least = routing.ROUTER_BASE_BYTES + routing.ROUTER_BODY_BUDGET_BYTES + routing.ROUTER_MIN_INDEX_BYTES
+        if parse_bytes(limit, f"{where}.router.resources.limits.memory") < least:
+            raise InvalidSpec(f"{where}.router.resources.limits.memory {limit} is below the router's least "
+                              f"{format_bytes(least)} (its process, the request bodies it holds, the smallest "
+                              f"record)")
     return RoutingSpec(mode=mode, host_tier_credit=float(credit) if credit is not None else None,
-                       router_replicas=replicas, router_image=image,
-                       router_resources=_resources(router.get("resources"), f"{where}.router.resources"))
+                       router_replicas=replicas, router_image=image, router_resources=resources)
 
 
 def _events_flag(arg: str, following: str | None) -> tuple[bool, str | None]:

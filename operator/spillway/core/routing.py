@@ -62,9 +62,10 @@ ROUTER_CONNECT_TIMEOUT_S = 3.0  # a pod on the cluster network answers a SYN in 
 ROUTER_FIRST_BYTE_TIMEOUT_S = 300.0  # a long prompt queued behind others: minutes at most
 ROUTER_READ_TIMEOUT_S = 60.0  # between two chunks of an answer (a token is milliseconds)
 ROUTER_ATTEMPTS = 3  # a request whose connection failed before any byte came back goes on to the next pod
-# The router's memory: its process at rest (about 110 MiB RSS measured: bench/routing/overhead.py), the
-# request bodies it may hold, and the record's budget; the rendered request and limit are their sum.
-ROUTER_BASE_BYTES = 192 << 20
+# The router's memory: its process (46 MiB peak RSS after 200 requests, tests/routing/upstreams.py's
+# RouterProcess.peak_rss_bytes, with room for a body's copy while it is joined and parsed), the request
+# bodies it may hold, and the record's budget; the rendered memory request and limit are their sum.
+ROUTER_BASE_BYTES = 128 << 20
 ROUTER_MAX_INDEX_BYTES = 1 << 30
 ROUTER_MIN_INDEX_BYTES = 16 << 20
 EPP_PORT = 9002  # llm-d-router's endpoint picker (gRPC ext-proc): endpointPickerRef.port.number
