@@ -131,7 +131,8 @@ class SpillwayOffloadingConnector(OffloadingConnector):
             else:
                 _without_probes("manager", vllm_config)
             manager = pool.inner if isinstance(pool, PoolProbe) else pool
-            self._disk_tiers = guard_disk_tiers(manager, vllm_config.kv_transfer_config.kv_connector_extra_config)
+            self._disk_tiers = guard_disk_tiers(manager, vllm_config.kv_transfer_config.kv_connector_extra_config,
+                                                vllm_config)
 
     # -- worker side --------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Any) -> None:

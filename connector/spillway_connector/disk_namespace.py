@@ -28,6 +28,7 @@ from typing import Any
 import blake3
 
 from spillway_connector.chunk_integrity import MAGIC
+from spillway_connector.transfer_config import EXTRA_MODEL_IDENTITY
 
 SLOT_PREFIX = "replica-"
 LOCK_NAME = ".owner.lock"
@@ -41,7 +42,6 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 FULL_HASH_BYTES = 1 << 30  # weights up to this size are hashed whole (BLAKE3: well under a second)
 SAMPLES_PER_FILE, SAMPLE_BYTES = 256, 64 << 10  # larger ones: the header, the end and 256 windows per file
 logger = logging.getLogger(__name__)
-EXTRA_MODEL_IDENTITY = "spillway_model_identity"  # kv_connector_extra_config: what the operator knows (revision)
 
 
 class TierRootError(ValueError):

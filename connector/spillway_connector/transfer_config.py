@@ -29,6 +29,8 @@ EXTRA_RECOMPUTE_BELOW_TOKENS = "spillway_recompute_below_tokens"
 EXTRA_DISK_TIER_BYTES = "spillway_disk_tier_bytes"
 # ... and the disk read rate (GB/s) below which a disk hit costs more than recompute, exported for the alerts.
 EXTRA_DISK_TIER_BREAK_EVEN_GBPS = "spillway_disk_tier_break_even_gbps"
+# ... and what the operator knows of the model's identity (its revision): part of the tier's namespace digest.
+EXTRA_MODEL_IDENTITY = "spillway_model_identity"
 EXTRA_SECONDARY_TIERS = "secondary_tiers"  # vllm/v1/kv_offload/tiering/spec.py (0.32+)
 TIERING_OFFLOADING_SPEC = "TieringOffloadingSpec"  # registered in vllm/v1/kv_offload/factory.py (0.32+)
 EXTRA_SPEC_NAME = "spec_name"  # out-of-tree OffloadingSpec class ...

@@ -310,5 +310,9 @@ def test_disk_tier_serves_only_right_kv_stays_bounded_and_survives_its_faults(tm
             wait_for(lambda: not any(p.exists() for p in old_namespace), "the old namespace reclaimed")
             for seed in (300, 301):
                 complete(revised, revised.token_ids(PROMPT_TOKENS, seed), 1)
+            # once the pushed prompts are on disk, their pool chunks are no longer pinned by the writes and a
+            # promotion finds room (else the reload is partly recomputed: vLLM's promotion_allocation_failures)
+            wait_for(lambda: len(chunk_files(root)) == 3 * PROMPT_CHUNKS, "the new revision's chunks on disk")
+            settle(revised)
             assert complete(revised, hot, OUT) == answer, "the new revision's reload is its own recompute"
             assert disk_hits(settle(revised)) >= PROMPT_CHUNKS - 1
