@@ -69,7 +69,7 @@ def decode_epp_config(text: str) -> dict:
         producer = (plugin.get("parameters") or {}).get("prefixMatchInfoProducerName")
         if producer is not None:
             refs.append(producer)
-            assert types.get(producer) == "precise-prefix-cache-producer", producer
+            assert types.get(producer) in routing.LLM_D_PRODUCER_PLUGINS.values(), producer
     missing = sorted(set(refs) - set(declared))
     assert not missing, f"references to undeclared plugins: {missing}"
     return config
@@ -219,3 +219,57 @@ def test_an_undeclared_reference_fails():
     config["schedulingProfiles"][0]["plugins"].append({"pluginRef": "load-aware-scorer", "weight": 1.0})
     with pytest.raises(AssertionError, match="load-aware-scorer"):
         decode_epp_config(yaml.safe_dump(config))
+
+
+# -- the plan's capacity and block size, for a dense model and for hybrids ---------------------------------------------
+
+HYBRID = "nvidia/Nemotron-H-8B-Base-8K"  # Mamba layers: vLLM enlarges the block past --block-size
+
+
+def _producer(result) -> dict:
+    config = decode_epp_config(objects(result)[("ConfigMap", "llama-epp")]["data"]["config.yaml"])
+    scorer = next(p for p in config["plugins"] if p["type"] == "prefix-cache-scorer")["parameters"]
+    return next(p for p in config["plugins"] if p["type"] == scorer["prefixMatchInfoProducerName"])["parameters"]
+
+
+@pytest.mark.parametrize("model", [None, HYBRID, "Qwen/Qwen3-Next-80B-A3B-Instruct"])
+def test_the_precise_producer_carries_the_plans_block_and_capacity(model):
+    result = render(replicas=3, **({"model": model} if model else {}))
+    block = result.plan.layout.kv_block_size
+    if model:
+        assert block > result.spec.request.block_size  # a hybrid: 64 asked, vLLM's block larger
+    else:
+        assert block == result.spec.request.block_size
+    producer = _producer(result)
+    assert producer["tokenProcessorConfig"]["blockSizeTokens"] == block
+    assert producer["indexerConfig"]["kvBlockIndexConfig"]["inMemoryConfig"]["size"] == \
+        3 * (result.plan.pool.tokens // block)
+    assert producer["speculativeIndexing"] is True
+
+
+@pytest.mark.parametrize("model", [None, HYBRID])
+def test_the_approximate_producer_carries_the_plans_block_and_capacity_and_needs_no_events(model):
+    body = modelserver(replicas=3, routing={"mode": routing.MODE_LLM_D, "producer": "approximate"},
+                       **({"model": model} if model else {}))
+    body["metadata"]["uid"] = "0b8f5f5e-0000-4000-8000-000000000000"
+    result = desired(body, [summarize_node(gpu_node("g"))])
+    block = result.plan.layout.kv_block_size
+    assert _producer(result) == {"blockSizeTokens": block, "autoTune": False,
+                                 "lruCapacityPerServer": result.plan.pool.tokens // block}
+    rendered = objects(result)
+    container = rendered[("Deployment", "llama")]["spec"]["template"]["spec"]["containers"][0]
+    assert api.FLAG_KV_EVENTS_CONFIG not in container["args"]  # nothing reads events: none published
+    ports = [p for rule in rendered[("NetworkPolicy", "llama")]["spec"]["ingress"] for p in rule.get("ports", [])]
+    assert routing.KV_EVENTS_PORT not in [p["port"] for p in ports]
+    config = decode_epp_config(rendered[("ConfigMap", "llama-epp")]["data"]["config.yaml"])
+    assert "endpoint-notification-source" not in [p["type"] for p in config["plugins"]]
+
+
+def test_the_producer_is_llm_ds_only():
+    from spillway.core.errors import InvalidSpec
+    with pytest.raises(InvalidSpec, match="producer chooses llm-d"):
+        desired(modelserver(replicas=2, routing={"mode": "kv-aware", "producer": "approximate"}),
+                [summarize_node(gpu_node("g"))])
+    with pytest.raises(InvalidSpec, match="producer must be one of"):
+        desired(modelserver(replicas=2, routing={"mode": "llm-d", "producer": "exact"}),
+                [summarize_node(gpu_node("g"))])

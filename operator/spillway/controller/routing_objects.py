@@ -249,29 +249,51 @@ def _pod_identity() -> str:
     return f"$({routing.ENV_POD_IP}):{api.SERVER_PORT}"
 
 
+def llm_d_block_tokens(spec: ModelServerSpec, result: Plan) -> int:
+    """The tokens per block llm-d must hash by: vLLM's own KV block, which for a hybrid (Mamba or linear
+    attention layers) is enlarged past --block-size (576 tokens for Qwen3-Next, 1088 for Nemotron-H at 64):
+    a block of another size names no block the pods store."""
+    return result.layout.kv_block_size if result.layout is not None else spec.request.block_size
+
+
+def llm_d_pod_blocks(spec: ModelServerSpec, result: Plan) -> int:
+    """One pod's planned CPU capacity in llm-d's blocks (of llm_d_block_tokens): the pool receives every block
+    the pod computes, so what it holds bounds what the pod can serve from cache."""
+    return (result.pool.tokens // llm_d_block_tokens(spec, result)) if result.pool is not None else 0
+
+
 def epp_config(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
-    """llm-d-router v0.10.0's EndpointPickerConfig: the prompt tokenized by the pods' own vLLM (/render), the
-    precise prefix index fed by every pod's KV events (GPU and CPU tiers weighted), scored with the queue and
-    KV-utilisation scorers, the highest score picked. The index holds the planned pools' blocks."""
+    """llm-d-router v0.10.0's EndpointPickerConfig: the prompt tokenized by the pods' own vLLM (/render), a
+    prefix producer, scored with the queue and KV-utilisation scorers, the highest score picked.
+
+    precise: the index fed by every pod's KV events (GPU and CPU tiers weighted) and, with speculative indexing,
+    by llm-d's own picks until the events confirm them (a prompt that arrives while its prefix's first prompt
+    is still computing follows it); it holds the planned pools' blocks.
+    approximate: no events; llm-d records where it sent each prompt's blocks, an LRU per pod of the planned
+    pool's blocks (autoTune off: autoTune would size it from the GPU's blocks alone)."""
     name = body["metadata"]["name"]
     namespace = (body.get("metadata") or {}).get("namespace") or "default"
-    block = spec.request.block_size
-    blocks = pool_blocks(spec, result)
-    keys, entries = routing.llm_d_index_capacity(spec.replicas, blocks)
-    credit = host_tier_credit(spec, result)
-    index: dict[str, Any] = {"enableMetrics": True}
-    if keys > 0 and blocks:
-        index["inMemoryConfig"] = {"size": keys, "podCacheSize": entries}
-    selector_text = ",".join(f"{k}={v}" for k, v in sorted(selector(name).items()))
+    block = llm_d_block_tokens(spec, result)
+    blocks = llm_d_pod_blocks(spec, result)
+    producer_type = routing.LLM_D_PRODUCER_PLUGINS[spec.routing.producer]
+    precise = spec.routing.producer == routing.PRODUCER_PRECISE
     plugins: list[dict[str, Any]] = [
         {"type": "token-producer", "parameters": {
             "modelName": served_model(spec),
             "vllm": {"url": f"http://{name}.{namespace}.svc:{api.SERVER_PORT}"}}},
-        {"type": "endpoint-notification-source"},
+        *([{"type": "endpoint-notification-source"}] if precise else []),
         {"type": "metrics-data-source"},
         {"type": "core-metrics-extractor"},
         {"type": "single-profile-handler"},
-        {"type": "precise-prefix-cache-producer", "parameters": {
+    ]
+    if precise:
+        keys, entries = routing.llm_d_index_capacity(spec.replicas, blocks)
+        credit = host_tier_credit(spec, result)
+        index: dict[str, Any] = {"enableMetrics": True}
+        if keys > 0 and blocks:
+            index["inMemoryConfig"] = {"size": keys, "podCacheSize": entries}
+        selector_text = ",".join(f"{k}={v}" for k, v in sorted(selector(name).items()))
+        plugins.append({"type": producer_type, "parameters": {
             "tokenProcessorConfig": {"blockSizeTokens": block, "hashSeed": api.PYTHONHASHSEED_VALUE},
             "indexerConfig": {
                 "kvBlockIndexConfig": index,
@@ -282,8 +304,15 @@ def epp_config(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
                 "topicFilter": routing.LLM_D_TOPIC_FILTER, "engineType": "vllm", "discoverPods": True,
                 "podDiscoveryConfig": {"podLabelSelector": selector_text, "podNamespace": namespace,
                                        "socketPort": routing.KV_EVENTS_PORT}},
-        }},
-        {"type": "prefix-cache-scorer", "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"}},
+            "speculativeIndexing": True,
+        }})
+    else:
+        parameters: dict[str, Any] = {"blockSizeTokens": block, "autoTune": False}
+        if blocks:
+            parameters["lruCapacityPerServer"] = blocks
+        plugins.append({"type": producer_type, "parameters": parameters})
+    plugins += [
+        {"type": "prefix-cache-scorer", "parameters": {"prefixMatchInfoProducerName": producer_type}},
         {"type": "kv-cache-utilization-scorer"},
         {"type": "queue-scorer"},
         {"type": "max-score-picker"},
@@ -292,11 +321,11 @@ def epp_config(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
                {"pluginRef": "kv-cache-utilization-scorer", "weight": 1.0},
                {"pluginRef": "queue-scorer", "weight": 1.0},
                {"pluginRef": "max-score-picker"}]
-    data_layer = {"sources": [
-        {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]},
-        {"pluginRef": "endpoint-notification-source", "extractors": [{"pluginRef": "precise-prefix-cache-producer"}]}]}
+    sources = [{"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]}]
+    if precise:
+        sources.append({"pluginRef": "endpoint-notification-source", "extractors": [{"pluginRef": producer_type}]})
     return {"apiVersion": routing.EPP_CONFIG_API_VERSION, "kind": "EndpointPickerConfig", "plugins": plugins,
-            "dataLayer": data_layer, "schedulingProfiles": [{"name": "default", "plugins": profile}]}
+            "dataLayer": {"sources": sources}, "schedulingProfiles": [{"name": "default", "plugins": profile}]}
 
 
 def publish_llm_d_topic(deployment: dict[str, Any], spec: ModelServerSpec) -> dict[str, Any]:
@@ -341,7 +370,10 @@ def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, objects
         elif obj["kind"] == "Service" and mode == routing.MODE_KV_AWARE:
             obj = with_hash(route_service(obj, name))
         elif obj["kind"] == "NetworkPolicy":
-            obj = with_hash(only_the_router(obj, name) if mode == routing.MODE_KV_AWARE else admit_router_to_events(obj))
+            if mode == routing.MODE_KV_AWARE:
+                obj = with_hash(only_the_router(obj, name))
+            elif spec.routing.publishes_events:
+                obj = with_hash(admit_router_to_events(obj))
         out.append(obj)
     if mode == routing.MODE_KV_AWARE:
         out += [with_hash(o) for o in router_objects(body, spec, pool_blocks(spec, result), owner, router_image)]

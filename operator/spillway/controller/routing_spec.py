@@ -12,7 +12,7 @@ from ..core.errors import InvalidSpec
 from ..core.quantity import format_bytes, parse_bytes
 from .spec_checks import known_fields
 
-ROUTING_FIELDS = frozenset({"mode", "hostTierCredit", "router"})
+ROUTING_FIELDS = frozenset({"mode", "hostTierCredit", "router", "producer"})
 ROUTER_FIELDS = frozenset({"replicas", "image", "resources"})
 MAX_ROUTER_REPLICAS = 16
 
@@ -24,6 +24,7 @@ class RoutingSpec:
     router_replicas: int = 1
     router_image: str | None = None  # None: the operator's default router image
     router_resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    producer: str = routing.PRODUCER_PRECISE  # llm-d: how its index learns where prefixes are
 
     @property
     def enabled(self) -> bool:
@@ -31,7 +32,7 @@ class RoutingSpec:
 
     @property
     def publishes_events(self) -> bool:
-        return self.mode in routing.EVENT_MODES
+        return self.mode in routing.EVENT_MODES and self.producer == routing.PRODUCER_PRECISE
 
 
 def _resources(value: Any, where: str) -> dict[str, dict[str, str]]:
@@ -68,6 +69,11 @@ def parse_routing(spec: Mapping[str, Any]) -> RoutingSpec:
             raise InvalidSpec(f"{where}.hostTierCredit must be a number in [0, 1], got {credit!r}")
         if mode != routing.MODE_LLM_D:
             raise InvalidSpec(f"{where}.hostTierCredit weighs llm-d's CPU tier; mode is {mode}")
+    producer = value.get("producer", routing.PRODUCER_PRECISE)
+    if producer not in routing.PRODUCERS:
+        raise InvalidSpec(f"{where}.producer must be one of {', '.join(routing.PRODUCERS)}; got {producer!r}")
+    if "producer" in value and mode != routing.MODE_LLM_D:
+        raise InvalidSpec(f"{where}.producer chooses llm-d's prefix index; mode is {mode}")
     router = value.get("router")
     if router is not None and mode != routing.MODE_KV_AWARE:
         raise InvalidSpec(f"{where}.router configures the kv-aware router; mode is {mode}")
@@ -91,7 +97,8 @@ def parse_routing(spec: Mapping[str, Any]) -> RoutingSpec:
                               f"{format_bytes(least)} (its process, the request bodies it holds, the smallest "
                               f"record)")
     return RoutingSpec(mode=mode, host_tier_credit=float(credit) if credit is not None else None,
-                       router_replicas=replicas, router_image=image, router_resources=resources)
+                       router_replicas=replicas, router_image=image, router_resources=resources,
+                       producer=producer)
 
 
 def _events_flag(arg: str, following: str | None) -> tuple[bool, str | None]:

@@ -68,6 +68,13 @@ ROUTER_ATTEMPTS = 3  # a request whose connection failed before any byte came ba
 ROUTER_BASE_BYTES = 128 << 20
 ROUTER_MAX_INDEX_BYTES = 1 << 30
 ROUTER_MIN_INDEX_BYTES = 16 << 20
+# llm-d's prefix producers (llm-d-router v0.10.0 plugin types): precise indexes the pods' KV events (both
+# tiers, every pod publishing); approximate records where llm-d sent each prompt (no events, no port).
+PRODUCER_PRECISE = "precise"
+PRODUCER_APPROXIMATE = "approximate"
+PRODUCERS = (PRODUCER_PRECISE, PRODUCER_APPROXIMATE)
+LLM_D_PRODUCER_PLUGINS = {PRODUCER_PRECISE: "precise-prefix-cache-producer",
+                          PRODUCER_APPROXIMATE: "approx-prefix-cache-producer"}
 EPP_PORT = 9002  # llm-d-router's endpoint picker (gRPC ext-proc): endpointPickerRef.port.number
 # llm-d-router v0.10.0 apix/config/v1alpha1 (GroupName llm-d.ai); the older inference.networking.x-k8s.io is deprecated
 EPP_CONFIG_API_VERSION = "llm-d.ai/v1alpha1"
