@@ -48,9 +48,11 @@ class _WindowedRequest:
         return getattr(self._request, name)
 
 
-def install_detokenizer_window() -> bool:
-    """Replace FastIncrementalDetokenizer.__init__ where it reads as verified; whether the window is on."""
-    from vllm.v1.engine import detokenizer
+def install_detokenizer_window(detokenizer: Any = None) -> bool:
+    """Replace FastIncrementalDetokenizer.__init__ where it reads as verified; whether the window is on.
+    `detokenizer`: the module (default vLLM's vllm.v1.engine.detokenizer)."""
+    if detokenizer is None:
+        from vllm.v1.engine import detokenizer
 
     from spillway_connector.detokenizer_window import prompt_window
 
@@ -77,12 +79,14 @@ def install_detokenizer_window() -> bool:
     return True
 
 
-def install_fast_json_body() -> bool:
-    """Replace starlette's Request.json where it reads as verified; whether the orjson read is on."""
-    try:
-        from starlette import requests
-    except ImportError:
-        return False
+def install_fast_json_body(requests: Any = None) -> bool:
+    """Replace starlette's Request.json where it reads as verified; whether the orjson read is on.
+    `requests`: the module (default starlette.requests)."""
+    if requests is None:
+        try:
+            from starlette import requests
+        except ImportError:
+            return False
     from spillway_connector.json_body import MISS, orjson_loads
 
     original = requests.Request.json
@@ -90,14 +94,14 @@ def install_fast_json_body() -> bool:
         return True
     if not verified("the request-body parse (plugin.py)", {"Request.json": original}, REQUEST_JSON_CODE):
         return False
-    json_loads = requests.json.loads
 
     @functools.wraps(original)
     async def json(self: Any) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
             parsed = orjson_loads(body)
-            self._json = json_loads(body) if parsed is MISS else parsed
+            # starlette's own call, looked up as its Request.json looks it up (the module's global `json`)
+            self._json = requests.json.loads(body) if parsed is MISS else parsed
         return self._json
 
     setattr(json, _MARK, True)

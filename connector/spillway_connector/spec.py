@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -64,10 +65,11 @@ def _round_up(a: int, b: int) -> int:
     return _cdiv(a, b) * b
 
 
-def region_functions() -> dict[str, Any]:
-    if SharedOffloadRegion is None:
+def region_functions(region_cls: Any = None) -> dict[str, Any]:
+    region_cls = SharedOffloadRegion if region_cls is None else region_cls
+    if region_cls is None:
         return {}
-    return {name: vars(SharedOffloadRegion).get(name.split(".")[1]) for name in REGION_CODE}
+    return {name: vars(region_cls).get(name.split(".")[1]) for name in REGION_CODE}
 
 
 def prefault_threads() -> int:
@@ -122,19 +124,20 @@ def _populate_write_supported(base: int) -> bool:
     return _madvise()(base, mmap.PAGESIZE, _MADV_POPULATE_WRITE) == 0
 
 
-def shared_region(threads: int | None = None, **kwargs: Any) -> Any:
+def shared_region(threads: int | None = None, region_cls: Any = None, **kwargs: Any) -> Any:
     """vLLM's SharedOffloadRegion(**kwargs), with the pages vLLM would pre-fault (this worker's slots, its shard of
     a replicated region, or the whole region) faulted from several threads. vLLM's constructor is told to fault
     none (populate_shard with no share of its own, which adds one barrier, on every worker alike), the same ranges
     are faulted here, and a replicated region's workers meet once more after, as vLLM's do after their shards.
     Where the region's code does not read as verified, or the kernel lacks MADV_POPULATE_WRITE, vLLM's own
-    constructor does all of it."""
-    if not verified("the parallel pre-fault (spec.py)", region_functions(), REGION_CODE):
-        return SharedOffloadRegion(**kwargs)
+    constructor does all of it. `region_cls`: vLLM's class (tests pass another release's)."""
+    region_cls = SharedOffloadRegion if region_cls is None else region_cls
+    if not verified("the parallel pre-fault (spec.py)", region_functions(region_cls), REGION_CODE):
+        return region_cls(**kwargs)
     threads = prefault_threads() if threads is None else threads
     shard = kwargs.pop("populate_shard", None)
     count = shard[1] if shard is not None else 1
-    region = SharedOffloadRegion(**kwargs, populate_shard=(count, count))
+    region = region_cls(**kwargs, populate_shard=(count, count))
     started = time.perf_counter()
     total = region.total_size_bytes
     if shard is not None:  # vLLM's shard arithmetic (SharedOffloadRegion.__init__)
@@ -147,9 +150,7 @@ def shared_region(threads: int | None = None, **kwargs: Any) -> Any:
         ranges = [(0, total)]
     base = region.base_tensor.data_ptr()
     if ranges and not _populate_write_supported(base):  # vLLM's per-page fallback, one thread
-        from vllm.v1.kv_offload.cpu import shared_offload_region
-
-        populate = shared_offload_region._get_populate_write_fn(region.mmap_obj)
+        populate = sys.modules[region_cls.__module__]._get_populate_write_fn(region.mmap_obj)
         for offset, length in ranges:
             populate(region.mmap_obj, offset, length)
         used = 1

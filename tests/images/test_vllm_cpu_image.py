@@ -158,20 +158,18 @@ def test_served_by_the_entrypoint_as_the_images_user_on_a_read_only_root(server)
     assert serving and all(line.split()[0] in ("65532", "spillway") for line in serving), top
 
 
-def test_the_images_vllm_carries_the_scheduler_patch(server):
-    """The reload below goes through the patched reservation: the image applied it at build time."""
-    source = server.container.exec(
-        "python3", "-c", "import inspect, vllm.v1.core.sched.scheduler as s; "
-        "print(inspect.getsource(s.Scheduler._inflight_prefill_reserved_blocks))")
-    assert source.returncode == 0, source.stderr[-2000:]
-    assert "Spillway patch: inflight_reservation" in source.stdout
-    assert "_spillway_reservation_memo" in source.stdout
-    # The pre-fault patch is for vLLM 0.33's region; the CPU build (0.32) is left as it is, not half-patched.
-    region = server.container.exec(
-        "python3", "-c", "import inspect, vllm.v1.kv_offload.cpu.shared_offload_region as r; "
-        "print(inspect.getsource(r))")
-    assert region.returncode == 0, region.stderr[-2000:]
-    assert "Spillway patch" not in region.stdout
+def test_the_images_vllm_is_stock_and_the_connectors_plugin_is_on(server):
+    """No source of vLLM is rewritten in the image; the wheel's general plugin replaced the two functions it
+    carries, in the API server, over the code it was verified against."""
+    check = server.container.exec("python3", "-c", (
+        "import inspect, vllm.v1.core.sched.scheduler as s, vllm.v1.kv_offload.cpu.shared_offload_region as r; "
+        "from importlib.metadata import entry_points; "
+        "print('spillway' in entry_points(group='vllm.general_plugins').names); "
+        "print(any('Spillway' in inspect.getsource(m) for m in (s, r)))"))
+    assert check.returncode == 0, check.stderr[-2000:]
+    assert check.stdout.split() == ["True", "False"], check.stdout
+    # vLLM 0.32's detokenizer reads as verified; starlette is whatever pip resolved, so its parse may be off.
+    assert "the detokenizer window (plugin.py) is off" not in server.container.logs()
 
 
 def transfers(text: str, direction: str) -> float:

@@ -1,14 +1,14 @@
-"""Test-only probe for images/vllm/patches/fast_json_body.py: what starlette's Request.json and a FastAPI route
-make of each body, printed as one JSON document on stdout.
+"""Test-only probe for the plugin's request-body parse (spillway_connector/plugin.py install_fast_json_body): what
+starlette's Request.json and a FastAPI route make of each body, printed as one JSON document on stdout.
 
-Run as a script (`python -P json_body_probe.py BODIES.json`) with the starlette under test first on PYTHONPATH
-(a copy, patched or not: the venv's own starlette is never touched). BODIES.json maps a case's name to its body
+Run as a script (`python -P json_body_probe.py BODIES.json`); SPILLWAY_PROBE_PLUGIN=1 installs the plugin's
+Request.json first (as vLLM's plugin loading does in the API server), otherwise starlette stays stock. BODIES.json maps a case's name to its body
 as latin-1 text (any bytes). For each body: Request.json()'s value (its repr, hashed, with a short head) or the
 exception it raised (type, message, and for a JSONDecodeError its msg, pos and doc), asked twice (a failed read
 must fail again, as before); how many times starlette's module called json.loads for it; and what a FastAPI
 route that takes a JSON body answers (status, body). SPILLWAY_PROBE_NO_ORJSON=1 makes orjson unimportable.
 
-Self-contained on purpose: the standard library, starlette and FastAPI only.
+Self-contained on purpose: the standard library, starlette, FastAPI and, with the plugin, spillway_connector.
 """
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ if os.environ.get("SPILLWAY_PROBE_NO_ORJSON"):
 import starlette.requests
 from fastapi import Body, FastAPI
 from fastapi.testclient import TestClient
+
+if os.environ.get("SPILLWAY_PROBE_PLUGIN"):
+    from spillway_connector import json_body, plugin
+
+    assert plugin.install_fast_json_body(), "the plugin refused this starlette"
 
 
 def _value(value) -> dict:
@@ -95,8 +100,8 @@ def main(bodies_path: str) -> None:
         result["fastapi"] = {"status": answer.status_code, "body": answer.text[:300]}
         results[name] = result
     print(json.dumps({"starlette": starlette.requests.__file__,
-                      "patched": hasattr(starlette.requests, "_spillway_orjson_loads"),
-                      "orjson": getattr(starlette.requests, "_spillway_orjson", None) is not None,
+                      "patched": getattr(starlette.requests.Request.json, "_spillway_replacement", False),
+                      "orjson": "json_body" in globals() and json_body.orjson is not None,
                       "results": results}))
 
 
