@@ -74,11 +74,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--json", action="store_true", help="print the result JSON (e.g. extracted from a log)")
     report.set_defaults(func=cmd_report)
 
-    from . import preemption, prefix_groups, working_set
+    from . import preemption, prefix_groups, verify, working_set
 
     prefix_groups.add_parser(sub)
     preemption.add_parser(sub)
     working_set.add_parser(sub)
+    verify.add_parser(sub)
 
 
 def _api_key_env() -> str:

@@ -190,6 +190,10 @@ class OpenAIClient:
     async def post(self, body: bytes, stream: bool = False) -> Completion:
         return await self.send(self.wire(body), stream)
 
+    async def exchange(self, body: bytes) -> Reply:
+        """One completion request, its whole reply (status and body) for a caller that reads the answer itself."""
+        return await self._pool.send(self.wire(body), False)
+
     async def send(self, request: bytes, stream: bool = False) -> Completion:
         """Send one wire-encoded completion request; errors come back in the Completion, never raised."""
         start = time.perf_counter()

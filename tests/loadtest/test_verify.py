@@ -1,0 +1,58 @@
+"""`spillway loadtest verify`'s comparison of a reloaded answer with its recompute, as vLLM's completions answer
+them (return_token_ids, logprobs keyed by id), and its bad input as one line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from spillway.loadtest.verify import compare, parse_answer
+
+
+def reply(ids: list[int], chosen: list[float], top: list[dict[int, float]]) -> bytes:
+    """A /v1/completions body the way vLLM writes it with return_token_ids and return_tokens_as_token_ids."""
+    return json.dumps({"choices": [{"text": "", "token_ids": ids, "logprobs": {
+        "tokens": [f"token_id:{i}" for i in ids], "token_logprobs": chosen,
+        "top_logprobs": [{f"token_id:{k}": v for k, v in entry.items()} for entry in top]}}]}).encode()
+
+
+RECOMPUTED = parse_answer(reply([5, 7, 9], [-0.1, -0.70, -0.2], [{5: -0.1, 6: -3.0}, {7: -0.70, 8: -0.705},
+                                                                 {9: -0.2}]))
+
+
+def test_the_same_tokens_are_the_same_answer_and_their_drift_is_measured():
+    seen = compare(parse_answer(reply([5, 7, 9], [-0.1, -0.72, -0.2], [{5: -0.1}, {7: -0.72}, {9: -0.2}])),
+                   RECOMPUTED, 0.01)
+    assert seen.same and not seen.differs and seen.drift_nats == pytest.approx(0.02)
+
+
+def test_a_parting_at_a_near_tie_is_not_a_difference_and_one_beyond_the_tolerance_is():
+    tie = parse_answer(reply([5, 8, 3], [-0.1, -0.7, -1.0], [{5: -0.1}, {8: -0.7}, {3: -1.0}]))
+    seen = compare(tie, RECOMPUTED, 0.01)
+    assert (seen.same, seen.near_tie, seen.differs, seen.first_difference) == (False, True, False, 1)
+    assert seen.gap_nats == pytest.approx(0.005)
+    assert compare(tie, RECOMPUTED, 0.001).differs  # the same parting, a tighter tolerance
+    wrong = parse_answer(reply([6, 7, 9], [-3.0, -0.7, -0.2], [{6: -3.0}, {7: -0.7}, {9: -0.2}]))
+    seen = compare(wrong, RECOMPUTED, 0.01)
+    assert seen.differs and seen.first_difference == 0 and seen.gap_nats == pytest.approx(2.9)
+    assert seen.tokens == {"reloaded": [6, 7, 9], "recomputed": [5, 7, 9]}
+
+
+def test_without_logprobs_the_comparison_is_exact():
+    plain = parse_answer(json.dumps({"choices": [{"text": "", "token_ids": [5, 8, 9]}]}).encode())
+    assert plain.chosen is None and compare(plain, RECOMPUTED, 10.0).differs
+    assert compare(parse_answer(json.dumps({"choices": [{"text": "a b"}]}).encode()),
+                   parse_answer(json.dumps({"choices": [{"text": "a b"}]}).encode()), 0.0).same
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--prompts", "0"], "prompts must be a whole number >= 1"),
+    (["--tolerance-nats", "nan"], "tolerance must be a number of nats >= 0"),
+    (["--flush-tokens", "-1"], "flush tokens must be a whole number >= 0"),
+    ([], "cannot reach http://127.0.0.1:9/v1/models"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, words):
+    done = subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", "verify", "--endpoint",
+                           "http://127.0.0.1:9", *args], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
