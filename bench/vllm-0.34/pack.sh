@@ -40,6 +40,9 @@ mkdir -p $W && cd $W
 [ -f $WHEEL ] || { [ -f /tmp/v34w/$WHEEL ] && cp /tmp/v34w/$WHEEL . ; } || true
 [ -f $WHEEL ] || python3 -m pip download --no-deps vllm==0.34.0 -d .
 unzip -p $WHEEL vllm-0.34.0.dist-info/METADATA > "$OUTDIR/METADATA-0.34.0"   # stage.sh reports each bound there
+# blake3 (0.34's METADATA asks it; the connector's chunk integrity imports it) travels as a wheel beside the pieces,
+# stage.sh installs OUTDIR/*.whl into the staged tree: it was found missing after b34.tar.xz was first packed
+python3 -m pip download -q --no-deps $PIP_PLATFORM -d "$OUTDIR" blake3==1.0.11
 rm -rf whl34-$PYV && mkdir whl34-$PYV
 python3 -m pip download -q --no-deps $PIP_PLATFORM -d whl34-$PYV $PKGS
 # the main extension: its symbol tables stripped (its dynamic symbols and CUDA code stay), split for two transfers

@@ -3,7 +3,7 @@
 # $OUT (stage34.json: each check; run34.json: the engines; logs34.tgz: every log). A call carries at most 64 MiB, so
 # the pieces come over two back-to-back calls (/tmp there survives ~30 s between them):
 #   call 1, carrying .gpu/chunks34/a34.part0:                     bash bench/vllm-0.34/stage.sh    (keeps it in /tmp)
-#   call 2, carrying .gpu/chunks34/{a34.part1,b34.tar.xz,METADATA-0.34.0,torch-symbols.txt}:
+#   call 2, carrying .gpu/chunks34/{a34.part1,b34.tar.xz,METADATA-0.34.0,torch-symbols.txt,blake3-*.whl}:
 #           ENGINES=stock-native-a,no-offload-a bash bench/vllm-0.34/stage.sh
 # Checks, stopping at the first failure:
 #   abi      every torch symbol that the kept extensions import (torch-symbols.txt, from `nm -D --undefined-only` at
@@ -12,7 +12,7 @@
 #   require  each Requires-Dist of 0.34.0's METADATA (no extras, markers evaluated) against what is importable now:
 #            reported, not enforced (torch==2.14.0 and huggingface_hub>=2 are expected to be unmet; pack.sh says why)
 # Env: LIMIT (s this call may take, default 585), ENGINES (run34.py --only; none: checks only), SPEC (engine set,
-# default bench/vllm-0.34/engines.json), CALIB_REF_S (run34.py --calib-ref-s).
+# default bench/vllm-0.34/engines.json), CALIB_REF_S (run34.py --calib-ref-s), SMOKE=1 (run34.py --smoke).
 set -uo pipefail
 T0=$(date +%s); LIMIT=${LIMIT:-585}; OUT=${OUT:-/tmp/out34}; mkdir -p "$OUT"
 C=.gpu/chunks34; IN=/tmp/v34in; SITE=/tmp/site34; WORK=/tmp/work34; mkdir -p $IN $WORK
@@ -25,6 +25,19 @@ if [ ! -f $SITE/.complete ]; then
     echo "unpack failed"; exit 1; fi
   touch $SITE/.complete; rm -f $IN/a34.part* $IN/b34.tar.xz
   echo "staged in $(( $(date +%s) - T0 )) s: $(du -sh $SITE | cut -f1)"
+fi
+# Wheels carried beside the pieces (pack.sh's OUTDIR/*.whl) go into the tree, each call (a warm machine keeps them).
+ls $C/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target $SITE $C/*.whl 2>&1 | grep -v WARNING
+# vLLM 0.34's kernel_warmup (model_executor/warmup/kernel_warmup.py) imports minimax_m3_msa_warmup on every CUDA start,
+# whose imports reach `import cutlass` (nvidia-cutlass-dsl 4.8.0: a 92 MB wheel, 430 MB unpacked, not carried).
+# The function itself returns at once unless the model has MiniMaxM3SparseAttention and the GPU is of capability
+# family 100 (minimax_m3_msa_warmup.py, lines 83-97): on an H200 (9.0) it is a no-op for every model, so the staged
+# tree ships it as one. The only change to vLLM's Python here; recorded in stage34.json.
+MSA=$SITE/vllm/model_executor/warmup/minimax_m3_msa_warmup.py
+if [ -f $MSA ] && ! grep -q "spillway-bench stub" $MSA; then
+  printf '%s\n' '# spillway-bench stub: on capability 9.x the original returns before any work (see bench/vllm-0.34/stage.sh)' \
+    'def minimax_m3_msa_warmup(worker) -> None:' '    return None' > $MSA
 fi
 export PYTHONPATH=$SITE:$PWD/operator:$PWD/connector VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
@@ -89,6 +102,7 @@ def require():
             unmet.append(f"{r.name}{r.specifier} (have {have})")
     return {"met": met, "unmet": unmet}
 
+out["stubbed"] = ["vllm/model_executor/warmup/minimax_m3_msa_warmup.py (a no-op on capability 9.x)"]
 ok = check("abi", abi) and check("import", imports)
 check("require", require)
 sys.exit(0 if ok else 1)
@@ -98,7 +112,7 @@ if [ $rc = 0 ] && [ -n "${ENGINES:-}" ] && [ "${ENGINES}" != none ]; then
   LEFT=$(( LIMIT - 30 - ($(date +%s) - T0) ))
   echo "run34 deadline: $LEFT s"
   python3 bench/vllm-0.34/run34.py --spec ${SPEC:-bench/vllm-0.34/engines.json} --out $WORK --json $OUT/run34.json \
-    --deadline-s $LEFT --only $ENGINES ${CALIB_REF_S:+--calib-ref-s $CALIB_REF_S} 2>&1 | tee $WORK/run34.log \
+    --deadline-s $LEFT --only $ENGINES ${CALIB_REF_S:+--calib-ref-s $CALIB_REF_S} ${SMOKE:+--smoke} 2>&1 | tee $WORK/run34.log \
     | grep -v "^(\|^INFO\|^WARNING\|^\[.*\]     "
   rc=${PIPESTATUS[0]}
 fi
