@@ -3,11 +3,11 @@ And the pool is as large as the measured footprint allows: >= 90% of what the sh
 from __future__ import annotations
 
 import pytest
-from spillway.adapters.model_config import resolve_geometry
+from spillway.adapters.model_config import catalog_config, resolve_geometry
 from spillway.core.errors import ModelGeometryUnknown, PoolDoesNotFit
 from spillway.core.footprint import next_power_of_two
 from spillway.core.geometry import DEFAULT_BLOCK_SIZE
-from spillway.core.groups import CHUNKED, FULL, MAMBA, MLA, SLIDING
+from spillway.core.groups import CHUNKED, FULL, MAMBA, MLA, SLIDING, kv_groups
 from spillway.core.planner import NodeFacts, OffloadRequest, ServingRequest, plan
 
 GiB, MiB = 2**30, 2**20
@@ -104,8 +104,14 @@ def test_mamba_hybrid_blocks_follow_the_release():
     assert _plan(nemotron, 1, "0.26.0", block_size=16).groups.block_size == 1280
     assert _plan(nemotron, 1, "0.33.0", block_size=16).groups.block_size == 1040
     assert old.groups.groups[0].page_bytes == 5 * MiB
-    assert _plan("Qwen/Qwen3-Next-80B-A3B-Instruct", 2, block_size=16).groups.block_size == 544
+    # Qwen3-Next's gated delta-net prefills through FlashInfer on CUDA, whose checkpoints fall every 64 tokens: the
+    # hybrid block is a multiple of 64 whatever block is asked (576, where a 16-token alignment gives 544)
+    assert _plan("Qwen/Qwen3-Next-80B-A3B-Instruct", 2, block_size=16).groups.block_size == 576
+    assert _plan("Qwen/Qwen3-Next-80B-A3B-Instruct", 2, block_size=32).groups.block_size == 576
     assert _plan("Qwen/Qwen3-Next-80B-A3B-Instruct", 2).groups.block_size == 576
+    qwen3_next = catalog_config("Qwen/Qwen3-Next-80B-A3B-Instruct")
+    assert kv_groups(qwen3_next, (0, 33), 2, 16, kernel_block=32).block_size == 544  # no FlashInfer: the CPU's 32
+    assert kv_groups(qwen3_next, (0, 32), 2, 16).block_size == 544  # 0.32 had no checkpoint alignment
     # vLLM aligns a Mamba hybrid's offloaded blocks only with prefix caching on
     assert "--enable-prefix-caching" in modern.args
     assert "--enable-prefix-caching" not in _plan("meta-llama/Llama-3.1-8B-Instruct", 1).args

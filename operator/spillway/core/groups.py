@@ -52,6 +52,10 @@ HOST_PAGE_BYTES = 4096  # 0.32/0.33 CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT = mma
 # vllm/model_executor/models/config.py and platforms/interface.py: the smallest kernel block of the
 # GPU attention backends (FlashAttention/FlashInfer/Triton accept multiples of 16 tokens).
 GPU_KERNEL_BLOCK = 16
+GDN_CHECKPOINT_ALIGNMENT = 64  # vllm/v1/attention/backends/gdn_attn.py FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
+# Model types whose recurrent layers are vLLM's GatedDeltaNet (qwen_gdn_linear_attn.py): qwen3_next.py, qwen3_5.py,
+# olmo_hybrid.py
+GDN_CHECKPOINTED = ("qwen3_next", "qwen3_5", "olmo_hybrid")
 MLA_HYBRID_BLOCK = 128
 
 
@@ -291,8 +295,16 @@ def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size:
                kernel_block: int) -> KVGroups:
     # 0.32, 0.33 (vllm/platforms/interface.py _align_hybrid_block_size): an MLA hybrid's block is a multiple of 128
     mla_align = MLA_HYBRID_BLOCK if facts.mla and release >= (0, 32) else None
+    state_chunk = _state_chunk(facts, release)
+    if kernel_block == GPU_KERNEL_BLOCK and release >= (0, 33) and facts.model_type.startswith(GDN_CHECKPOINTED):
+        # CUDA (Hopper): the gated delta-net layers prefill through FlashInfer, whose checkpoints in align mode fall
+        # every 64 tokens, and _align_hybrid_block_size takes the lcm of the kernel alignment with them
+        # (qwen_gdn_linear_attn.py _checkpoint_alignment, gdn_attn.py FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64;
+        # 0.33 and 0.34): Qwen3-Next at --block-size 16 gets 576-token blocks, not 544. The CPU engine has no
+        # FlashInfer and keeps its kernel's alignment.
+        state_chunk = math.lcm(state_chunk or 1, GDN_CHECKPOINT_ALIGNMENT)
     groups = _group_runs(_layer_runs(facts, tp, kv_cache_dtype), block_size, kernel_block,
-                         _state_chunk(facts, release), facts.name, packed=release >= (0, 33), min_align=mla_align)
+                         state_chunk, facts.name, packed=release >= (0, 33), min_align=mla_align)
     refusal = release_refusal(release, groups)
     if refusal:
         raise ModelGeometryUnknown(f"{facts.name}: {refusal}")
