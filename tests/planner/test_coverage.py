@@ -1,4 +1,4 @@
-"""Every architecture of vLLM 0.33's registry against vLLM's own answer (tests/planner/coverage/truth.json, made by
+"""Every architecture vLLM 0.33 and 0.34 serve by name against vLLM's own answer (tests/planner/coverage/truth.json, made by
 `make coverage-truth`): no engine runs here, the truth is data. The recorder that built it is checked against a
 real engine in test_groups_vllm.py."""
 from __future__ import annotations
@@ -13,11 +13,13 @@ from spillway.core.model_facts import UNMODELLED
 from spillway.core.vllm_coverage import REFUSED, SIZED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "coverage"))
-from compare import load_truth, statuses
+from compare import RELEASES, fallback_statuses, load_truth, statuses
 from render import DOC, MODULE, doc_text, module_text
 
 ROWS = {s.arch: s for s in statuses()}
+FALLBACK = {s.arch: s for s in fallback_statuses()}  # the causal LMs vLLM serves through the backend's fallback
 RECORDED = sorted(a for a, s in ROWS.items() if s.vllm_offloads)
+LATER = {version: {s.arch: s for s in statuses(version)} for version in RELEASES if version != "0.33"}
 # The families vLLM 0.33 offloads that an allow-list once refused or mis-sized.
 FAMILIES = ["Cohere2ForCausalLM", "MiniMaxM2ForCausalLM", "Mistral3ForConditionalGeneration",
             "Qwen2_5_VLForConditionalGeneration", "DeepseekV32ForCausalLM", "FalconH1ForCausalLM", "JambaForCausalLM"]
@@ -33,6 +35,24 @@ def test_the_planner_sizes_what_vllm_offloads_exactly(arch):
     assert row.ours == row.theirs
 
 
+@pytest.mark.parametrize("version", sorted(LATER))
+def test_no_architecture_is_mis_sized_on_a_later_release(version):
+    """0.34's own sizing on the recorded layers: every architecture the planner sizes for 0.33 it sizes the same
+    for 0.34 where 0.34 still serves it, and none differs from 0.34's answer."""
+    rows = LATER[version]
+    assert [a for a, s in rows.items() if s.status == "mis-sized"] == []
+    assert sorted(a for a in RECORDED if a in rows and ROWS[a].status == "sized" and rows[a].status != "sized") == []
+
+
+def test_the_registries_are_counted_per_release():
+    truth = load_truth()
+    assert set(ROWS) | set(FALLBACK) == set(truth["architectures"]) and not set(ROWS) & set(FALLBACK)
+    for version, rows in LATER.items():
+        assert set(rows) == set(truth["registries"][version + ".0"])
+    # the Transformers-backend architectures are rows of their own (vLLM serves them by name)
+    assert {s.registry for s in ROWS.values()} == {"text-generation", "multimodal", "transformers-backend"}
+
+
 def test_the_issue_families_plan_and_agree_with_vllm():
     assert {arch: ROWS[arch].status for arch in FAMILIES} == dict.fromkeys(FAMILIES, "sized")
 
@@ -40,7 +60,7 @@ def test_the_issue_families_plan_and_agree_with_vllm():
 def test_nothing_is_sized_without_vllms_answer():
     truth = load_truth()["architectures"]
     for arch in SIZED:
-        assert ROWS[arch].status == "sized" and "vllm" in truth[arch]
+        assert {**ROWS, **FALLBACK}[arch].status == "sized" and "vllm" in truth[arch]
     for arch, reason in REFUSED.items():
         config = truth[arch].get("config")
         if config is None:
@@ -50,7 +70,14 @@ def test_nothing_is_sized_without_vllms_answer():
         assert reason
 
 
+def test_a_fallback_architecture_the_reading_gets_wrong_is_refused():
+    """Reading the layers' attention types alone mis-sizes some fallback architectures (a differing answer is
+    recorded for them): each of those, and each without an answer, is refused by the geometry."""
+    assert {a for a, s in FALLBACK.items() if s.status == "mis-sized"} <= set(REFUSED)
+    assert {a for a, s in FALLBACK.items() if s.status != "sized"} <= set(REFUSED)
+
+
 def test_the_coverage_table_and_module_are_current():
-    rows = list(ROWS.values())
+    rows = list(ROWS.values()) + list(FALLBACK.values())
     assert MODULE.read_text() == module_text(rows), "python tests/planner/coverage/render.py"
     assert DOC.read_text() == doc_text(rows), "python tests/planner/coverage/render.py"

@@ -106,7 +106,7 @@ def test_block_size_scales_block_bytes():
       "num_attention_heads": 4, "hidden_size": 64, "layer_types": ["full_attention", "linear_attention"],
       "linear_num_key_heads": 0}, "linear_num_key_heads"),
     ({"architectures": ["SomethingNewForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
-      "hidden_size": 64}, "not in vLLM 0.33's text-generation or multimodal registry"),
+      "hidden_size": 64}, "neither in vLLM 0.33's registry"),
     ({"num_hidden_layers": 2}, "architectures"),
     ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 0, "num_attention_heads": 4}, "num_hidden_layers"),
     # impossible geometry: no heads, a negative window, a latent of no width, per-layer lists too short

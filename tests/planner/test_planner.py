@@ -6,7 +6,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from spillway.adapters.model_config import catalog_ids, resolve_geometry
+from spillway.adapters.model_config import catalog_ids, geometry_of, resolve_geometry
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes, PoolDoesNotFit, SpillwayError
 from spillway.core.geometry import DEFAULT_BLOCK_SIZE, ModelGeometry, geometry_from_config
@@ -51,7 +51,7 @@ sliding_geometry = st.builds(
     st.sampled_from([64, 128, 256]),
 )
 mamba_geometry = st.builds(
-    lambda groups, interval, v_heads, dim: geometry_from_config({
+    lambda groups, interval, v_heads, dim: geometry_of({  # transformers derives layer_types from the interval
         "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": groups * interval,
         "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": interval,
         "linear_num_key_heads": 16, "linear_num_value_heads": v_heads, "linear_key_head_dim": dim,

@@ -155,9 +155,30 @@ def filled_config(config: Mapping[str, Any], name: str = "model") -> Mapping[str
     return {**config, **filled}
 
 
+@functools.lru_cache(maxsize=1)
+def _transformers_model_classes() -> frozenset[str]:
+    """The model class names of transformers' auto mappings (names only: no model module, no torch imported)."""
+    if _config_classes() is None:
+        return frozenset()
+    from transformers.models.auto import modeling_auto
+
+    names: set[str] = set()
+    for attribute in dir(modeling_auto):
+        if attribute.startswith("MODEL_") and attribute.endswith("_MAPPING_NAMES"):
+            for classes in getattr(modeling_auto, attribute).values():
+                names.update([classes] if isinstance(classes, str) else classes)
+    return frozenset(names)
+
+
 def geometry_of(config: Mapping[str, Any], name: str = "model") -> ModelGeometry:
-    """The geometry of a config.json as a user or a hub supplies it: filled as vLLM fills it, then read."""
-    return geometry_from_config(filled_config(config, name), name)
+    """The geometry of a config.json as a user or a hub supplies it: filled as vLLM fills it, then read. An
+    architecture outside vLLM's registry that transformers ships is read as vLLM's Transformers backend serves it
+    (vllm/model_executor/models/registry.py falls back to it for a class transformers has)."""
+    filled = filled_config(config, name)
+    architectures = filled.get("architectures") if isinstance(filled, Mapping) else None
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
+    known = isinstance(architecture, str) and architecture in _transformers_model_classes()
+    return geometry_from_config(filled, name, transformers_class=known)
 
 
 def _read_config_map(source: ModelSource, read_config_map: ConfigMapReader | None) -> dict[str, Any]:

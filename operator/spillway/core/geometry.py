@@ -88,16 +88,28 @@ class KVLayout:
         return self.groups.prefix_rows
 
 
-def geometry_from_config(config: Mapping[str, Any], name: str = "model") -> ModelGeometry:
-    """Parse a Hugging Face config.json mapping into ModelGeometry, or raise ModelGeometryUnknown."""
+def geometry_from_config(config: Mapping[str, Any], name: str = "model",
+                         transformers_class: bool = False) -> ModelGeometry:
+    """Parse a Hugging Face config.json mapping (filled as vLLM fills it: adapters.model_config) into ModelGeometry,
+    or raise ModelGeometryUnknown. `transformers_class`: the architecture is a model class transformers ships, which
+    vLLM serves through its Transformers backend when its registry does not name it (sized where its answer is
+    recorded, as every architecture)."""
     facts = read_facts(config, name)
     architecture = facts.architecture
     if architecture in REFUSED:
         raise ModelGeometryUnknown(f"{name}: architecture {architecture!r} is refused: {REFUSED[architecture]}")
+    if architecture not in SIZED and transformers_class:
+        # vLLM's registry falls back to its Transformers backend for a class transformers ships; the reading of its
+        # layers is checked per architecture like any other (tests/planner/coverage: 3 of the 17 recorded would be
+        # mis-sized by reading attention types alone), so one with no recorded answer is not sized
+        raise ModelGeometryUnknown(
+            f"{name}: architecture {architecture!r} would be served by vLLM's Transformers backend, but no vLLM "
+            "answer for it is recorded, so Spillway cannot size its KV pool exactly")
     if architecture not in SIZED:
         raise ModelGeometryUnknown(
-            f"{name}: architecture {architecture!r} is not in vLLM 0.33's text-generation or multimodal registry, "
-            "so no vLLM answer checks its size; Spillway cannot size its KV pool exactly")
+            f"{name}: architecture {architecture!r} is neither in vLLM 0.33's registry (text generation, multimodal, "
+            "Transformers backend) nor a model class of transformers, so vLLM would need the model's remote code; "
+            "Spillway cannot size its KV pool exactly")
     if not facts.attention_layers:
         raise ModelGeometryUnknown(f"{name}: a model of recurrent layers only has no attention KV to offload")
     attention = Attention.MLA if facts.mla else Attention.STANDARD

@@ -1,6 +1,7 @@
 """The planner's answer for each recorded architecture beside vLLM's (truth.json): one status per architecture.
 
-sized: the planner's groups, windows, chunk row, chunk bytes, chunks and tokens held equal vLLM 0.33's.
+sized: the planner's groups, windows, chunk row, chunk bytes, chunks and tokens held equal vLLM's (0.33's, recorded
+from its model code; 0.34's, its own sizing functions on the same layer specs).
 mis-sized: the planner sizes it and any of those differ (the coverage test fails on every one).
 refused: the planner refuses it, saying why; `vllm_offloads` tells whether vLLM would have.
 """
@@ -55,9 +56,10 @@ def planner_config(entry: dict) -> dict:
     return config
 
 
-def planner_answer(entry: dict, arch: str, pool_bytes: int, max_model_len: int) -> dict:
+def planner_answer(entry: dict, arch: str, pool_bytes: int, max_model_len: int,
+                   release: tuple[int, int] = RELEASE) -> dict:
     block = entry.get("requested_block_size") or entry.get("vllm_block_size") or 128
-    groups = kv_groups(planner_config(entry), RELEASE, 1, block, name=arch, kernel_block=CPU_KERNEL_BLOCK)
+    groups = kv_groups(planner_config(entry), release, 1, block, name=arch, kernel_block=CPU_KERNEL_BLOCK)
     chunk = groups.chunk_bytes()
     chunks = pool_bytes // chunk
     # a UniformTypeKVCacheSpecs group records no window of its own (vLLM keeps it on its layers' specs); the
@@ -79,12 +81,21 @@ def _kinds(entry: dict) -> str:
     return ", ".join(names)
 
 
-def status(arch: str, entry: dict, pool_bytes: int, max_model_len: int) -> Status:
+def release_view(entry: dict, version: str) -> dict:
+    """The entry as `version` answered it: its registry, and vLLM's answer or error of that release."""
+    if version == "0.33":
+        return entry
+    later = entry.get("releases", {}).get(version + ".0", {})
+    view = {k: v for k, v in entry.items() if k not in ("vllm", "error", "releases")}
+    return {**view, **later}
+
+
+def status(arch: str, entry: dict, pool_bytes: int, max_model_len: int, release: tuple[int, int] = RELEASE) -> Status:
     registry = entry["registry"]
     error = entry.get("error")
     has_truth = "vllm" in entry
     try:
-        ours = planner_answer(entry, arch, pool_bytes, max_model_len) if "config" in entry else None
+        ours = planner_answer(entry, arch, pool_bytes, max_model_len, release) if "config" in entry else None
         refusal = "" if ours else "no config.json could be built"
     except (ModelGeometryUnknown, InvalidSpec) as exc:
         ours, refusal = None, str(exc)
@@ -102,7 +113,31 @@ def status(arch: str, entry: dict, pool_bytes: int, max_model_len: int) -> Statu
     return Status(arch, registry, "refused", kinds, f"{refusal} ({why})", offloads, None, None)
 
 
-def statuses() -> list[Status]:
+RELEASES = ("0.33", "0.34")
+FALLBACK = "transformers-fallback"  # configs.py: causal LMs of transformers no registry names
+
+
+def fallback_statuses() -> list[Status]:
+    """The architectures vLLM 0.33 serves only through the Transformers backend's fallback, against its answer."""
     truth = load_truth()
     return [status(arch, entry, truth["pool_bytes"], truth["max_model_len"])
-            for arch, entry in truth["architectures"].items()]
+            for arch, entry in truth["architectures"].items() if entry["registry"] == FALLBACK]
+
+
+def statuses(version: str = "0.33") -> list[Status]:
+    """One status per architecture `version` serves by name (its text-generation, multimodal and
+    Transformers-backend registries); an architecture new in that release has no recorded specs, so no truth."""
+    truth = load_truth()
+    release = tuple(int(p) for p in version.split("."))
+    served = truth["registries"].get(version + ".0") if version != "0.33" else \
+        {arch: e["registry"] for arch, e in truth["architectures"].items() if e["registry"] != FALLBACK}
+    out = []
+    for arch, registry in served.items():
+        entry = truth["architectures"].get(arch)
+        if entry is None:
+            out.append(Status(arch, registry, "refused", "", f"no truth: new in vLLM {version}, its layers not "
+                              "recorded (generate.py records 0.33's model code)", None))
+            continue
+        view = {**release_view(entry, version), "registry": registry}
+        out.append(status(arch, view, truth["pool_bytes"], truth["max_model_len"], release))
+    return out

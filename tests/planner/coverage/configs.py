@@ -13,7 +13,10 @@ import ast
 from pathlib import Path
 
 REGISTRY_PATH = "vllm/model_executor/models/registry.py"
-REGISTRIES = {"_TEXT_GENERATION_MODELS": "text-generation", "_MULTIMODAL_MODELS": "multimodal"}
+# _TRANSFORMERS_SUPPORTED_MODELS: the architectures vLLM serves by name through its Transformers backend
+# (vllm/model_executor/models/transformers/), whose attention layers it builds from transformers' own modules
+REGISTRIES = {"_TEXT_GENERATION_MODELS": "text-generation", "_MULTIMODAL_MODELS": "multimodal",
+              "_TRANSFORMERS_SUPPORTED_MODELS": "transformers-backend"}
 
 GENERIC_TEXT = {
     "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -437,7 +440,8 @@ def language_model_config(arch: str, config: dict) -> dict:
 
 
 def registry_architectures(tree: str) -> dict[str, tuple[str, str]]:
-    """architecture -> (registry, module) of vLLM's text-generation and multimodal registries, read unimported."""
+    """architecture -> (registry, module) of vLLM's text-generation, multimodal and Transformers-backend registries,
+    read unimported."""
     module = ast.parse((Path(tree) / REGISTRY_PATH).read_text())
     out: dict[str, tuple[str, str]] = {}
     for node in module.body:
@@ -445,6 +449,18 @@ def registry_architectures(tree: str) -> dict[str, tuple[str, str]]:
             for arch, (mod, _cls) in ast.literal_eval(node.value).items():
                 out[arch] = (REGISTRIES[node.targets[0].id], mod)
     return out
+
+
+FALLBACK = "transformers-fallback"
+
+
+def fallback_architectures(served: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """The causal LMs transformers ships that no registry names: vLLM serves each through its Transformers backend
+    (registry.py _try_resolve_transformers), not by name (rows of their own, outside the served counts)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return {cls: (FALLBACK, "transformers") for cls in sorted(
+        c for c in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if isinstance(c, str) and c not in served)}
 
 
 def _transformers_model_types() -> dict[str, str]:

@@ -64,9 +64,13 @@ def _on_alarm(signum, frame):
 
 
 def _engine_config(engine_args, directory: Path):
+    # the --block-size a plan renders (generate.py RENDERED_BLOCK: recurrent models, whose state block vLLM aligns
+    # to the block given before the CPU platform picks its own)
+    block = int(os.environ["SPILLWAY_RECORD_BLOCK_SIZE"]) if os.environ.get("SPILLWAY_RECORD_BLOCK_SIZE") else None
+
     def build(max_model_len):
         return engine_args(model=str(directory), load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
-                           max_model_len=max_model_len, dtype="bfloat16",
+                           max_model_len=max_model_len, dtype="bfloat16", block_size=block,
                            enable_prefix_caching=True,  # as the planner asks of hybrids
                            trust_remote_code=False).create_engine_config()
 
