@@ -58,17 +58,20 @@ def test_the_published_config_plans_through_the_cli():
     assert json.loads(out.stdout)["geometry"]["block_bytes"] == 655_360
 
 
-def test_the_model_types_vllm_builds_itself_are_its_registrys():
-    """VLLM_CONFIG_TYPES is vllm/transformers_utils/config.py _CONFIG_REGISTRY of the image's release."""
-    trees = [t for t in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if "/0.33." in t]
-    if not trees:
-        pytest.skip("vLLM 0.33's source tree is not unpacked (make vllm-src)")
-    tree = ast.parse((Path(trees[0]) / "vllm/transformers_utils/config.py").read_text())
-    (call,) = [node.value for node in ast.walk(tree) if isinstance(node, ast.AnnAssign)
+def _config_registry(tree: str) -> set[str]:
+    module = ast.parse((Path(tree) / "vllm/transformers_utils/config.py").read_text())
+    (call,) = [node.value for node in ast.walk(module) if isinstance(node, ast.AnnAssign)
                and getattr(node.target, "id", None) == "_CONFIG_REGISTRY"]
-    keys = {k.arg for k in call.keywords if k.arg} | {key.value for k in call.keywords if k.arg is None
+    return {k.arg for k in call.keywords if k.arg} | {key.value for k in call.keywords if k.arg is None
                                                       for key in k.value.keys}
-    assert keys == VLLM_CONFIG_TYPES
+
+
+def test_the_model_types_vllm_builds_itself_are_its_registrys():
+    """VLLM_CONFIG_TYPES is vllm/transformers_utils/config.py _CONFIG_REGISTRY of 0.33 and 0.34 together."""
+    trees = [t for t in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if "/0.33." in t or "/0.34." in t]
+    if len(trees) < 2:
+        pytest.skip("vLLM 0.33's and 0.34's source trees are not unpacked (make vllm-src)")
+    assert set().union(*map(_config_registry, trees)) == VLLM_CONFIG_TYPES
 
 
 def test_the_catalog_stores_configs_as_vllm_reads_them():

@@ -30,8 +30,10 @@ from ..core.model_source import MAX_CONFIG_BYTES, ModelSource, Origin, origin, p
 # The transformers release the vLLM images carry (the CPU engine's in .venv; operator/pyproject.toml pins it):
 # its config classes' defaults are the ones vLLM serves with.
 TRANSFORMERS_VERSION = "5.19.0"
-# vllm/transformers_utils/config.py _CONFIG_REGISTRY of vLLM 0.33.0: the model types whose config vLLM builds with
-# a class of its own instead of transformers' (tests/planner/test_model_reader.py checks it against the sources).
+# vllm/transformers_utils/config.py _CONFIG_REGISTRY of vLLM 0.33.0 and 0.34.0 (together): the model types whose
+# config vLLM builds with a class of its own instead of transformers' (tests/planner/test_model_reader.py checks it
+# against both source trees; 0.34 adds the LFM3, Kimi-K3.1, Ming-V3, NeMo SpeechLM and Ricursive types, none of
+# which transformers knows, and drops three ASR types of 0.33's).
 VLLM_CONFIG_TYPES = frozenset({
     "RefinedWeb", "RefinedWebModel", "alpamayo2_super", "bagel", "bailing_moe_v3_vl", "beam", "chatglm", "colqwen3",
     "deepseek_v32", "deepseek_v41", "deepseek_vl_v2", "dory", "dots3_note", "eagle", "flint", "funaudiochat", "hy_v4",
@@ -41,6 +43,7 @@ VLLM_CONFIG_TYPES = frozenset({
     "muse_spark_vision", "musespark1x_text", "openvla", "ops_colqwen3", "ovis", "qwen3_asr",
     "qwen3_vl_nemotron_embed", "speculators", "step3_text", "step3_vl", "step3p5", "step5", "step5_vl",
     "ultravbert", "ultravox", "unlimited-ocr", "unlimited_ocr",
+    "kimi_k31", "lfm3", "lfm3_audio", "lfm3_vl", "ming_v3_asr", "nemo_speechlm", "ricursive",
 })
 
 ConfigMapReader = Callable[[str, str], "str | None"]  # (name, key) -> config.json text, None when absent
