@@ -7,7 +7,7 @@ STAMP := $(VENV)/.setup-stamp
 CHECKOV_STAMP := $(VENV)/checkov/.setup-stamp
 RUNTIME_LOCK := images/operator/requirements.txt
 
-.PHONY: setup demo test test-fast bench images lint generate vllm-src coverage-truth clean
+.PHONY: setup demo test test-fast bench images lint generate vllm-src coverage-truth clean connector-wheel
 # Podman's runtime settings for machines like CI's, where root cannot raise rlimits past 20000 open files and
 # crun refuses the cgroup setup: `make images` and the image tests run with them unless told otherwise.
 export CONTAINERS_CONF ?= $(CURDIR)/images/containers.conf
@@ -52,8 +52,8 @@ demo: $(DEMO_STAMP)
 	@echo '$$ spillway $(DEMO_PLAN)'; $(DEMO_SPILLWAY) $(DEMO_PLAN)
 	@echo; echo '$$ spillway $(DEMO_RENDER)'; $(DEMO_SPILLWAY) $(DEMO_RENDER)
 
-# The Python sources of the other vLLM releases the planner and the connector support (0.33 in our image,
-# 0.26 on the GPU machines; 0.32 is the CPU engine in .venv): their wheels from PyPI, Python files only.
+# The Python sources of the other vLLM releases the planner and the connector support (0.34 in our image,
+# 0.33 beside it, 0.26 on the GPU machines; 0.32 is the CPU engine in .venv): their wheels from PyPI, Python files only.
 # The ground-truth tests (tests/planner/test_groups_vllm.py, tests/connector/test_vllm_sources.py) run
 # vLLM's own offloading configuration from them.
 VLLM_SRC_VERSIONS := 0.34.0 0.33.0 0.26.0
@@ -69,6 +69,16 @@ $(VLLM_SRC)/%/vllm/__init__.py: | $(STAMP)
 	touch $@
 
 vllm-src: $(VLLM_SRC_STAMPS)
+
+# The spillway-connector wheel, the one thing Spillway adds to a stock vLLM (docs/connector.md: in another vLLM
+# image). Built from the source tree without a build-isolation venv (setuptools is the test venv's), so offline.
+CONNECTOR_WHEEL_DIR ?= $(VENV)/wheels
+connector-wheel: $(STAMP)
+	rm -rf $(CONNECTOR_WHEEL_DIR) && mkdir -p $(CONNECTOR_WHEEL_DIR)
+	$(BIN)/pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+		--wheel-dir $(CONNECTOR_WHEEL_DIR) ./connector
+	rm -rf connector/build
+	@ls $(CONNECTOR_WHEEL_DIR)/spillway_connector-*.whl
 
 TEST_ENV := PATH=$(CURDIR)/$(BIN):$$PATH SPILLWAY_VLLM_TREES=$${SPILLWAY_VLLM_TREES:-$(SPILLWAY_VLLM_TREES)}
 # The 30 slowest tests and fixtures, so the suite's cost is read off every run (CI's budget is 30 min).

@@ -109,12 +109,33 @@ def install_fast_json_body(requests: Any = None) -> bool:
     return True
 
 
+def _log_with_vllm() -> None:
+    """The package's log lines go where vLLM's go, in vLLM's format (vllm/logger.py configures the `vllm` logger
+    only); tests and other hosts keep Python's defaults."""
+    import logging
+
+    vllm_logger = logging.getLogger("vllm")
+    if not logger.handlers and vllm_logger.handlers:
+        for handler in vllm_logger.handlers:
+            logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def register() -> None:
     """The entry point: vLLM calls it in each process; a failure leaves vLLM stock and says so."""
     if os.environ.get(PLUGIN_ENV, "").strip().lower() in ("off", "0", "false", "no"):
         return
-    for install in (install_detokenizer_window, install_fast_json_body):
+    _log_with_vllm()
+    on = []
+    for install, what in ((install_detokenizer_window, "the detokenizer window"),
+                          (install_fast_json_body, "the request-body parse")):
         try:
-            install()
+            if install():
+                on.append(what)
         except Exception:  # noqa: BLE001 - the stock function stays; the engine starts as without the plugin
             logger.exception("spillway_connector: %s failed; the stock code runs", install.__name__)
+    import spillway_connector
+
+    logger.info("spillway_connector %s plugin loaded from %s: %s on", spillway_connector.__version__,
+                os.path.dirname(spillway_connector.__file__), ", ".join(on) or "nothing")

@@ -172,9 +172,12 @@ class _Probed:
     def get_manager(self) -> Any:
         if self._spillway_pool is None:
             manager = super().get_manager()  # type: ignore[misc]
-            self._spillway_pool = PoolProbe(manager, pool_capacity_chunks(manager),
-                                            prepare_load=batched_prepare_load(manager),
-                                            complete_load=batched_complete_load(manager))
+            pin, release = batched_prepare_load(manager), batched_complete_load(manager)
+            self._spillway_pool = PoolProbe(manager, pool_capacity_chunks(manager), prepare_load=pin,
+                                            complete_load=release)
+            logger.info("spillway_connector: %s's manager %s with the pool probe; batched pin %s, release %s",
+                        type(self).__name__, type(manager).__name__, "on" if pin else "off",
+                        "on" if release else "off")
         return self._spillway_pool
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
