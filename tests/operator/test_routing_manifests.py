@@ -243,3 +243,14 @@ def test_the_routers_memory_is_rendered_from_its_record_budget():
     assert container["resources"]["limits"]["memory"] == "600Mi"
     budget = int(container["command"][container["command"].index("--index-bytes") + 1])
     assert O.router_memory_bytes(budget) <= 600 << 20
+
+
+def test_router_pods_are_told_how_many_share_the_traffic():
+    def command(**router):
+        extra = {"routing_extra": {"router": router}} if router else {}
+        deployment = kinds(render(routing.MODE_KV_AWARE, **extra))[("Deployment", "llama-router")]
+        return deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+
+    assert "--router-pods" not in command()
+    three = command(replicas=3)
+    assert three[three.index("--router-pods") + 1] == "3"

@@ -216,3 +216,14 @@ def test_settings_refuse_nonsense(field, value):
     good = {"block_tokens": 16, "index_blocks": 10}
     with pytest.raises(ValueError, match=field):
         A.AffinitySettings(**{**good, field: value})
+
+
+def test_router_pods_bound_the_load_they_estimate_for_all():
+    """With 3 router pods each sees a third of a pod's requests: one in flight to a hot prefix's owner here is
+    about three there, above the bound of 2, so its next prompt goes on to the successor."""
+    alone, one_of_three = _index(), _index(peers=3)
+    blocks = A.prompt_blocks(_prompt(7, 1), BLOCK)
+    owner = alone.choose(blocks, {}).replica
+    assert alone.choose(blocks, {owner: 1}).replica == owner
+    spill = one_of_three.choose(blocks, {owner: 1})
+    assert spill.replica != owner and spill.reason == A.DECISION_OVERLOADED

@@ -637,6 +637,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="leading blocks that name a prompt's prefix on the hash ring")
     p.add_argument("--load-factor", type=float, default=affinity.DEFAULT_LOAD_FACTOR,
                    help="a pod takes no more than this times the mean requests in flight (>= 1)")
+    p.add_argument("--router-pods", type=int, default=1,
+                   help="router pods sharing the traffic (each bounds loads as its own x this; the operator "
+                        "passes routing.router.replicas)")
     p.add_argument("--port", type=int, default=routing.ROUTER_PORT)
     p.add_argument("--metrics-port", type=int, default=routing.ROUTER_METRICS_PORT)
     p.add_argument("--host", default="0.0.0.0")
@@ -681,7 +684,7 @@ def settings_from(args: argparse.Namespace) -> affinity.AffinitySettings:
     try:
         return affinity.AffinitySettings(block_tokens=args.block_size, index_blocks=args.index_blocks,
                                          index_bytes=args.index_bytes, key_blocks=args.key_blocks,
-                                         load_factor=args.load_factor)
+                                         load_factor=args.load_factor, peers=args.router_pods)
     except ValueError as exc:
         raise InvalidSpec(f"spillway route: {exc}") from None
 

@@ -141,7 +141,10 @@ def router_command(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks:
             "--block-size", str(spec.request.block_size)]
     if index_blocks > 0:
         args += ["--index-blocks", str(index_blocks)]
-    return [*args, "--index-bytes", str(router_index_bytes(spec, index_blocks))]
+    args += ["--index-bytes", str(router_index_bytes(spec, index_blocks))]
+    if spec.routing.router_replicas > 1:
+        args += ["--router-pods", str(spec.routing.router_replicas)]
+    return args
 
 
 def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks: int,
