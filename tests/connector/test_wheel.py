@@ -9,7 +9,6 @@ pool probe with the batched pin and release on vLLM's own manager, and vLLM usin
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
