@@ -1,19 +1,18 @@
 """Read a vLLM server's Prometheus /metrics: counters before/after a load point, cache facts.
 
-Stdlib only. Metric names come from spillway.core.vllm_api.Metric (vLLM) and spillway_connector.names
-(the connector); both are written without the `_total` suffix that counters are exported with.
+The text is read by prometheus_client's parser (the exposition format's own reference implementation, a
+dependency of the operator). Metric names come from spillway.core.vllm_api.Metric (vLLM) and
+spillway_connector.names (the connector); both are written without the `_total` suffix that counters are
+exported with.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
+from prometheus_client.parser import text_string_to_metric_families
 from spillway_connector import names as connector_names
 
 from ..core.vllm_api import Metric
-
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 # Counters whose deltas every load point records (name without _total).
 VLLM_COUNTERS = (
@@ -47,22 +46,23 @@ class Sample:
 
 
 def parse(text: str) -> list[Sample]:
-    """Samples of a Prometheus text exposition (comments and malformed lines are skipped)."""
-    samples = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name, _, labels, value = match.groups()
-        try:
-            number = float(value)
-        except ValueError:
-            continue
-        label_map = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(labels or "")}
-        samples.append(Sample(name, label_map, number))
-    return samples
+    """Samples of a Prometheus text exposition. A line the parser refuses is skipped, not the scrape: the
+    server's other series still count (the parser stops at the first bad line, so the rest is read line by line)."""
+    try:
+        return _samples(text)
+    except ValueError:
+        samples = []
+        for line in text.splitlines():
+            try:
+                samples += _samples(line + "\n")
+            except ValueError:
+                continue
+        return samples
+
+
+def _samples(text: str) -> list[Sample]:
+    return [Sample(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 @dataclass
