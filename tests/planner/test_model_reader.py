@@ -131,3 +131,24 @@ def test_a_window_is_counted_in_the_offloads_chunks():
     assert plan["pool"]["blocks"] == 4 * plan["pool"]["chunks"]
     windows = {(g["kind"], g["window"], g["window_chunks"]) for g in plan["kv_cache_groups"]["groups"]}
     assert windows == {(SLIDING, 1024, 8), (FULL, None, None)}
+
+
+@pytest.mark.parametrize("config,length", [
+    # microsoft/Phi-4-mini-instruct: LongRoPE, so vLLM defaults to original_max_position_embeddings
+    ({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32,
+      "num_attention_heads": 24, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+      "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+      "rope_scaling": {"type": "longrope", "long_factor": [1.0] * 48, "short_factor": [1.0] * 48}}, 4096),
+    # a Qwen2 language model with dynamic RoPE of factor 2 (OpenGVLab/InternVL3-8B's): 32,768 positions x 2
+    ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
+      "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+      "rope_scaling": {"factor": 2.0, "rope_type": "dynamic", "type": "dynamic"}}, 65536),
+    # Llama 3.1's llama3 RoPE is already in max_position_embeddings
+    ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+      "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+      "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192, "rope_type": "llama3"}}, 131072),
+])
+def test_max_model_len_is_derived_as_vllm_derives_it(config, length):
+    """vllm/config/model.py _get_and_verify_max_len with no --max-model-len."""
+    assert geometry_of(config).max_model_len == length

@@ -523,6 +523,52 @@ def _hy_v4_indexed(config: Mapping[str, Any], num_layers: int, name: str) -> boo
                                "index_topk_freq) are not modelled")
 
 
+# vllm/transformers_utils/model_arch_config_convertor.py derive_max_model_len_and_key: the smallest of these the
+# config carries (model_max_length, where set, wins)
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+# vllm/config/model.py _get_and_verify_max_len: RoPE types whose max_position_embeddings is already scaled
+SCALED_ROPE = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+
+
+def _rope_parameters(config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """vLLM's iter_rope_parameters: one dict per layer type where nested (rope_scaling: the name before
+    transformers 5, which vLLM's patch_rope_parameters renames)."""
+    params = config.get("rope_parameters")
+    if not isinstance(params, Mapping) or not params:
+        params = config.get("rope_scaling")
+    if not isinstance(params, Mapping) or not params:
+        return []
+    if all(isinstance(v, Mapping) for v in params.values()):
+        return [p for p in params.values() if p]
+    return [params]
+
+
+def _max_model_len(config: Mapping[str, Any], model_type: str) -> int | None:
+    """The max_model_len vLLM derives when none is given (vllm/config/model.py _get_and_verify_max_len): the
+    smallest length key, times the RoPE factor of a scaling type that leaves it unscaled (not Gemma 3's, already
+    scaled); with LongRoPE, original_max_position_embeddings. None: the config names no length."""
+    lengths = [v for k in MAX_LEN_KEYS if isinstance(v := config.get(k), (int, float)) and not isinstance(v, bool)]
+    derived: float | None = min(lengths) if lengths else None
+    if isinstance(config.get("model_max_length"), (int, float)) and config["model_max_length"]:
+        derived = config["model_max_length"]
+    if derived is None or derived <= 0:
+        return None
+    rope = _rope_parameters(config)
+    if rope and "gemma3" not in model_type:
+        factor = 1.0
+        for params in rope:
+            kind = params.get("rope_type") or params.get("type")
+            if kind not in SCALED_ROPE:
+                factor = params.get("factor", factor)
+        derived *= factor if isinstance(factor, (int, float)) and factor else 1.0
+    if any((p.get("rope_type") or p.get("type")) == "longrope" for p in rope):
+        original = config.get("original_max_position_embeddings")
+        derived = original if isinstance(original, (int, float)) and original > 0 else derived
+    length = int(derived)
+    return length if 0 < length < 1 << 40 else None
+
+
 def _architecture(config: Mapping[str, Any]) -> str | None:
     architectures = config.get("architectures")
     return architectures[0] if isinstance(architectures, list) and architectures else None
@@ -608,7 +654,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         # alice_ai.py, bailing_moe_v3.py: kda_state_dtype(model dtype, mamba_cache_dtype), its SSM dtype left at
         # "auto": the recurrent state in float32 whatever the config or the user asks
         ssm_dtype = "float32"
-    max_len = text.get("max_position_embeddings")
+    max_len = _max_model_len(text, str(config.get("model_type") or model_type))
     chunk = int(text.get("mamba_chunk_size") or text.get("chunk_size") or 2048)
     layer_heads = None
     if model_type in PER_LAYER_HEADS:
@@ -617,4 +663,4 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         layer_heads = _swa_heads(text, kinds, (kv_heads, head_dim, v_head_dim), name)
     return ModelFacts(name, architecture, model_type, dtype, num_layers, heads, kv_heads, head_dim, v_head_dim,
                       mla, tuple(kinds), window, indexer, layer_heads, mamba, str(ssm_dtype) if ssm_dtype else None, chunk,
-                      max_len if isinstance(max_len, int) and max_len > 0 else None, multimodal)
+                      max_len, multimodal)
