@@ -31,7 +31,7 @@ METRIC_NODE_QUALIFIED_DMA_GBPS = "spillway_node_qualified_dma_gbps"
 # (bad spec, nodes that no longer fit it); the SpillwayModelServerNotPlanned alert watches it.
 METRIC_MODELSERVER_PLANNED = "spillway_modelserver_planned"
 
-DEFAULT_VLLM_IMAGE = "ghcr.io/spillway-dev/spillway-vllm:0.1.0-vllm0.33.0"
+DEFAULT_VLLM_IMAGE = "ghcr.io/spillway-dev/spillway-vllm:0.1.0-vllm0.34.0"
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/spillway-dev/spillway-operator:0.1.0"
 # The router pods run `spillway route`, which the operator image carries.
 DEFAULT_ROUTER_IMAGE = DEFAULT_OPERATOR_IMAGE
@@ -94,6 +94,8 @@ ENV_ALLOW_HUB_FETCH = "SPILLWAY_ALLOW_HUB_FETCH"  # "true": fetch config.json of
 ENV_POD_MONITORS = "SPILLWAY_POD_MONITORS"  # "auto" (when the CRD exists, default) | "false"
 ENV_METRICS_PORT = "SPILLWAY_METRICS_PORT"  # serve the operator's /metrics on this port (unset: off)
 ENV_RETRY_SECONDS = "SPILLWAY_RETRY_SECONDS"  # wait before retrying API errors and missing ConfigMaps (30)
+ENV_RESYNC_SECONDS = "SPILLWAY_RESYNC_SECONDS"  # each ModelServer reconciled again this often, event or not (300)
+ENV_API_TIMEOUT_SECONDS = "SPILLWAY_API_TIMEOUT_SECONDS"  # one API request's connect+read timeout (30)
 ENV_ROUTER_IMAGE = "SPILLWAY_ROUTER_IMAGE"  # the kv-aware router's image (the chart sets it from its values)
 # The node directories a disk tier's hostPath may be (or be under): a JSON list of absolute paths (unset: none);
 # the chart sets it from operator.diskTier.hostPathPrefixes.

@@ -47,6 +47,11 @@ FLAG_KV_CACHE_MEMORY_BYTES = "--kv-cache-memory-bytes"
 FLAG_NUM_GPU_BLOCKS_OVERRIDE = "--num-gpu-blocks-override"
 FLAG_MAX_MODEL_LEN = "--max-model-len"
 FLAG_API_KEY = "--api-key"
+# An ASGI middleware by import path (vllm/entrypoints/serve/middleware/register.py, 0.26 to 0.34); the image's
+# connector package guards every route with the API key (spillway_connector/api_guard.py), where vLLM's own
+# check guards /v1, /v2, /inference and /cohere only.
+FLAG_MIDDLEWARE = "--middleware"
+API_KEY_MIDDLEWARE = "spillway_connector.api_guard.require_api_key"
 FLAG_CONFIG = "--config"  # a YAML file of flags, read inside the pod: refused in extraArgs
 FLAG_API_SERVER_COUNT = "--api-server-count"  # processes that tokenize, detokenize and serve HTTP
 FLAG_API_SERVER_COUNT_SHORT = "-asc"  # vllm/entrypoints/common/cli_args.py (0.33)
@@ -107,7 +112,7 @@ PYTHONHASHSEED_VALUE = "0"
 
 NATIVE_BACKEND = "native"
 
-IMAGE_VLLM_VERSION = "0.33.0"
+IMAGE_VLLM_VERSION = "0.34.0"
 BLOCK_LAYOUT_ENV_SINCE = (0, 32)  # VLLM_KV_CACHE_LAYOUT accepts block-outermost layouts (BLHNC) from here
 
 # -- environment --------------------------------------------------------------
@@ -180,6 +185,7 @@ class Metric:
     PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source"
     GENERATION_TOKENS = "vllm:generation_tokens"
     REQUESTS_RUNNING = "vllm:num_requests_running"
+    REQUESTS_WAITING = "vllm:num_requests_waiting"  # the engine's queue: requests not yet scheduled
     REQUEST_SUCCESS = "vllm:request_success"  # finished requests (label finished_reason)
     GPU_CACHE_USAGE = "vllm:kv_cache_usage_perc"
     CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: num_gpu_blocks, block_size, enable_prefix_caching, ...
