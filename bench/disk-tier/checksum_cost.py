@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "connector"))
-from spillway_connector.chunk_integrity import chunk_name, digest  # noqa: E402
+from spillway_connector.chunk_integrity import chunk_name, digest
 
 TOTAL = 512 << 20
 NAME = chunk_name("/tier/replica-0/model_0123456789ab_r0/abc/de_g0/" + "ab" * 32 + ".bin")

@@ -71,7 +71,7 @@ def check_root(root: str) -> None:
 
 def _only_config(path: str) -> bool:
     try:
-        return set(os.listdir(path)) <= {CONFIG_FILE}
+        return all(name == CONFIG_FILE or name.startswith(O_DIRECT_PROBE) for name in os.listdir(path))
     except OSError:
         return False
 

@@ -254,3 +254,23 @@ def test_a_dead_evictor_thread_is_restarted_and_loop_errors_are_counted(tmp_path
 def test_a_bound_of_nothing_is_refused(tmp_path: Path):
     with pytest.raises(ValueError, match="positive"):
         DiskTierIndex(str(tmp_path), 0)
+
+
+def test_replicas_on_one_root_never_delete_each_other_s_chunks(tmp_path: Path):
+    from spillway_connector.disk_namespace import claim_slot
+
+    first, second = claim_slot(str(tmp_path)), claim_slot(str(tmp_path))
+    try:
+        a, b = (DiskTierIndex(slot.path, 4 * per_chunk(DiskTierIndex(slot.path, 1)), namespace=NS)
+                for slot in (first, second))
+        theirs = [chunk_path(Path(second.path), n) for n in range(4)]
+        for path in theirs:
+            store(b, path)
+        ours = [chunk_path(Path(first.path), n) for n in range(40)]  # 10x the bound, same names as theirs
+        for path in ours:
+            store(a, path)
+        assert a.scan() == 4 and a.take_counts().evicted_chunks == 36
+        assert all(os.path.exists(p) for p in theirs), "the other replica's chunks are not ours to delete"
+    finally:
+        first.release()
+        second.release()

@@ -76,7 +76,11 @@ def test_a_damaged_or_misplaced_chunk_is_a_miss_removed_and_never_left_in_the_po
     assert [bytes(target[n * BLOCK:(n + 1) * BLOCK]) for n in range(3)] == originals, "good chunks load as stored"
 
     seen = []
-    ci.add_listener(str(tmp_path), lambda path, why: seen.append((path, why)))
+
+    def on_mismatch(path: str, why: str) -> None:
+        seen.append((path, why))
+
+    ci.add_listener(str(tmp_path), on_mismatch)
     try:
         damage(paths[1], paths[2])
         target = pool(3)
@@ -90,8 +94,7 @@ def test_a_damaged_or_misplaced_chunk_is_a_miss_removed_and_never_left_in_the_po
         assert not os.path.exists(paths[1]) and os.path.exists(paths[2])
         assert [path for path, _ in seen] == [paths[1]]
     finally:
-        ci.remove_listener(seen.append)
-        ci._listeners.clear()
+        ci.remove_listener(on_mismatch)
 
 
 def test_a_missing_file_fails_as_vllm_s_own_load_does(tmp_path):
@@ -132,7 +135,8 @@ def test_a_root_holding_other_files_is_refused(tmp_path):
     (root / "replica-0").mkdir()
     stub = root / "model_0123456789ab"
     stub.mkdir()
-    (stub / "config.json").write_text("{}")  # vLLM's tier writes this before the connector moves it
+    (stub / "config.json").write_text("{}")  # vLLM's tier writes this before the connector moves it ...
+    (stub / ".o_direct_probe_123.tmp").write_bytes(b"")  # ... and probes O_DIRECT beside it
     dn.check_root(str(root))
     for name, make in (("pytorch_model.bin", lambda p: p.write_bytes(b"w")),
                        ("model_0123456789ab_r0", lambda p: p.mkdir()),
