@@ -38,3 +38,13 @@ def test_the_schema_refuses_sizes_past_any_memory():
     for size in ("200Gi", "1.5Ti", "2e11", "0.5", "auto"):
         _, errors = admit(modelserver(offload={"size": size}))
         assert not errors, (size, errors)
+
+
+@pytest.mark.parametrize("flags, field", [(["--offload-size"], "offload size"),
+                                          (["--disk-tier", "--disk-size"], "offload.disk.size")])
+@pytest.mark.parametrize("size", ["1.5", "0.0"])
+def test_a_share_outside_0_to_1_is_one_line_naming_its_field(flags, field, size):
+    """The pool and the disk tier read a size the same way (core/quantity.py parse_size): a fraction is a share."""
+    line = one_error_line(spillway("plan", "--model", LLAMA_8B, "--node-memory", "2Ti", "--gpus-per-node", "8",
+                                   *flags, size), f"{field} fraction must be in (0, 1]")
+    assert line.endswith(f"got {size}"), line

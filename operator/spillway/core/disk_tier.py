@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from spillway_connector.transfer_config import TIERING_OFFLOADING_SPEC, disk_tier_extra
@@ -39,7 +38,7 @@ from . import k8s_names as names
 from . import vllm_api as api
 from .errors import InvalidSpec, SpillwayError
 from .options import Connector
-from .quantity import GiB, MiB, format_bytes, parse_bytes
+from .quantity import GiB, MiB, format_bytes, parse_bytes, parse_size
 
 
 class DiskTierDoesNotFit(SpillwayError):
@@ -154,21 +153,6 @@ class DiskTierPlan:
     decided_by: str = ""  # a node of the class whose verdict decided whether the tier is rendered
 
 
-def _parse_size(size: str) -> tuple[str, float | int | None]:
-    text = str(size).strip()
-    if text == "auto":
-        return "auto", None
-    if "." in text and text.replace(".", "", 1).isdigit():
-        try:
-            fraction = float(Decimal(text))
-        except InvalidOperation:  # pragma: no cover - guarded above
-            raise InvalidSpec(f"offload.disk.size {size!r} is not a number") from None
-        if not 0 < fraction <= 1:
-            raise InvalidSpec(f"offload.disk.size fraction must be in (0, 1], got {text}")
-        return "fraction", fraction
-    return "bytes", parse_bytes(text, "offload.disk.size")
-
-
 def check_request(request: DiskTierRequest, offload_enabled: bool, connector: str, release: tuple[int, int]) -> None:
     """What the spec alone can refuse."""
     if not request.enabled:
@@ -181,7 +165,7 @@ def check_request(request: DiskTierRequest, offload_enabled: bool, connector: st
     check_release(release)
     check_volume(request.volume)
     check_root_dir(request.root_dir)
-    _parse_size(request.size)
+    parse_size(request.size, "offload.disk.size")
 
 
 def check_root_dir(root_dir: str) -> None:
@@ -333,7 +317,7 @@ def plan_disk_tier(request: DiskTierRequest, chunk_bytes: int, chunk_tokens: int
     check_release(release)
     check_volume(request.volume)
     share, other, source = _share(request, node_ephemeral, node_name, replicas_per_node, replicas)
-    kind, value = _parse_size(request.size)
+    kind, value = parse_size(request.size, "offload.disk.size")
     room = share - other
     if kind == "auto":
         tier = room

@@ -23,7 +23,6 @@ import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from spillway_connector.versions import UnsupportedVLLMVersion, require_supported
@@ -36,7 +35,7 @@ from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
 from .groups import MAMBA, MLA, KVGroups, clear_group_caches
 from .model_facts import cached_hash
 from .options import Connector, EvictionPolicy, Layout, choices
-from .quantity import GiB, MiB, format_bytes, parse_bytes
+from .quantity import GiB, MiB, format_bytes, parse_size
 from .rates import interpolate_log2
 
 SHM_EXTRA_BYTES = 1 * GiB
@@ -238,22 +237,6 @@ def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
-def _parse_size(size: str) -> tuple[str, float | int | None]:
-    """("auto", None) | ("fraction", f) | ("bytes", n)."""
-    text = str(size).strip()
-    if text == "auto":
-        return "auto", None
-    if "." in text and text.replace(".", "", 1).isdigit():  # "0.5", "1.0": a fraction; "1" is one byte
-        try:
-            fraction = float(Decimal(text))
-        except InvalidOperation:  # pragma: no cover - guarded above
-            raise InvalidSpec(f"offload size {size!r} is not a number")
-        if not 0 < fraction <= 1:
-            raise InvalidSpec(f"offload size fraction must be in (0, 1], got {text}")
-        return "fraction", fraction
-    return "bytes", parse_bytes(text, "offload size")
-
-
 def replica_share_bytes(node: NodeFacts, request: ServingRequest) -> int:
     """One replica's share of the node's memory (allocatable less the node reserve, split over the replicas).
     The process and the pool come out of it, so of several nodes the one with the smallest share limits a plan
@@ -341,7 +324,7 @@ def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingReque
 
 @functools.lru_cache(maxsize=256)
 def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> PoolPlan:
-    kind, value = _parse_size(offload.size)
+    kind, value = parse_size(offload.size, "offload size")
     budget = node.share_bytes - node.fixed_bytes  # what the pool's footprint may cost
     chunk = shape.chunk_bytes
     if kind == "auto":

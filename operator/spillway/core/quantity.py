@@ -45,6 +45,20 @@ def parse_bytes(text: str | int, what: str = "quantity") -> int:
     return int(value)
 
 
+def parse_size(size: str | int, what: str) -> tuple[str, float | int | None]:
+    """A pool or tier size as a spec writes it: ("auto", None), ("fraction", f) for "0.5" (a share, in (0, 1]),
+    or ("bytes", n) for a quantity ("1" is one byte, not the whole); raise InvalidSpec naming `what`."""
+    text = str(size).strip()
+    if text == "auto":
+        return "auto", None
+    if "." in text and text.replace(".", "", 1).isdigit():
+        fraction = float(Decimal(text))  # digits and one dot: always a Decimal
+        if not 0 < fraction <= 1:
+            raise InvalidSpec(f"{what} fraction must be in (0, 1], got {text}")
+        return "fraction", fraction
+    return "bytes", parse_bytes(text, what)
+
+
 def parse_cpu_millis(text: str | int, what: str = "cpu") -> int:
     """Parse a CPU quantity (`16`, `15500m`, `0.5`) into millicores; raise InvalidSpec naming `what`."""
     match = None if isinstance(text, bool) else _CPU.match(str(text).strip())
