@@ -185,7 +185,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import _stopped_by_signals
+    from .runner import stopped_by_signals
 
     plan = PreemptionPlan(requests=args.requests, prompt_len=args.prompt_len, output_tokens=args.output_tokens,
                           concurrency=args.concurrency, id_range=args.id_range, seed=args.seed,
@@ -197,7 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise InvalidSpec(f"--label expects KEY=VALUE, got {item!r}")
         labels[key] = value
     endpoints = [(args.role, args.endpoint)] + ([("baseline", args.baseline_endpoint)] if args.baseline_endpoint else [])
-    result = asyncio.run(_stopped_by_signals(run_async(endpoints, plan, model=args.model, api_key=args.api_key,
+    result = asyncio.run(stopped_by_signals(run_async(endpoints, plan, model=args.model, api_key=args.api_key,
                                                        output=args.output, labels=labels, progress=args.progress)))
     print(f"result: {args.output}", file=sys.stderr)
     print(table(result))

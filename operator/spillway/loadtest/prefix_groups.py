@@ -480,11 +480,11 @@ def _draw(result: dict[str, Any], path: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import _stopped_by_signals
+    from .runner import stopped_by_signals
 
     plan, routes, labels = plan_from_args(args), routes_from_args(args), labels_from_args(args.label)
     replicas = [url.rstrip("/") for url in args.replica]
-    result = asyncio.run(_stopped_by_signals(run_async(routes, plan, replicas, model=args.model, api_key=args.api_key,
+    result = asyncio.run(stopped_by_signals(run_async(routes, plan, replicas, model=args.model, api_key=args.api_key,
                                                        output=args.output, labels=labels, progress=args.progress)))
     print(f"result: {args.output}", file=sys.stderr)
     print(table(result))

@@ -67,10 +67,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 def run_endpoint(endpoint: str, plan: Plan, **kwargs) -> dict:
     """run_async in a fresh event loop that a stop signal cancels, keeping the partial result."""
-    return asyncio.run(_stopped_by_signals(run_async(endpoint, plan, **kwargs)))
+    return asyncio.run(stopped_by_signals(run_async(endpoint, plan, **kwargs)))
 
 
-async def _stopped_by_signals(coro):
+async def stopped_by_signals(coro):
+    """Await `coro` as a task that SIGINT or SIGTERM cancels (the caller keeps what it had measured)."""
     task = asyncio.ensure_future(coro)
     loop = asyncio.get_running_loop()
     installed = []

@@ -185,11 +185,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import _stopped_by_signals
+    from .runner import stopped_by_signals
 
     plan = WorkingSetPlan(args.prompts, args.prompt_len, args.requests, args.output_tokens, args.id_range, args.seed,
                           args.request_timeout_s).validate()
-    result = asyncio.run(_stopped_by_signals(run_async(args.endpoint, plan, model=args.model, api_key=args.api_key,
+    result = asyncio.run(stopped_by_signals(run_async(args.endpoint, plan, model=args.model, api_key=args.api_key,
                                                        output=args.output)))
     print(f"result: {args.output}", file=sys.stderr)
     print(table(result))
