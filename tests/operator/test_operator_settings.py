@@ -17,14 +17,17 @@ def test_an_empty_environment_gives_the_defaults():
 def test_each_variable_sets_its_field():
     settings = OperatorSettings.from_environ({
         names.ENV_RETRY_SECONDS: "1.5", names.ENV_METRICS_PORT: "8080", names.ENV_ALLOW_HUB_FETCH: "TRUE",
-        names.ENV_POD_MONITORS: "false", names.ENV_ROUTER_IMAGE: "registry.example/router:1"})
+        names.ENV_POD_MONITORS: "false", names.ENV_ROUTER_IMAGE: "registry.example/router:1",
+        names.ENV_RESYNC_SECONDS: "60", names.ENV_API_TIMEOUT_SECONDS: "5"})
     assert settings == OperatorSettings(retry_seconds=1.5, metrics_port=8080, allow_hub_fetch=True,
-                                        pod_monitors=False, router_image="registry.example/router:1")
+                                        pod_monitors=False, router_image="registry.example/router:1",
+                                        resync_seconds=60.0, api_timeout_seconds=5.0)
 
 
 @pytest.mark.parametrize(("name", "value"), [
     (names.ENV_RETRY_SECONDS, "soon"), (names.ENV_RETRY_SECONDS, "-1"), (names.ENV_METRICS_PORT, "80.5"),
-    (names.ENV_POD_MONITORS, "yes"),
+    (names.ENV_POD_MONITORS, "yes"), (names.ENV_RESYNC_SECONDS, "0"), (names.ENV_RESYNC_SECONDS, "nan"),
+    (names.ENV_API_TIMEOUT_SECONDS, "inf"), (names.ENV_API_TIMEOUT_SECONDS, "-3"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(name, value):
     with pytest.raises(SpillwayError) as caught:

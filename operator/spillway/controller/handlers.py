@@ -13,6 +13,7 @@ Run: `kopf run --standalone --all-namespaces -m spillway.controller.handlers`.
 from __future__ import annotations
 
 import base64
+import contextvars
 import logging
 import os
 import threading
@@ -58,6 +59,10 @@ API_REFUSALS = (400, 422)
 SETTINGS = OperatorSettings.from_environ(os.environ)
 RETRY_SECONDS = SETTINGS.retry_seconds
 STATUS_RETRY_SECONDS = (0.5, 1.0, 2.0)  # then the error goes to kopf (a reconcile is retried, an event is not)
+# The connection's own failures (a read timeout of a slow API server, a reset): passing trouble, retried like an
+# API server's 5xx, never a ModelServer's InternalError.
+TRANSPORT_ERRORS = (OSError, urllib3.exceptions.HTTPError)
+OWNER_CHECK_SECONDS = 1.0  # a reconcile's writes look again, at most this often, that their ModelServer still exists
 
 _kube: Kube | None = None
 # The owned fields of each vLLM Deployment as last applied (drift.py): a Deployment event that differs is a hand edit.
@@ -66,6 +71,9 @@ _applied_owned: dict[tuple[str, str], dict[str, Any]] = {}
 _fingerprints: dict[tuple[str, str], str] = {}
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
+# What the resync reconciles: every ModelServer the index has seen (until its deletion), on the latest GPU nodes.
+_known: set[tuple[str, str]] = set()
+_node_index: list[kopf.Index] = []
 
 
 def kube() -> Kube:
@@ -73,6 +81,7 @@ def kube() -> Kube:
     if _kube is None:
         load_config()
         _kube = LanedKube(_replanner.lane)  # node-driven re-plans' requests go first (replan.py)
+        _kube.timeout = SETTINGS.api_timeout_seconds
     return _kube
 
 
@@ -114,6 +123,8 @@ async def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeSumma
 @kopf.index(GROUP, VERSION, PLURAL)
 async def modelservers(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     annotations = (body.get("metadata") or {}).get("annotations") or {}
+    if not (body.get("metadata") or {}).get("deletionTimestamp"):
+        _known.add((namespace, name))
     return {(namespace, name): {
         "spec": _parsed(body.get("spec")),
         "fingerprint": (body.get("status") or {}).get("nodesFingerprint"),
@@ -138,6 +149,11 @@ def _parsed(spec: Any) -> ModelServerSpec | SpillwayError:
 @kopf.on.event("", "v1", "nodes")
 async def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, **_: Any) -> None:
     """Runs in kopf's event loop, where the indexes change: a snapshot, handed to the one re-plan worker."""
+    if not _node_index:
+        _node_index.append(gpu_nodes)  # the live index, for the resync
+        # Started from a handler: its context (kopf's event posting) goes with the resync's reconciles.
+        context = contextvars.copy_context()
+        threading.Thread(target=context.run, args=(_resync_forever,), name="spillway-resync", daemon=True).start()
     nodes = tuple(_all_nodes(gpu_nodes))
     metrics.publish_nodes(list(nodes))
     # The fingerprint each reconcile wrote, as this process knows it: the index sees a status write late or
@@ -157,7 +173,7 @@ def _replan_now(namespace: str, name: str, fingerprint: str, nodes: tuple[NodeSu
             if (ms.get("status") or {}).get("nodesFingerprint") == fingerprint:
                 return  # a reconcile since the change already planned for these nodes
             reconcile(ms, list(nodes), _replan_log)
-        except ApiError as exc:
+        except (ApiError, *TRANSPORT_ERRORS) as exc:
             _replan_log.warning(f"re-plan of {namespace}/{name} failed ({exc}): handing it to the retrying handler")
             kube().merge_patch(_ms_path(namespace, name),
                                {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
@@ -165,6 +181,44 @@ def _replan_now(namespace: str, name: str, fingerprint: str, nodes: tuple[NodeSu
 
 _replan_log = logging.getLogger("spillway.replan")  # kopf.objects drops records without its own extras
 _replanner = Replanner(_replan_now, _replan_log)
+_resync_log = logging.getLogger("spillway.resync")
+
+
+def _current_nodes() -> list[NodeSummary]:
+    """The GPU nodes' index as it is now, read from the resync's thread (kopf's loop may change it meanwhile)."""
+    for _ in range(5):
+        try:
+            return _all_nodes(_node_index[0]) if _node_index else []
+        except RuntimeError:  # changed size during iteration: read again
+            time.sleep(0.05)
+    return []
+
+
+def resync_once() -> None:
+    """Every known ModelServer reconciled once, event or not: what only this operator writes (the status, the
+    planned objects) but someone else changed is put back, and a pass lost to an error is made again."""
+    nodes = _current_nodes()
+    if not _node_index:
+        return  # no node event yet: the index is not filled, and a plan for no nodes would be wrong
+    for namespace, name in sorted(_known):
+        with _lock(namespace, name):
+            try:
+                ms = kube().get(_ms_path(namespace, name))
+                if ms is None:
+                    _known.discard((namespace, name))
+                    continue
+                if not (ms.get("metadata") or {}).get("deletionTimestamp"):
+                    reconcile(ms, nodes, _resync_log)
+            except (ApiError, *TRANSPORT_ERRORS) as exc:
+                _resync_log.warning(f"resync of {namespace}/{name} failed ({exc}); the next one tries again")
+            except Exception:  # noqa: BLE001 - one ModelServer's bug must not stop the others' resync
+                _resync_log.exception(f"resync of {namespace}/{name} failed")
+
+
+def _resync_forever() -> None:
+    while True:
+        time.sleep(SETTINGS.resync_seconds)
+        resync_once()
 
 
 # -- reconcile -------------------------------------------------------------------------------------------
@@ -226,6 +280,8 @@ def _write_status(namespace: str, name: str, old_status: Mapping[str, Any], upda
             kube().merge_patch(_ms_path(namespace, name, "status"), {"status": update})
             return
         except ApiError as exc:
+            if exc.status == 404:
+                return  # the ModelServer is gone: there is nothing to write to
             if delay is None or not (exc.status >= 500 or exc.status in (409, 429)):
                 raise
         except (OSError, urllib3.exceptions.HTTPError):  # the connection itself
@@ -251,6 +307,28 @@ class _Pass:
     planned: dict[str, Any] = field(default_factory=dict)  # the Planned condition
     live: dict[tuple[str, str], Any] = field(default_factory=dict)  # what the name-conflict check read
     refused: list[str] = field(default_factory=list)  # what the prune may not delete
+    uid: str | None = None
+    # When the ModelServer was last seen to exist: never, at first: the body a pass begins with may be a stale
+    # copy (kopf runs a handler again on the body it had when its own bookkeeping patch failed on a deleted object).
+    checked: float = float("-inf")
+    deleted: bool = False  # it was deleted (or replaced) during the pass: nothing more is written for it
+
+
+def _gone(step: _Pass, logger: logging.Logger) -> bool:
+    """Whether the ModelServer was deleted (or deleted and created again: another uid) since the pass began, read
+    at most every OWNER_CHECK_SECONDS: a slow pass must not go on writing objects and a status for it."""
+    if step.deleted:
+        return True
+    if time.monotonic() - step.checked < OWNER_CHECK_SECONDS:
+        return False
+    live = kube().get(_ms_path(step.namespace, step.name))
+    step.checked = time.monotonic()
+    meta = (live or {}).get("metadata") or {}
+    step.deleted = live is None or bool(meta.get("deletionTimestamp")) or (
+        step.uid is not None and meta.get("uid") != step.uid)
+    if step.deleted:
+        logger.info(f"{step.namespace}/{step.name} was deleted during its reconcile: nothing more is written")
+    return step.deleted
 
 
 def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging.Logger) -> None:
@@ -259,7 +337,8 @@ def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging
     _plan(body, step, nodes, logger)
     if step.result is not None:
         _apply_and_prune(body, step, logger)
-    _finish_status(body, step)
+    if not _gone(step, logger):
+        _finish_status(body, step)
 
 
 def _begin(body: Mapping[str, Any], nodes: list[NodeSummary]) -> _Pass:
@@ -271,7 +350,8 @@ def _begin(body: Mapping[str, Any], nodes: list[NodeSummary]) -> _Pass:
     update: dict[str, Any] = {"selector": ",".join(f"{k}={v}" for k, v in selector(name).items())}
     if generation is not None:
         update["observedGeneration"] = generation
-    return _Pass(namespace, name, generation, body.get("status") or {}, _parsed(body.get("spec")), update)
+    return _Pass(namespace, name, generation, body.get("status") or {}, _parsed(body.get("spec")), update,
+                 uid=meta.get("uid"))
 
 
 def _plan(body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger: logging.Logger) -> None:
@@ -297,8 +377,8 @@ def _plan(body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger
             taken, step.live[(obj["kind"], obj["metadata"]["name"])] = kube().conflict_live(obj)
             if taken is not None:
                 raise NameConflict(taken)
-    except ApiError:
-        raise  # the API server's trouble: retried
+    except (ApiError, *TRANSPORT_ERRORS):
+        raise  # the API server's (or the connection's) trouble: retried
     except Exception as caught:  # contained: a status and an event, never a failed handler
         exc = caught if isinstance(caught, SpillwayError) else InternalError.of(caught)
         if not isinstance(caught, SpillwayError):
@@ -323,6 +403,8 @@ def _apply_and_prune(body: Mapping[str, Any], step: _Pass, logger: logging.Logge
     assert step.result is not None and isinstance(step.spec, ModelServerSpec)
     try:
         for obj in step.result.objects:
+            if _gone(step, logger):
+                return
             if obj["kind"] == "Deployment" and step.generation is not None:
                 obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(
                     step.generation)
@@ -343,7 +425,8 @@ def _apply_and_prune(body: Mapping[str, Any], step: _Pass, logger: logging.Logge
         _event(body, step.error.reason, step.planned["message"], warning=True)
         return
     step.update["plan"] = status_plan(step.result)
-    if step.spec.routing.enabled or _was_routed(step.status):  # after the Service <name> selects its new pods
+    # after the Service <name> selects its new pods
+    if (step.spec.routing.enabled or _was_routed(step.status)) and not _gone(step, logger):
         step.refused = _prune(body, step.spec, step.result.objects, logger)
 
 
@@ -504,8 +587,8 @@ def on_modelserver(body: kopf.Body, namespace: str, name: str, gpu_nodes: kopf.I
         nodes = _all_nodes(gpu_nodes)
         try:
             reconcile(body, nodes, logger)
-        except ApiError as exc:
-            raise kopf.TemporaryError(str(exc), delay=RETRY_SECONDS) from exc
+        except (ApiError, *TRANSPORT_ERRORS) as exc:
+            raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}"[:1000], delay=RETRY_SECONDS) from exc
     _replan_if_nodes_moved(namespace, name, body, nodes, _all_nodes(gpu_nodes))
 
 
@@ -528,6 +611,7 @@ def on_delete(namespace: str, name: str, logger: logging.Logger, **_: Any) -> No
     metrics.publish_planned(namespace, name, None)
     _applied_owned.pop((namespace, name), None)
     _fingerprints.pop((namespace, name), None)
+    _known.discard((namespace, name))
     with _locks_guard:
         _locks.pop((namespace, name), None)
 
