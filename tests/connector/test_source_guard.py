@@ -72,3 +72,47 @@ def test_a_manager_whose_code_differs_keeps_vllms_path_and_says_so(monkeypatch, 
         assert batched_prepare_load(manager) is None and batched_complete_load(manager) is None
     warnings = [record.getMessage() for record in caplog.records]
     assert len(warnings) == 1 and "LRUCachePolicy.mark_evictable" in warnings[0] and "stock code runs" in warnings[0]
+
+
+# Which replacement is on, by release: a new release that moves a function shows here first (the upgrade's one
+# manual step is to read the moved function and either add its fingerprint or leave the replacement off).
+ON_BY_RELEASE = {
+    (0, 26): {"batched pin and release": False, "hit sources": False, "reservation memo": True,
+              "pre-fault": False, "detokenizer window": True},
+    (0, 32): {"batched pin and release": True, "hit sources": True, "reservation memo": True,
+              "pre-fault": False, "detokenizer window": True},
+    (0, 33): {"batched pin and release": True, "hit sources": True, "reservation memo": True,
+              "pre-fault": True, "detokenizer window": True},
+    (0, 34): {"batched pin and release": True, "hit sources": True, "reservation memo": False,
+              "pre-fault": True, "detokenizer window": True},
+}
+
+
+def _on() -> dict[str, bool]:
+    from spillway_connector import plugin, scheduler, spec
+    from vllm.v1.engine import detokenizer
+
+    def clean(functions, known) -> bool:
+        return bool(functions) and not source_guard.differences(functions, known)
+
+    worker = {}
+    if compat.TieringOffloadingSpec is not None:
+        worker["TieringOffloadingSpec.create_worker"] = vars(compat.TieringOffloadingSpec).get("create_worker")
+    return {
+        "batched pin and release": clean(compat.lru_manager_functions(), compat.LRU_MANAGER_CODE),
+        "hit sources": compat.CacheHitSource is not None and clean(compat.hit_sources_functions(),
+                                                                   compat.HIT_SOURCES_CODE),
+        "reservation memo": clean(scheduler.reservation_functions(), scheduler.RESERVATION_CODE),
+        "pre-fault": clean(spec.region_functions(), spec.REGION_CODE)
+        and clean({"CPUOffloadingSpec.create_worker": vars(compat.CPUOffloadingSpec).get("create_worker")},
+                  spec.CPU_WORKER_CODE)
+        and clean(worker, spec.TIERING_WORKER_CODE),
+        "detokenizer window": clean({"FastIncrementalDetokenizer.__init__":
+                                     detokenizer.FastIncrementalDetokenizer.__init__}, plugin.DETOKENIZER_CODE),
+    }
+
+
+def test_each_replacement_is_on_exactly_where_it_was_verified():
+    expected = ON_BY_RELEASE.get(compat.VLLM_MINOR)
+    assert expected is not None, f"vLLM {compat.VLLM_VERSION}: no row in ON_BY_RELEASE yet; it reads {_on()}"
+    assert _on() == expected, f"vLLM {compat.VLLM_VERSION}"
