@@ -14,8 +14,7 @@ from spillway.core import disk_tier as dt
 from spillway.core import k8s_names as names
 from spillway.core.errors import InvalidSpec, SpillwayError
 from support.crd_schema import admit
-from support.ms_api import Api
-from support.ms_cluster import EmulatedCluster, Operator, eventually
+from support.ms_cluster import Operator, eventually
 from support.ms_examples import gpu_node, modelserver
 
 ALLOWED = ("/mnt/nvme/spillway", "/data/kv")
@@ -75,12 +74,6 @@ def test_only_directories_in_or_under_an_allowed_one_pass():
 # -- through the real operator, with the administrator's directories ---------------------------------------------
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmulatedCluster(tmp_path_factory.mktemp("kmock")) as emulated:
-        yield emulated
-
-
-@pytest.fixture(scope="module")
 def operator(cluster, tmp_path_factory):
     running = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "kopf.log",
                        {names.ENV_RETRY_SECONDS: "1",
@@ -89,11 +82,6 @@ def operator(cluster, tmp_path_factory):
     alive = running.alive()
     running.kill()
     assert alive, "the operator died during the tests:\n" + running.output()[-5000:]
-
-
-@pytest.fixture()
-def api(cluster, operator):
-    return Api(cluster)
 
 
 def test_the_operator_plans_an_allowed_directory_and_refuses_another(api):

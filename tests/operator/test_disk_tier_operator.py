@@ -19,11 +19,6 @@ from support.ms_examples import LLAMA_8B, gpu_node
 CLAIM = "kv-tier"
 
 
-@pytest.fixture()
-def api(cluster, operator):
-    return Api(cluster)
-
-
 def disk_node(api: Api, name: str = "a", ephemeral: str | None = "28Ti", disk_gbps: str | None = None) -> dict:
     body = gpu_node(f"{api.pool}-{name}", "2Ti", 8, labels={"pool": api.pool})
     if ephemeral is not None:

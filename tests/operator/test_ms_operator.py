@@ -25,11 +25,6 @@ from support.ms_cluster import eventually
 from support.ms_examples import LLAMA_8B
 
 
-@pytest.fixture()
-def api(cluster, operator):
-    return Api(cluster)
-
-
 def memory_limit(deployment: dict) -> int:
     container, = deployment["spec"]["template"]["spec"]["containers"]
     return parse_bytes(container["resources"]["limits"]["memory"])

@@ -5,7 +5,6 @@ added: only the objects the ModelServer controls."""
 from __future__ import annotations
 
 import kubernetes
-import pytest
 from spillway.controller.routing_status import (
     REASON_NOT_ROUTED,
     REASON_POOL_APPLIED,
@@ -18,11 +17,6 @@ from spillway.core import k8s_names as names
 from support.ms_api import Api
 from support.ms_cluster import eventually
 from test_ms_operator import wait_planned
-
-
-@pytest.fixture()
-def api(cluster, operator):
-    return Api(cluster)
 
 
 def routed(api: Api, status: str, reason: str) -> dict:

@@ -5,12 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from harness import Api, eventually, memory_limit, names
-
-
-@pytest.fixture()
-def api(cluster, operator):
-    return Api(cluster)
+from harness import eventually, memory_limit, names
 
 
 # -- ownership ---------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The emulated cluster and the running operator that the operator-level suites share (a pytest plugin,
-registered in tests/conftest.py). A module that needs other settings defines its own `cluster`/`operator`."""
+"""The emulated cluster, the running operator and a client for one test's namespace that the operator-level
+suites share (a pytest plugin, registered in tests/conftest.py). A module that needs other operator settings
+defines its own `operator`; `api` then talks to that one."""
 from __future__ import annotations
 
 import socket
@@ -7,6 +8,7 @@ import socket
 import pytest
 from spillway.core import k8s_names as names
 
+from support.ms_api import Api
 from support.ms_cluster import EmulatedCluster, Operator
 
 
@@ -34,3 +36,9 @@ def operator(cluster, tmp_path_factory):
     running.kill()
     # A handler may fail a resource, never the process: a dead operator fails the module that killed it.
     assert alive, "the operator died during the tests:\n" + running.output()[-5000:]
+
+
+@pytest.fixture()
+def api(cluster, operator):
+    """A fresh namespace and node pool of the running operator's cluster, for one test."""
+    return Api(cluster)
