@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from spillway.adapters.model_config import filled_config
 from spillway.core.errors import ModelGeometryUnknown
 from spillway.core.geometry import geometry_from_config
 from spillway.core.model_facts import UNMODELLED
 from spillway.core.vllm_coverage import REFUSED, SIZED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "coverage"))
-from compare import RELEASES, fallback_statuses, load_truth, statuses
+from compare import RELEASES, fallback_statuses, load_truth, planner_answer, statuses
 from render import DOC, MODULE, doc_text, module_text
 
 ROWS = {s.arch: s for s in statuses()}
@@ -68,6 +69,26 @@ def test_nothing_is_sized_without_vllms_answer():
         with pytest.raises(ModelGeometryUnknown):
             geometry_from_config(config, arch)
         assert reason
+
+
+SHIPPED = sorted(a for a, e in load_truth()["architectures"].items() if "shipped" in e)
+
+
+def test_the_shipped_forms_cover_the_configs_transformers_builds():
+    assert len(SHIPPED) >= 150  # 171 of the recorded configs are built by a transformers config class
+
+
+@pytest.mark.parametrize("arch", SHIPPED)
+def test_a_config_as_shipped_sizes_as_vllm_sizes_it(arch):
+    """The config without every field transformers fills (shipped.py), filled as the planner fills a user's
+    config.json, gets vLLM's answer: a default the reader misses fails here."""
+    truth = load_truth()
+    entry = truth["architectures"][arch]
+    row = {**ROWS, **FALLBACK}[arch]
+    filled = {**entry, "config": dict(filled_config(entry["shipped"], arch))}  # (a recorded language model's)
+    if row.status != "sized":
+        return
+    assert planner_answer(filled, arch, truth["pool_bytes"], truth["max_model_len"]) == row.theirs
 
 
 def test_a_fallback_architecture_the_reading_gets_wrong_is_refused():

