@@ -392,18 +392,36 @@ async def run_loadtest(url: str, spec: dict, out_dir: Path, deadline: float) -> 
             "result_file": path.name if path.exists() else None}
 
 
-# -- vLLM patches and profiles -------------------------------------------------------------------------
-PATCHES = HERE.parent.parent / "images" / "vllm" / "patches"
+# -- the connector's plugin and profiles ------------------------------------------------------------------
+# The connector's vllm.general_plugins entry point (spillway_connector/plugin.py: the detokenizer window and the
+# orjson body read), as the wheel declares it (connector/pyproject.toml). The staged trees run the connector from
+# this checkout on PYTHONPATH, without the wheel's metadata: a dist-info folder beside it lets vLLM find the entry
+# point, for the engines that measure Spillway. Every other engine runs with SPILLWAY_VLLM_PLUGIN=off, so a
+# stock engine stays stock even where the wheel is installed.
+PLUGIN_ENV = "SPILLWAY_VLLM_PLUGIN"  # spillway_connector.plugin.PLUGIN_ENV (the bench imports no connector code)
 
 
-def load_patch(name: str):
-    """images/vllm/patches/<name>.py, the same module the image applies at build time."""
-    import importlib.util
+def plugin_site(out_dir: Path) -> Path:
+    """A folder holding only the connector's dist-info (name, version, entry point), for PYTHONPATH."""
+    import tomllib
 
-    spec = importlib.util.spec_from_file_location(f"vllm_patch_{name}", PATCHES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    project = tomllib.loads((HERE.parent.parent / "connector" / "pyproject.toml").read_text())["project"]
+    site = out_dir / "plugin-site"
+    info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    points = project["entry-points"]
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in entries.items())
+        for group, entries in points.items()))
+    return site
+
+
+def wants_plugin(spec: dict) -> bool:
+    """Spillway's engines (kind spillway, or an older engine set that listed the image's patches) load it."""
+    if "spillway_plugin" in spec:
+        return bool(spec["spillway_plugin"])
+    return "stock_args" not in spec and (spec.get("kind") == "spillway" or bool(spec.get("vllm_patches")))
 
 
 def engine_pids(server_pid: int) -> dict[str, int]:
@@ -565,7 +583,7 @@ def engine_log_facts(path: Path) -> dict:
 # what the KV cache became (block and page sizes, GPU tokens, CPU pool) and when each start phase ended (the
 # pool's file, pre-fault and registration among them), as the engine logs them with second timestamps
 _KV_LINE = re.compile(r"KV cache|kv cache|block size|page size|[Mm]amba|Maximum concurrency|num_gpu_blocks|CPU blocks")
-_START_LINE = re.compile(r"mmap|CPU tensors|[Rr]egister|offload|Model loading took|Loading weights took|"
+_START_LINE = re.compile(r"mmap|CPU tensors|[Rr]egister|offload|spillway_connector|Model loading took|Loading weights took|"
                          r"Graph capturing|torch.compile|init engine|KV cache size|Starting vLLM|Application startup")
 
 
@@ -592,6 +610,11 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
         env[api.ENV_USE_V2_MODEL_RUNNER] = "1" if runner == "v2" else "0"
         result["vllm_env"] = env
     full_env = {**os.environ, **common.get("env", {}), **env, **spec.get("extra_env", {})}
+    if wants_plugin(spec):
+        full_env["PYTHONPATH"] = f"{plugin_site(out_dir)}:{full_env.get('PYTHONPATH', '')}"
+        full_env.pop(PLUGIN_ENV, None)
+    else:
+        full_env[PLUGIN_ENV] = "off"
     if spec.get("probe"):
         full_env["SPILLWAY_TRANSFER_LOG"] = str(out_dir / f"transfers-{spec['name']}")
         full_env["PYTHONPATH"] = f"{HERE / 'probe'}:{full_env.get('PYTHONPATH', '')}"
@@ -601,22 +624,8 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
     log(f"engine {spec['name']}: vllm serve {' '.join(args)}")
     log(f"  env {env} (dropped: {list(dropped)})")
     offload = plan.get("pool") is not None or api.FLAG_KV_OFFLOADING_SIZE in args
-    patches = [load_patch(name) for name in spec.get("vllm_patches", [])]
-    sites: dict[str, Path] = {}
-    if patches:
-        try:
-            # Each patch's own package, where import finds it: vLLM's, or starlette's (fast_json_body), which
-            # the staged tree may hold beside vLLM or leave to the machine's own site-packages.
-            sites = {p.NAME: p.PATCH.site() for p in patches}
-            result["vllm_patches"] = {p.NAME: p.apply(sites[p.NAME]) for p in patches}
-        except Exception as exc:  # noqa: BLE001 - an engine whose patch does not apply is skipped, not the run
-            result["error"] = f"vLLM patch: {type(exc).__name__}: {exc}"
-            log(f"  FAILED: {result['error']}")
-            for p in patches:  # those applied before it would otherwise stay for the next engines
-                if p.NAME in sites:
-                    p.revert(sites[p.NAME])
-            return result
-        log(f"  vLLM patches: {result['vllm_patches']}")
+    result["spillway_plugin"] = wants_plugin(spec)
+    log(f"  Spillway's vLLM plugin: {'on' if result['spillway_plugin'] else 'off'}")
     timeout = aiohttp.ClientTimeout(total=900)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)  # no keep-alive: no reuse of closed connections
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
@@ -662,8 +671,6 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
         finally:
             server.stop()
             result["engine_log"] = engine_log_facts(server.log_path)
-            for p in patches:
-                p.revert(sites[p.NAME])
     return result
 
 

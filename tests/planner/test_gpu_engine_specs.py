@@ -54,11 +54,12 @@ def test_every_engine_plans(path, engine):
     if "stock_args" in engine:  # the peer: vLLM's own flags only, nothing of the plan's
         assert args == engine["stock_args"] and not plan["vllm"]["env"] and not engine.get("plan_flags"), engine
         assert not {"vllm_patches", "connector_extra_config", "extra_args"} & set(engine), engine
+        assert not serve_bench.wants_plugin(engine), f"{engine['name']}: a stock engine runs without our plugin"
     native = api.FLAG_KV_OFFLOADING_SIZE in args  # --connector native: vLLM's own flags, no transfer config
     assert args.count(api.FLAG_KV_TRANSFER_CONFIG) == (plan.get("pool") is not None and not native), args
     names = [e["name"] for e in spec["engines"]]
     assert names.count(engine["name"]) == 1, f"{path.name}: {engine['name']} twice (--only picks by name)"
-    if engine.get("vllm_patches") or engine.get("connector_extra_config"):
+    if engine.get("vllm_patches") or engine.get("spillway_plugin") or engine.get("connector_extra_config"):
         # both act on the offload path; on a no-offload engine they would measure nothing
         assert plan.get("pool") is not None, f"{engine['name']}: offload settings on an engine without a pool"
 
