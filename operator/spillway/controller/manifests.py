@@ -127,6 +127,8 @@ def vllm_args(spec: ModelServerSpec, result: Plan) -> list[str]:
         args += [api.FLAG_REVISION, spec.revision]
     if spec.served_model_name:
         args += [api.FLAG_SERVED_MODEL_NAME, spec.served_model_name]
+    if spec.api_key_secret is not None and hardening.ours(spec.image):  # its connector package holds the guard
+        args += [api.FLAG_MIDDLEWARE, api.API_KEY_MIDDLEWARE]
     return args + list(spec.extra_args)
 
 
