@@ -308,7 +308,9 @@ def test_rbac_is_least_privilege(helm, scenario):
     assert writes == {(k8s_names.GROUP, "modelservers"), (k8s_names.GROUP, "modelservers/status"),
                       ("apps", "deployments"), ("", "services"), ("", "events"), ("networking.k8s.io", "networkpolicies"),
                       # spec.routing.mode llm-d: the InferencePool and the endpoint picker's ConfigMap
-                      (k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_PLURAL), ("", "configmaps")}
+                      (k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_PLURAL), ("", "configmaps"),
+                      # spec.autoscaling: the HPA or KEDA's ScaledObject
+                      ("autoscaling", "horizontalpodautoscalers"), ("keda.sh", "scaledobjects")}
     # Deletes: only what a routed mode adds and the operator prunes when routing.mode no longer wants it (the router
     # Deployment and its NetworkPolicy, the headless Service, the InferencePool and the endpoint picker's ConfigMap),
     # in a namespace.
@@ -316,7 +318,8 @@ def test_rbac_is_least_privilege(helm, scenario):
     role = "Role" if namespaced_mode else "ClusterRole"
     assert deletes == {(role, "apps", "deployments"), (role, "", "services"), (role, "", "configmaps"),
                        (role, "networking.k8s.io", "networkpolicies"),
-                       (role, k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_PLURAL)}
+                       (role, k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_PLURAL),
+                       (role, "autoscaling", "horizontalpodautoscalers"), (role, "keda.sh", "scaledobjects")}
 
 
 def test_operator_settings_use_the_operators_names(helm):

@@ -232,6 +232,32 @@ def exercise(cluster: AuthorizingCluster, namespace: str, ignored_namespace: str
         k8s_names.INFERENCEPOOL_GROUP, k8s_names.INFERENCEPOOL_VERSION, namespace, k8s_names.INFERENCEPOOL_PLURAL,
         "pooled")) and not _exists(lambda: core.read_namespaced_config_map("pooled-epp", namespace)),
         timeout=60, what="the InferencePool and its ConfigMap pruned")
+    # spec.autoscaling: an HPA or a KEDA ScaledObject, changed (patch), then removed (pruned: delete).
+    create(modelserver("scaled", namespace, replicas=2, autoscaling={"maxReplicas": 2}))
+    create(modelserver("keda", namespace, replicas=2, autoscaling={
+        "provider": "keda", "maxReplicas": 2, "prometheusAddress": "http://prometheus.monitoring.svc:9090"}))
+    autoscalers = (("scaled", "autoscaling", "v2", "horizontalpodautoscalers"),
+                   ("keda", "keda.sh", "v1alpha1", "scaledobjects"))
+
+    def autoscaler(name: str, group: str, version: str, plural: str) -> dict:
+        return custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+
+    for name, *kind in autoscalers:
+        eventually(lambda name=name, kind=kind: _exists(lambda: autoscaler(name, *kind)), timeout=60,
+                   what=f"{name}'s autoscaler")
+        custom.patch_namespaced_custom_object(k8s_names.GROUP, k8s_names.VERSION, namespace, k8s_names.PLURAL, name,
+                                              {"spec": {"autoscaling": {"maxReplicas": 1}}},
+                                              _content_type="application/merge-patch+json")
+    for name, *kind in autoscalers:
+        field = "maxReplicaCount" if kind[0] == "keda.sh" else "maxReplicas"
+        eventually(lambda name=name, kind=kind, field=field: autoscaler(name, *kind)["spec"][field] == 1,
+                   timeout=60, what=f"{name}'s autoscaler patched")
+        custom.patch_namespaced_custom_object(k8s_names.GROUP, k8s_names.VERSION, namespace, k8s_names.PLURAL, name,
+                                              {"spec": {"autoscaling": None}},
+                                              _content_type="application/merge-patch+json")
+    for name, *kind in autoscalers:
+        eventually(lambda name=name, kind=kind: not _exists(lambda: autoscaler(name, *kind)), timeout=60,
+                   what=f"{name}'s autoscaler pruned")
     if ignored_namespace:
         body = custom.get_namespaced_custom_object(k8s_names.GROUP, k8s_names.VERSION, ignored_namespace,
                                                    k8s_names.PLURAL, "elsewhere")

@@ -36,6 +36,8 @@ PLURALS = {
     "ServiceAccount": "serviceaccounts",
     "RoleBinding": "rolebindings",
     names.INFERENCEPOOL_KIND: names.INFERENCEPOOL_PLURAL,
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",  # spec.autoscaling
+    "ScaledObject": "scaledobjects",  # spec.autoscaling, provider keda (KEDA's keda.sh/v1alpha1)
     "Job": "jobs",
 }
 APPLY_PATCH = "application/apply-patch+yaml"

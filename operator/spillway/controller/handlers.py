@@ -41,6 +41,7 @@ from ..core.errors import (
 from ..core.routing import MODE_LLM_D, MODE_NONE
 from . import conditions as cond
 from . import drift, metrics
+from .autoscaling import AUTOSCALER_KINDS
 from .disk_volume import check_disk_volume
 from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
@@ -425,8 +426,12 @@ def _apply_and_prune(body: Mapping[str, Any], step: _Pass, logger: logging.Logge
         _event(body, step.error.reason, step.planned["message"], warning=True)
         return
     step.update["plan"] = status_plan(step.result)
+    # status.autoscaler: the kind spec.autoscaling rendered (None clears it), so the pass after it goes prunes it
+    autoscaler = next((o["kind"] for o in step.result.objects if o["kind"] in AUTOSCALER_KINDS), None)
+    step.update["autoscaler"] = autoscaler
     # after the Service <name> selects its new pods
-    if (step.spec.routing.enabled or _was_routed(step.status)) and not _gone(step, logger):
+    if (step.spec.routing.enabled or _was_routed(step.status) or autoscaler or step.status.get("autoscaler")) \
+            and not _gone(step, logger):
         step.refused = _prune(body, step.spec, step.result.objects, logger)
 
 

@@ -19,7 +19,7 @@ from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 from ..core.planner import Plan, replica_share_bytes, with_disk, with_engine
 from ..core.quantity import format_bytes, to_quantity
-from . import disk_objects, hardening, plan_cache
+from . import autoscaling, disk_objects, hardening, plan_cache
 from .facts import Eligibility, NodeSummary, describe, eligibility
 from .objects import labels, owner_reference, selector, with_hash
 from .routing_objects import routed
@@ -106,6 +106,13 @@ def desired_for(body: Mapping[str, Any], spec: ModelServerSpec, eligible: Eligib
     nodes = eligible.require()
     result, node = plan_for_nodes(geometry, spec, nodes)
     objects = render(body, spec, result, pod_monitor, router_image)
+    scaling = autoscaling.parse_autoscaling(body.get("spec") or {})
+    if scaling is not None:
+        hostable = autoscaling.hostable_replicas((n.gpus for n in nodes), spec.request.tensor_parallel_size,
+                                                 spec.request.replicas_per_node)
+        bounds = autoscaling.replica_bounds(scaling, hostable)
+        objects = [*autoscaling.autoscaled(list(objects), body["metadata"]["name"]),
+                   with_hash(autoscaling.autoscaler(body, scaling, bounds))]
     return Desired(spec, result, node, nodes, tuple(objects))
 
 

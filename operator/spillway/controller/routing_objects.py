@@ -22,6 +22,7 @@ from ..core import k8s_names as names
 from ..core import vllm_api as api
 from ..core.planner import Plan
 from ..core.quantity import parse_bytes, to_quantity
+from .autoscaling import autoscaler_keys
 from .hardening import PROMETHEUS_NAME
 from .objects import derived_name, labels, owner_reference, selector, with_hash
 from .spec import ModelServerSpec
@@ -55,11 +56,13 @@ def epp_config_name(name: str) -> str:
 
 
 def routing_object_keys(name: str) -> list[tuple[str, str, str]]:
-    """(apiVersion, kind, name) of every object a routed mode adds (the ones pruned when no mode wants them)."""
+    """(apiVersion, kind, name) of every object a routed mode or spec.autoscaling adds (the ones pruned when
+    nothing wants them)."""
     return [("apps/v1", "Deployment", router_name(name)), ("v1", "Service", replicas_service_name(name)),
             ("networking.k8s.io/v1", "NetworkPolicy", router_name(name)),
             (f"{names.INFERENCEPOOL_GROUP}/{names.INFERENCEPOOL_VERSION}", names.INFERENCEPOOL_KIND, name),
-            ("v1", "ConfigMap", epp_config_name(name))]
+            ("v1", "ConfigMap", epp_config_name(name)),
+            *autoscaler_keys(name)]
 
 
 def host_tier_credit(spec: ModelServerSpec, result: Plan) -> float | None:

@@ -7,6 +7,7 @@ the field, instead of an AttributeError deep in the eligibility rules.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,9 +22,15 @@ SPEC_FIELDS = frozenset({
     "model", "revision", "servedModelName", "modelConfig", "hfTokenSecretRef", "tensorParallelSize", "replicas",
     "replicasPerNode", "blockSize", "kvCacheDtype", "image", "vllmVersion", "imagePullPolicy", "imagePullSecrets",
     "resources", "nodeSelector", "tolerations", "affinity", "extraArgs", "env", "offload", "apiKeySecretRef",
-    "networkPolicy", "routing",
+    "networkPolicy", "routing", "autoscaling",
 })
 OFFLOAD_FIELDS = frozenset({"enabled", "size", "evictionPolicy", "layout", "blockSize", "connector", "disk"})
+
+
+# What the API server requires of a ConfigMap's, Secret's or claim's name (IsDNS1123Subdomain: 253 characters at
+# most, no bound per label); the CRD's pattern is this one (a test keeps them equal).
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN)
 
 
 def object_name(value: str, where: str, kind: str) -> str:
@@ -31,10 +38,11 @@ def object_name(value: str, where: str, kind: str) -> str:
     kubelet: a DNS-1123 subdomain, as the API server requires of every ConfigMap, Secret and claim. Checked here,
     not only by the CRD's pattern: `../../victim/configmaps/private` would otherwise walk the path out of the
     ModelServer's namespace, and a 10 KB name makes a URL the API server refuses for ever."""
-    problem = names.name_problem(value, subdomain=True)
-    if problem is not None:
+    # fullmatch: a pattern's `$` also matches before a final newline
+    if not 0 < len(value) <= names.DNS_SUBDOMAIN_MAX or not _SUBDOMAIN.fullmatch(value):
         shown = f"{value[:80]!r}{'...' if len(value) > 80 else ''}"
-        raise InvalidSpec(f"{where} {shown} is not the name of a {kind}: a name {problem}")
+        raise InvalidSpec(f"{where} {shown} is not the name of a {kind}: a name is 1 to {names.DNS_SUBDOMAIN_MAX} "
+                          "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit")
     return value
 
 

@@ -127,6 +127,9 @@ ENV_API_KEY = "VLLM_API_KEY"  # the server's bearer token (vllm/envs.py), from s
 # (spillway_connector/spec.py) on the releases whose region it pre-faults (0.33+); others ignore the variable.
 ENV_PREFAULT_THREADS = "SPILLWAY_PREFAULT_THREADS"
 PREFAULT_SINCE = (0, 33)
+# vLLM's cache root (vllm/envs.py): torch.compile's cache is VLLM_CACHE_ROOT/torch_compile_cache/<hash> (0.34:
+# vllm/compilation/backends.py, decorators.py)
+ENV_CACHE_ROOT = "VLLM_CACHE_ROOT"
 # vLLM's --scheduler-cls (vllm/engine/arg_utils.py) with Spillway's scheduler (SCHEDULER_CLS, from the connector's
 # transfer_config) on releases before SCHEDULER_CLS_BEFORE: from 0.34 vLLM remembers the reservation itself.
 FLAG_SCHEDULER_CLS = "--scheduler-cls"
@@ -135,6 +138,7 @@ SCHEDULER_CLS_BEFORE = (0, 34)
 # as /reset_prefix_cache and /collective_rpc, runtime LoRA loading, pickle deserialization) or change its
 # memory (vllm/envs.py, vLLM 0.33).
 RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SPACE, ENV_API_KEY, ENV_PREFAULT_THREADS,
+                ENV_CACHE_ROOT,
                 "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_INSECURE_SERIALIZATION")
 
 # -- connectors ---------------------------------------------------------------
