@@ -452,15 +452,15 @@ def _router_row() -> RowSpec:
             PanelSpec(
                 "Requests in flight",
                 "Requests the router has sent to each pod and not yet had answered (spillway_router_in_flight): "
-                "the load the router balances; a prefix's pod is passed over when it is --max-imbalance above "
-                "the least loaded.",
+                "the load the router bounds; a prefix's pod is passed over for the next along the ring while it "
+                "holds more than --load-factor x the mean.",
                 "none",
                 (Query(by_worker_pod(in_flight, *FILTER), "{{pod}}"),),
             ),
             PanelSpec(
                 "Upstream errors",
-                "Requests per second a pod did not answer (the client got a 502 naming it) or whose answer was "
-                "cut mid-stream, by the pod or by the client (spillway_router_upstream_errors_total).",
+                "Requests per second a pod did not answer in time or at all (after the retries on other pods: a 502 "
+                "or 504) or whose answer was cut mid-stream (spillway_router_upstream_errors_total).",
                 "reqps",
                 (Query(by_worker_pod(_router_rate(routing.ROUTER_METRIC_UPSTREAM_ERRORS), *FILTER), "{{pod}}"),),
             ),
