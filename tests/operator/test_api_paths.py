@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 from spillway.adapters.kube import Kube, path
+from spillway.controller.spec_checks import DNS1123_SUBDOMAIN, object_name
 from spillway.core import k8s_names as names
 from spillway.core.errors import InvalidSpec
 from support.ms_api import Api
 from support.ms_cluster import EmulatedCluster, Operator
 from support.operator_fixtures import free_port
 
+CRD = Path(__file__).resolve().parents[2] / "charts/spillway/crds/modelservers.spillway.dev.yaml"
 VICTIM = "victim"
 # kind (as the operator names it) -> the plural in the path, and a hostile name for it
 KINDS = {"ConfigMap": "configmaps", "Secret": "secrets", names.PVC_PLURAL: names.PVC_PLURAL}
@@ -117,3 +121,36 @@ def test_a_reference_that_is_no_kubernetes_name_is_a_condition_and_reads_nothing
             and any(k in p for k in KINDS.values())]
     assert read == [], read  # neither the victim's objects nor a mangled path in the tenant's own namespace
     assert api.deployments() == []
+
+
+def _name_schemas(node, trail=()):
+    """(where, schema) of every referenced object's name field in the CRD's spec schema."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("name", "claimName", "storageClassName") and isinstance(value, dict) and value.get("type") == "string" \
+                    and trail and trail[-1] == "properties" and "metadata" not in trail:
+                yield ".".join(trail), value
+            yield from _name_schemas(value, (*trail, key))
+
+
+def test_the_crd_pattern_is_the_operators_rule():
+    crd = yaml.safe_load(CRD.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    found = {where: schema for where, schema in _name_schemas(spec)
+             if not where.startswith(("properties.routing", "properties.env", "properties.resources"))}
+    refs = [w for w in found if any(part in w for part in ("configMapRef", "hfTokenSecretRef", "apiKeySecretRef",
+                                                           "imagePullSecrets", "persistentVolumeClaim", "ephemeral"))]
+    assert len(refs) == 6, sorted(found)
+    for where in refs:
+        assert found[where].get("pattern") == DNS1123_SUBDOMAIN and found[where].get("maxLength") == 253, where
+
+
+@pytest.mark.parametrize("name", ["x" * 253, "a.b-c.d", "0"])
+def test_names_the_api_server_takes_are_taken(name):
+    assert object_name(name, "f", "ConfigMap") == name
+
+
+@pytest.mark.parametrize("name", ["x" * 254, "a\n", "a..b", "A", "a.", "-a", "\uff41", "%2e%2e", "a/b", "a\x00", ""])
+def test_names_the_api_server_refuses_are_refused(name):
+    with pytest.raises(InvalidSpec, match="is not the name of a ConfigMap"):
+        object_name(name, "f", "ConfigMap")
