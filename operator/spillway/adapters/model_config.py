@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core.errors import ModelGeometryUnknown
 from ..core.geometry import ModelGeometry, geometry_from_config
-from ..core.model_facts import check_bounds
+from ..core.model_facts import check_config
 from ..core.model_source import MAX_CONFIG_BYTES, ModelSource, Origin, origin, parse_config_text
 
 # The transformers release the vLLM images carry (the CPU engine's in .venv; operator/pyproject.toml pins it):
@@ -133,10 +133,11 @@ def _config_classes() -> Mapping[str, Any] | None:
 
 def filled_config(config: Mapping[str, Any], name: str = "model") -> Mapping[str, Any]:
     """`config` as vLLM sees it: built through transformers' config class of its model type, every default
-    filled (module docstring). Bounds are checked first: transformers expands per-layer lists from the layer
-    count, and 10**30 layers must be refused, not allocated."""
-    check_bounds(config, name)
-    model_type = config.get("model_type") if isinstance(config, Mapping) else None
+    filled (module docstring). The core's first checks come first: transformers expands per-layer lists from the
+    layer count (10**30 layers must be refused, not allocated), and a config no reading accepts should not pay
+    transformers' import."""
+    check_config(config, name)
+    model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type in VLLM_CONFIG_TYPES:
         return config
     classes = _config_classes()

@@ -200,6 +200,22 @@ def _int(config: Mapping[str, Any], key: str, name: str, default: int | None = N
     return value
 
 
+def check_config(config: Any, name: str = "model") -> str:
+    """What any reading needs first, cheap and before a config class is built: a JSON object within the geometry
+    bounds, naming its architecture (returned)."""
+    if not isinstance(config, Mapping):
+        raise ModelGeometryUnknown(f"{name}: config.json must be a JSON object")
+    check_bounds(config, name)
+    architectures = config.get("architectures") or []
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
+    if architecture is None:
+        raise ModelGeometryUnknown(f"{name}: config.json has no 'architectures' entry")
+    if not isinstance(architecture, str):
+        raise ModelGeometryUnknown(f"{name}: config.json 'architectures' must list class names (strings), "
+                                   f"got {architectures!r}"[:300])
+    return architecture
+
+
 def check_bounds(config: Any, name: str = "model", depth: int = 0) -> None:
     """Refuse a config whose layer count, heads, head size or hidden size no model has (GEOMETRY_BOUNDS), in it
     and in the language model's config a multimodal wrapper nests: one line, before anything is sized or a
@@ -589,16 +605,7 @@ def _mla(config: Mapping[str, Any], model_type: str) -> bool:
 
 def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     """The facts of a config.json mapping, or ModelGeometryUnknown saying what is missing or impossible."""
-    if not isinstance(config, Mapping):
-        raise ModelGeometryUnknown(f"{name}: config.json must be a JSON object")
-    check_bounds(config, name)
-    architectures = config.get("architectures") or []
-    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
-    if architecture is None:
-        raise ModelGeometryUnknown(f"{name}: config.json has no 'architectures' entry")
-    if not isinstance(architecture, str):
-        raise ModelGeometryUnknown(f"{name}: config.json 'architectures' must list class names (strings), "
-                                   f"got {architectures!r}"[:300])
+    architecture = check_config(config, name)
     text, multimodal = text_config(config)
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     if model_type in UNMODELLED:
