@@ -23,7 +23,7 @@ from typing import Any
 
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
-from .objects import labels, owner_reference
+from .objects import metadata
 from .spec_checks import known_fields
 
 PROVIDER_HPA = "hpa"
@@ -130,16 +130,6 @@ def queries(namespace: str, name: str) -> dict[str, str]:
             "kv": f"sum({api.Metric.GPU_CACHE_USAGE}{{{pods}}})"}
 
 
-def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = body["metadata"]
-    out: dict[str, Any] = {"name": meta["name"], "namespace": meta.get("namespace") or "default",
-                           "labels": labels(meta["name"])}
-    owner = owner_reference(body)
-    if owner is not None:
-        out["ownerReferences"] = [owner]
-    return out
-
-
 def autoscaler(body: Mapping[str, Any], scaling: AutoscalingSpec, bounds: tuple[int, int]) -> dict[str, Any]:
     name = body["metadata"]["name"]
     namespace = body["metadata"].get("namespace") or "default"
@@ -155,7 +145,7 @@ def autoscaler(body: Mapping[str, Any], scaling: AutoscalingSpec, bounds: tuple[
                 "serverAddress": scaling.prometheus_address, "query": found["kv"],
                 "threshold": _quantity(scaling.kv_usage)}},
         ]
-        return {"apiVersion": KEDA_API[0], "kind": KEDA_API[1], "metadata": _metadata(body),
+        return {"apiVersion": KEDA_API[0], "kind": KEDA_API[1], "metadata": metadata(body),
                 "spec": {"scaleTargetRef": target, "minReplicaCount": least, "maxReplicaCount": most,
                          "triggers": triggers}}
     metrics = [
@@ -164,7 +154,7 @@ def autoscaler(body: Mapping[str, Any], scaling: AutoscalingSpec, bounds: tuple[
         {"type": "Pods", "pods": {"metric": {"name": ADAPTER_METRICS[api.Metric.GPU_CACHE_USAGE]},
                                   "target": {"type": "AverageValue", "averageValue": _quantity(scaling.kv_usage)}}},
     ]
-    return {"apiVersion": HPA_API[0], "kind": HPA_API[1], "metadata": _metadata(body),
+    return {"apiVersion": HPA_API[0], "kind": HPA_API[1], "metadata": metadata(body),
             "spec": {"scaleTargetRef": target, "minReplicas": least, "maxReplicas": most, "metrics": metrics}}
 
 

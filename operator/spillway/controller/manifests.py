@@ -21,7 +21,7 @@ from ..core.planner import Plan, replica_share_bytes, with_disk, with_engine
 from ..core.quantity import format_bytes, to_quantity
 from . import autoscaling, disk_objects, hardening, plan_cache
 from .facts import Eligibility, NodeSummary, describe, eligibility
-from .objects import labels, owner_reference, selector, with_hash
+from .objects import labels, metadata, selector, with_hash
 from .routing_objects import routed
 from .spec import ModelServerSpec, parse_spec
 
@@ -118,16 +118,6 @@ def desired_for(body: Mapping[str, Any], spec: ModelServerSpec, eligible: Eligib
 
 # -- objects ---------------------------------------------------------------------------------------
 
-def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = body.get("metadata") or {}
-    out: dict[str, Any] = {"name": meta["name"], "namespace": meta.get("namespace") or "default",
-                           "labels": labels(meta["name"])}
-    owner = owner_reference(body)
-    if owner is not None:
-        out["ownerReferences"] = [owner]
-    return out
-
-
 def vllm_args(spec: ModelServerSpec, result: Plan) -> list[str]:
     args = [spec.model, *result.args, api.FLAG_HOST, "0.0.0.0", api.FLAG_PORT, str(api.SERVER_PORT)]
     if spec.revision:
@@ -218,7 +208,7 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
     return with_hash({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(body),
+        "metadata": metadata(body),
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector(name)},
@@ -234,7 +224,7 @@ def service(body: Mapping[str, Any]) -> dict[str, Any]:
     return with_hash({
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(body),
+        "metadata": metadata(body),
         "spec": {
             "type": "ClusterIP",
             "selector": selector(name),
@@ -249,7 +239,7 @@ def pod_monitor(body: Mapping[str, Any]) -> dict[str, Any]:
     return with_hash({
         "apiVersion": f"{names.PODMONITOR_GROUP}/{names.PODMONITOR_VERSION}",
         "kind": names.PODMONITOR_KIND,
-        "metadata": _metadata(body),
+        "metadata": metadata(body),
         "spec": {
             "selector": {"matchLabels": selector(name)},
             "podMetricsEndpoints": [{"port": names.PORT_NAME_HTTP, "path": api.METRICS_PATH}],
@@ -262,7 +252,7 @@ def network_policy(body: Mapping[str, Any], spec: ModelServerSpec) -> dict[str, 
     return with_hash({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _metadata(body),
+        "metadata": metadata(body),
         "spec": hardening.network_policy_spec(name, spec, selector(name)),
     })
 

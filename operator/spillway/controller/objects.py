@@ -39,6 +39,19 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any] | None:
             "controller": True, "blockOwnerDeletion": True}
 
 
+def metadata(body: Mapping[str, Any], name: str | None = None,
+             object_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The metadata of an object written for the ModelServer `body`: `name` (the ModelServer's own unless given)
+    in its namespace, `object_labels` (the ModelServer's unless given), owned by it once it has a uid."""
+    meta = body.get("metadata") or {}
+    out: dict[str, Any] = {"name": name or meta["name"], "namespace": meta.get("namespace") or "default",
+                           "labels": labels(meta["name"]) if object_labels is None else object_labels}
+    owner = owner_reference(body)
+    if owner is not None:
+        out["ownerReferences"] = [owner]
+    return out
+
+
 def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
     """Stamp the object with a hash of its content (what was applied, for a reader; drift is found by
     comparing the live fields, adapters.kube.holds)."""

@@ -24,7 +24,7 @@ from ..core.planner import Plan
 from ..core.quantity import parse_bytes, to_quantity
 from .autoscaling import autoscaler_keys
 from .hardening import PROMETHEUS_NAME
-from .objects import derived_name, labels, owner_reference, selector, with_hash
+from .objects import derived_name, metadata, selector, with_hash
 from .spec import ModelServerSpec
 
 ROUTER_REQUESTS = {"cpu": "500m"}  # memory: router_memory_bytes, request = limit
@@ -102,13 +102,6 @@ def publish_events(deployment: dict[str, Any]) -> dict[str, Any]:
 
 # -- kv-aware -----------------------------------------------------------------------------------------------
 
-def _metadata(body: Mapping[str, Any], name: str, labels: dict[str, str], owner: dict | None) -> dict[str, Any]:
-    meta = {"name": name, "namespace": (body.get("metadata") or {}).get("namespace") or "default", "labels": labels}
-    if owner is not None:
-        meta["ownerReferences"] = [owner]
-    return meta
-
-
 def _router_probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": names.PORT_NAME_HTTP}, "periodSeconds": period, "timeoutSeconds": 3,
             "failureThreshold": failures}
@@ -151,7 +144,7 @@ def router_command(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks:
 
 
 def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks: int,
-                   owner: dict | None, image: str) -> list[dict[str, Any]]:
+                   image: str) -> list[dict[str, Any]]:
     """The headless Service over the replicas and the router's Deployment; `image` is the router image when
     spec.routing.router.image names none (the operator's setting)."""
     name = body["metadata"]["name"]
@@ -161,7 +154,7 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks:
 
     # Headless: DNS answers with each ready pod's IP (not-ready pods are left out), which the router needs.
     replicas = {"apiVersion": "v1", "kind": "Service",
-                "metadata": _metadata(body, replicas_service_name(name), labels(name), owner),
+                "metadata": metadata(body, replicas_service_name(name)),
                 "spec": {"clusterIP": "None", "selector": selector(name), "ports": [
                     {"name": names.PORT_NAME_HTTP, "port": api.SERVER_PORT, "targetPort": names.PORT_NAME_HTTP,
                      "protocol": "TCP"}]}}
@@ -180,7 +173,7 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks:
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
     }
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(body, rname, rlabels, owner),
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(body, rname, rlabels),
         "spec": {
             "replicas": spec.routing.router_replicas,
             "selector": {"matchLabels": router_selector(name)},
@@ -204,7 +197,7 @@ def _prometheus() -> dict[str, Any]:
     return {"namespaceSelector": {}, "podSelector": {"matchLabels": {names.LABEL_NAME: PROMETHEUS_NAME}}}
 
 
-def router_network_policy(body: Mapping[str, Any], spec: ModelServerSpec, owner: dict | None) -> dict[str, Any]:
+def router_network_policy(body: Mapping[str, Any], spec: ModelServerSpec) -> dict[str, Any]:
     """The router pods take what the vLLM pods took before routing: this ModelServer's load-test Jobs and the
     namespaces spec.networkPolicy names on the API port, Prometheus on the metrics port."""
     name = body["metadata"]["name"]
@@ -213,7 +206,7 @@ def router_network_policy(body: Mapping[str, Any], spec: ModelServerSpec, owner:
     if spec.client_namespaces is not None:
         clients.append({"namespaceSelector": dict(spec.client_namespaces)})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _metadata(body, router_name(name), router_labels(name), owner),
+            "metadata": metadata(body, router_name(name), router_labels(name)),
             "spec": {"podSelector": {"matchLabels": router_selector(name)}, "policyTypes": ["Ingress"],
                      "ingress": [{"from": clients, "ports": [_port(routing.ROUTER_PORT)]},
                                  {"from": [_prometheus()], "ports": [_port(routing.ROUTER_METRICS_PORT)]}]}}
@@ -345,17 +338,16 @@ def publish_llm_d_topic(deployment: dict[str, Any], spec: ModelServerSpec) -> di
     return deployment
 
 
-def llm_d_objects(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan,
-                  owner: dict | None) -> list[dict[str, Any]]:
+def llm_d_objects(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
     name = body["metadata"]["name"]
     pool = {
         "apiVersion": f"{names.INFERENCEPOOL_GROUP}/{names.INFERENCEPOOL_VERSION}", "kind": names.INFERENCEPOOL_KIND,
-        "metadata": _metadata(body, name, labels(name), owner),
+        "metadata": metadata(body),
         "spec": {"selector": {"matchLabels": selector(name)}, "targetPorts": [{"number": api.SERVER_PORT}],
                  "endpointPickerRef": {"name": epp_config_name(name), "port": {"number": routing.EPP_PORT},
                                        "failureMode": "FailOpen"}},
     }
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(body, epp_config_name(name), labels(name), owner),
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(body, epp_config_name(name)),
               "data": {EPP_CONFIG_KEY: yaml.safe_dump(epp_config(body, spec, result), sort_keys=False)}}
     return [pool, config]
 
@@ -368,7 +360,7 @@ def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, objects
     mode = spec.routing.mode
     if mode == routing.MODE_NONE:
         return objects
-    name, owner = body["metadata"]["name"], owner_reference(body)
+    name = body["metadata"]["name"]
     out = []
     for obj in objects:
         if obj["kind"] == "Deployment" and spec.routing.publishes_events:
@@ -382,11 +374,11 @@ def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, objects
                 obj = with_hash(admit_router_to_events(obj))
         out.append(obj)
     if mode == routing.MODE_KV_AWARE:
-        out += [with_hash(o) for o in router_objects(body, spec, pool_blocks(spec, result), owner, router_image)]
+        out += [with_hash(o) for o in router_objects(body, spec, pool_blocks(spec, result), router_image)]
         if spec.network_policy:
-            out.append(with_hash(router_network_policy(body, spec, owner)))
+            out.append(with_hash(router_network_policy(body, spec)))
     else:
-        out += [with_hash(o) for o in llm_d_objects(body, spec, result, owner)]
+        out += [with_hash(o) for o in llm_d_objects(body, spec, result)]
     return out
 
 
