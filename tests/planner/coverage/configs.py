@@ -143,6 +143,10 @@ PATCHES["KimiLinearForCausalLM"] = {
 # cohere_compass.py asserts its language model ties its embeddings; transformers' CohereCompassConfig passes the
 # top-level tie_word_embeddings (default false) down to its text config
 PATCHES["CohereCompassForConditionalGeneration"] = {"tie_word_embeddings": True}
+# tencent/Hunyuan-7B-Instruct, mistralai/Ministral-8B-Instruct-2410: head_dim 128, which their classes leave None
+# and vLLM's Transformers backend needs for the attention scale
+PATCHES["HunYuanDenseV1ForCausalLM"] = PATCHES["HunYuanMoEV1ForCausalLM"] = {"head_dim": 128}
+PATCHES["MinistralForCausalLM"] = {"head_dim": 128}
 
 # openpangu.py builds PanguProMoEV2ForCausalLM's MoE from DeepSeek-style fields the generic config lacks; they size
 # experts only (no KV-cache spec reads them, the generic config's attention stays; not a published config's values)
