@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from spillway.loadtest import working_set
 from spillway.loadtest.working_set import WorkingSetPlan
-from spillway_connector import names
+from spillway_connector import disk_evictor, names
 from spillway_connector.chunk_integrity import file_bytes
 from spillway_connector.host_tiering import cpu_disk_tier_args
 from support import VllmServer
@@ -78,10 +78,17 @@ class Volume:
     def read_only(directory: Path, on: bool) -> None:
         """Make `directory` a read-only mount of itself (a read-only bind mount: statvfs reports ST_RDONLY, every
         write fails with EROFS), or undo it."""
-        commands = ([["mount", "--bind", str(directory), str(directory)],
-                     ["mount", "-o", "remount,bind,ro", str(directory)]] if on else [["umount", str(directory)]])
-        for command in commands:
-            subprocess.run(command, check=True)
+        if not on:
+            subprocess.run(["umount", str(directory)], check=True)
+            return
+        subprocess.run(["mount", "--bind", str(directory), str(directory)], check=True)
+        for _ in range(10):  # a remount can meet EBUSY while a tier thread has a file open for writing
+            result = subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], check=False,
+                                    capture_output=True, text=True)
+            if result.returncode == 0:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"cannot make {directory} read-only: {result.stderr.strip()}")
 
     def __exit__(self, *exc) -> None:
         subprocess.run(["chattr", "-R", "-i", str(self.path)], check=False, capture_output=True)
@@ -172,10 +179,10 @@ def new_files(root: Path, before: set[Path]) -> list[Path]:
 
 def flip_bit(path: Path, _: Path) -> None:
     with open(path, "r+b") as f:
-        f.seek(1000)
+        f.seek(1001)  # the high byte of a little-endian bf16 value
         byte = f.read(1)[0]
-        f.seek(1000)
-        f.write(bytes([byte ^ 0x40]))  # a bf16 exponent bit
+        f.seek(1001)
+        f.write(bytes([byte ^ 0x40]))  # its top exponent bit
 
 
 def zeros(path: Path, _: Path) -> None:
@@ -218,12 +225,17 @@ def test_disk_tier_serves_only_right_kv_stays_bounded_and_survives_its_faults(tm
             assert disk_hits(text) >= PROMPT_CHUNKS - 1 and metric(text, names.TIER_LOADED_CHUNKS) >= 3
 
             # damaged chunk files of prompts 1-4 (none in the pool), one chunk each at another position
+            wrong, kept = [], []
             for n, damage in enumerate(DAMAGES, start=1):
                 victim = files[n][n - 1]
                 damage(victim, files[7][0])
                 bad = victim.read_bytes()
-                assert complete(s, prompts[n], OUT) == computed[n], f"{damage.__name__}: the computed answer"
-                assert not victim.exists() or victim.read_bytes() != bad, f"{damage.__name__}: the bad file is gone"
+                if complete(s, prompts[n], OUT) != computed[n]:
+                    wrong.append(damage.__name__)
+                if victim.exists() and victim.read_bytes() == bad:
+                    kept.append(damage.__name__)
+            assert not wrong, f"answers other than the computed ones after {wrong}"
+            assert not kept, f"bad files kept after {kept}"
             text = settle(s)
             assert metric(text, names.TIER_CHECKSUM_MISMATCHES) == len(DAMAGES)
             assert log.read_text().count("failed its check") == len(DAMAGES)
@@ -252,19 +264,19 @@ def test_disk_tier_serves_only_right_kv_stays_bounded_and_survives_its_faults(tm
             subprocess.run(["chattr", "-i", str(stuck)], check=True)
 
             # another file fills the volume: the evictor frees what it holds; the tier works once it is gone
-            held = len(chunk_files(root))
-            free = shutil.disk_usage(volume.path).free
+            disk = shutil.disk_usage(volume.path)
+            floor = min(disk_evictor.FREE_FLOOR_BYTES, int(disk_evictor.FREE_FLOOR_SHARE * disk.total))
             ballast = volume.path / "ballast"
             with open(ballast, "wb") as f:
-                f.write(bytes(max(0, free - 64 * 1024)))
-            wait_for(lambda: len(chunk_files(root)) < held, "the evictor frees space on a full volume")
+                f.write(bytes(max(0, disk.free - 64 * 1024)))
+            wait_for(lambda: shutil.disk_usage(volume.path).free >= floor, "the evictor frees space on a full volume")
             assert "the volume is full" in log.read_text()
             assert complete(s, prompts[0], OUT) == computed[0], "a full volume: answers as computed"
             ballast.unlink()
             before = set(chunk_files(root))
             fresh = s.token_ids(PROMPT_TOKENS, 200)
             fresh_answer = complete(s, fresh, OUT)
-            wait_for(lambda: len(new_files(root, before)) == PROMPT_CHUNKS, "stores work again after the fill")
+            wait_for(lambda: len(new_files(root, before)) >= PROMPT_CHUNKS, "stores work again after the fill")
 
             # read-only: stores refused and reported, what is on disk still loads
             refused = metric(settle(s), names.TIER_REFUSED_CHUNKS)
