@@ -2,9 +2,9 @@
 emulated Kubernetes API (the operator suites' harness) with a small client for one test's namespace."""
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ import yaml
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 from spillway.core import k8s_names as names
+from support.forked import Forked
 from support.ms_api import Api
 from support.ms_cluster import EmulatedCluster, Operator, eventually
 from support.ms_examples import LLAMA_8B, gpu_node, modelserver
@@ -34,10 +35,21 @@ __all__ = [
     "spillway",
 ]
 
+# The CLI and vLLM's parser run in children forked from one process that imported them (support/forked.py):
+# a process of their own per call, without a fresh interpreter's imports each time.
+_CLI_IMPORTS = ["spillway.cli", "spillway.commands.plan", "spillway.commands.render", "spillway.loadtest.cli"]
+_VLLM_IMPORTS = ["vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_utils"]
+
+
+@functools.cache
+def _forked(*preload: str) -> Forked:
+    return Forked(list(preload))
+
+
 def spillway(*args: str, stdin: str | None = None, timeout: float = 120, env: dict | None = None,
-             preexec_fn=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spillway.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, check=False, env=env, preexec_fn=preexec_fn)
+             rlimits: dict[str, int] | None = None) -> subprocess.CompletedProcess:
+    """`python -m spillway.cli ARGS`; `rlimits` ({"RLIMIT_AS": bytes}) are set in its process before it runs."""
+    return _forked(*_CLI_IMPORTS).run("spillway.cli", *args, stdin=stdin, env=env, timeout=timeout, rlimits=rlimits)
 
 
 def one_error_line(done: subprocess.CompletedProcess, *words: str) -> str:
@@ -70,8 +82,9 @@ def memory_limit(deployment: dict) -> str:
 
 def parse_with_vllm(argvs: list[list[str]]) -> list[dict]:
     """What vLLM's own parser reads from each command line (vllm_parse.py, the CPU build)."""
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("vllm_parse.py"))], input=json.dumps(argvs),
-                          capture_output=True, text=True, timeout=300, check=True)
+    done = _forked(*_VLLM_IMPORTS).run(str(Path(__file__).with_name("vllm_parse.py")), stdin=json.dumps(argvs),
+                                       timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

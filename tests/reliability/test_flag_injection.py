@@ -85,6 +85,6 @@ def test_a_max_model_len_vllm_would_refuse_is_refused(tmp_path):
 
 
 def test_max_model_len_reaches_vllm_as_planned(tmp_path):
-    for value, tokens in (("8k", 8000), ("8K", 8192), ("auto", -1)):
-        parsed, = parse_with_vllm([container_args(render(tmp_path, modelserver(extraArgs=[f"--max_model_len={value}"])))])
-        assert parsed["max_model_len"] == tokens
+    cases = {"8k": 8000, "8K": 8192, "auto": -1}
+    argvs = [container_args(render(tmp_path, modelserver(extraArgs=[f"--max_model_len={value}"]))) for value in cases]
+    assert [parsed["max_model_len"] for parsed in parse_with_vllm(argvs)] == list(cases.values())

@@ -3,7 +3,6 @@ never an unbounded read."""
 from __future__ import annotations
 
 import json
-import resource
 
 import pytest
 from harness import LLAMA_8B, modelserver, one_error_line, render, spillway
@@ -12,13 +11,10 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidd
          "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "torch_dtype": "bfloat16"}
 
 
-def _limit_memory():
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # an unbounded read fails fast, not the machine
-
-
 def _plan(path) -> object:
+    # 2 GiB of address space: an unbounded read fails fast, not the machine
     return spillway("plan", "--model-config", str(path), "--node-memory", "2Ti", "--gpus-per-node", "8",
-                    timeout=60, preexec_fn=_limit_memory)
+                    timeout=60, rlimits={"RLIMIT_AS": 2 << 30})
 
 
 BROKEN = {

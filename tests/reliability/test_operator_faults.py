@@ -7,7 +7,6 @@ import urllib.request
 import pytest
 from harness import eventually, memory_limit, names
 
-
 # -- ownership ---------------------------------------------------------------------------------------
 
 def test_a_users_service_of_the_same_name_is_left_alone(api):
