@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from spillway.adapters.model_config import filled_config
 from spillway.core.errors import ModelGeometryUnknown
 from spillway.core.groups import CHUNKED, FULL, MAMBA, MLA, SLIDING, kv_groups
 from support.tools import skip_or_fail
@@ -70,7 +71,7 @@ def _model(name: str, release: tuple[int, int], truth: dict, tp: int = 1):
     # The MLA backend picks its own block on the CPU (16 for CPU_MLA; AMX machines may differ): an input, as
     # --block-size is; every other family runs the 128-token block asked for.
     block = _block(name) or truth["vllm_block_size"]
-    config = FAMILIES[name]
+    config = dict(filled_config(FAMILIES[name], name))  # the engine builds the same config class from the file
     if _cpu_stores_ssm_in_float32():
         config = {**config, "mamba_ssm_dtype": "float32"}  # read by Mamba families only
     return kv_groups(config, release, tp, block, name=name, kernel_block=CPU_KERNEL_BLOCK)
