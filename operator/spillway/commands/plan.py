@@ -205,6 +205,7 @@ def format_plan(p: Plan) -> str:
             ("blocks", f"{pool.blocks:,}"),
             ("tokens held", f"{pool.tokens:,}"),
             ("footprint", f"{format_bytes(pool.footprint_bytes)}: {pool.footprint}"),
+            *([("pages", p.pages.why)] if p.pages is not None else []),
         ])
     if p.pod is not None:
         pod = p.pod

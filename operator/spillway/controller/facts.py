@@ -41,10 +41,11 @@ class NodeSummary:
     cpu_millis: int | None = None
     ephemeral_storage: int | None = None  # allocatable ephemeral-storage bytes (the disk tier's auto)
     disk_read_gbps: float | None = None  # qualified disk read rate (whether the disk tier pays)
+    hugepages_2mi: int | None = None  # allocatable hugepages-2Mi bytes (where the pool's pages may come from)
 
     def facts(self) -> NodeFacts:
         return NodeFacts(self.allocatable_memory, self.gpus, self.name, self.dma_gbps, self.dma_table,
-                         self.cpu_millis, self.ephemeral_storage, self.disk_read_gbps)
+                         self.cpu_millis, self.ephemeral_storage, self.disk_read_gbps, self.hugepages_2mi)
 
 
 # More GPUs than any one machine holds (NVIDIA's largest single-node systems hold 16): a count above it is a
@@ -87,6 +88,17 @@ def _ephemeral_storage(status: Mapping[str, Any]) -> int | None:
         return None
 
 
+def _hugepages_2mi(status: Mapping[str, Any]) -> int | None:
+    """Allocatable 2 MiB huge pages in bytes; None when absent or unreadable (the pool stays on 4 KiB pages)."""
+    value = (status.get("allocatable") or {}).get(names.HUGEPAGES_2MI_RESOURCE)
+    if value is None:
+        return None
+    try:
+        return parse_bytes(value, f"node {names.HUGEPAGES_2MI_RESOURCE}")
+    except InvalidSpec:
+        return None
+
+
 def _positive(value: Any) -> float | None:
     try:
         number = float(value) if value is not None else None
@@ -118,7 +130,8 @@ def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
     table = qualification_table((meta.get("annotations") or {}).get(names.ANNOTATION_QUALIFICATION))
     return NodeSummary(str(meta.get("name", "node")), dict(meta.get("labels") or {}), taints,
                        memory_bytes, gpus, dma_gbps, table, _cpu_millis(status), _ephemeral_storage(status),
-                       _positive((meta.get("annotations") or {}).get(ANNOTATION_QUALIFIED_DISK_GBPS)))
+                       _positive((meta.get("annotations") or {}).get(ANNOTATION_QUALIFIED_DISK_GBPS)),
+                       _hugepages_2mi(status))
 
 
 def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None,
@@ -219,6 +232,7 @@ def nodes_fingerprint(nodes: Iterable[NodeSummary]) -> str:
     """A short hash of the facts planning reads: it changes exactly when a re-plan could change."""
     facts = sorted((n.name, n.allocatable_memory, n.gpus, n.dma_gbps, n.dma_table, n.cpu_millis)
                    + ((n.ephemeral_storage, n.disk_read_gbps) if n.ephemeral_storage or n.disk_read_gbps else ())
+                   + ((n.hugepages_2mi,) if n.hugepages_2mi is not None else ())
                    for n in nodes)
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
 

@@ -33,7 +33,7 @@ def geometry_key(geometry: ModelGeometry) -> str:
 def shape(facts: NodeFacts) -> tuple[Any, ...]:
     """What planning reads of a node besides its name."""
     return (facts.allocatable_memory, facts.gpus, facts.dma_gbps, facts.dma_table, facts.cpu_millis,
-            facts.ephemeral_storage, facts.disk_read_gbps)
+            facts.ephemeral_storage, facts.disk_read_gbps, facts.hugepages_2mi)
 
 
 def cached_plan(geometry: ModelGeometry, key: str, request: ServingRequest, facts: NodeFacts) -> Plan:

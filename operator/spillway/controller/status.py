@@ -25,6 +25,8 @@ def status_plan(result: Desired) -> dict[str, Any]:
         "eligibleNodes": len(result.eligible),
         "replicasPerNode": p.node.replicas_per_node,
         "warnings": list(p.warnings),
+        # None removes a stale line from the merged status when the plan has no pool
+        "poolPages": p.pages.why if p.pages is not None else None,
     }
     if result.node.dma_gbps is not None:
         out["qualifiedDmaGBps"] = result.node.dma_gbps

@@ -137,5 +137,48 @@ def largest_pool(release: tuple[int, int], budget: int, chunk_bytes: int, ranks:
     return low
 
 
+HUGE_PAGE_BYTES = 2 * MiB  # the node's hugepages-2Mi resource
+# The releases whose pool can be backed by a hugetlbfs mount: none yet. vLLM 0.32-0.34 create the region at a fixed
+# /dev/shm/vllm_offload_{engine_id}.mmap (vllm/v1/kv_offload/cpu/shared_offload_region.py) after
+# check_shm_free_space (vllm/distributed/device_communicators/shm_broadcast.py), and a Kubernetes hugepages emptyDir
+# mounted at /dev/shm breaks both: the kubelet mounts hugetlbfs with a page size and no size (pkg/volume/emptydir,
+# setupHugepages), so statvfs reports 0 bytes free and vLLM refuses the region ("Insufficient space in /dev/shm"), and
+# hugetlbfs refuses every file size that is not a whole huge page (ftruncate: EINVAL), which vLLM's message queues
+# and Python's shared memory ask for. Both measured with vLLM 0.32's region on a hugetlbfs /dev/shm in a private
+# mount namespace (tests/planner/test_hugepages.py). 0.26 pins torch tensors, which no file backs.
+HUGETLBFS_REGION_RELEASES: frozenset[tuple[int, int]] = frozenset()
+
+
+@dataclass(frozen=True)
+class PoolPages:
+    """Where the pool's pages come from: 2 MiB huge pages, or 4 KiB pages pre-faulted before the pool is pinned."""
+
+    huge_pages: bool
+    hugepages_bytes: int  # the hugepages-2Mi request = limit; 0 on 4 KiB pages
+    share_bytes: int | None  # the replica's share of the node's allocatable hugepages-2Mi; None when unknown
+    why: str  # one line, for the status and `spillway plan`
+
+
+def pool_pages(release: tuple[int, int], pool_bytes: int, node_hugepages: int | None, replicas: int,
+               node_name: str) -> PoolPages:
+    """Huge pages when the release's region can live on hugetlbfs and the replica's share of the node's
+    hugepages-2Mi holds the pool rounded up to whole pages; else 4 KiB pages, pre-faulted, and the reason."""
+    needed = -(-pool_bytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    share = None if node_hugepages is None else node_hugepages // max(1, replicas) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    fallback = "4 KiB pages"  # pre-faulted as the plan's env and connector say (SPILLWAY_PREFAULT_THREADS)
+    if share is None:
+        return PoolPages(False, 0, None, f"{fallback}: node {node_name}'s allocatable hugepages-2Mi is not known")
+    if share < needed:
+        return PoolPages(False, 0, share, f"{fallback}: the replica's share of node {node_name}'s hugepages-2Mi is "
+                                          f"{_gib(share)}, the pool needs {_gib(needed)}")
+    if release not in HUGETLBFS_REGION_RELEASES:
+        how = ("pins torch tensors, which no file backs" if release < CHUNKED_PINNING_SINCE
+               else "creates its region in /dev/shm, which refuses a hugetlbfs mount")
+        return PoolPages(False, 0, share, f"{fallback}: node {node_name}'s hugepages-2Mi would hold the pool "
+                                          f"({_gib(share)} per replica), but vLLM {release[0]}.{release[1]} {how}")
+    return PoolPages(True, needed, share, f"2 MiB huge pages: {_gib(needed)} of node {node_name}'s hugepages-2Mi "
+                                          f"({_gib(share)} per replica)")
+
+
 def _gib(n: int) -> str:
     return f"{n / GiB:.2f} GiB"

@@ -49,6 +49,11 @@ PORT_NAME_METRICS = "metrics"  # the router's Prometheus port
 COMPONENT_ROUTER = "router"  # app.kubernetes.io/component of the kv-aware router pods
 CONTAINER_ROUTER = "router"
 VOLUME_SHM = "dshm"
+HUGEPAGES_2MI_RESOURCE = "hugepages-2Mi"  # a node's allocatable 2 MiB huge pages (read; the pool is not on them yet)
+# vLLM's cache root (torch.compile artifacts, CUDA graphs' compiled code): an emptyDir, so a restarted container
+# finds its compile cache; below it one directory per (model, revision, vLLM release, TP, image).
+VOLUME_VLLM_CACHE = "vllm-cache"
+VLLM_CACHE_MOUNT = "/var/cache/spillway-vllm"
 FINALIZER = f"{GROUP}/finalizer"
 # On objects the operator applies: a hash of what it applied (an unchanged hash skips the write).
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"

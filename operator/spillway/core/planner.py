@@ -30,7 +30,17 @@ from spillway_connector.versions import UnsupportedVLLMVersion, require_supporte
 from . import disk_tier
 from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
-from .footprint import MAX_PIN_CALL_BYTES, Footprint, footprint, largest_pin_call, largest_pool, pinned_tensors, pins
+from .footprint import (
+    MAX_PIN_CALL_BYTES,
+    Footprint,
+    PoolPages,
+    footprint,
+    largest_pin_call,
+    largest_pool,
+    pinned_tensors,
+    pins,
+    pool_pages,
+)
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
 from .groups import MAMBA, MLA, KVGroups, clear_group_caches
 from .model_facts import cached_hash
@@ -81,6 +91,7 @@ class NodeFacts:
     cpu_millis: int | None = None  # allocatable CPU in millicores, if known
     ephemeral_storage: int | None = None  # allocatable ephemeral-storage bytes, if known (the disk tier's auto)
     disk_read_gbps: float | None = None  # qualified disk -> CPU pool read rate (the annotation), if known
+    hugepages_2mi: int | None = None  # allocatable hugepages-2Mi bytes, if known (where the pool's pages come from)
     __hash__ = cached_hash  # memoized steps hash it on every call (model_facts.cached_hash)
 
 
@@ -178,6 +189,7 @@ class Plan:
     groups: KVGroups | None = None
     engine: EnginePlan = NO_NODE_ENGINE
     disk: disk_tier.DiskTierPlan | None = None
+    pages: PoolPages | None = None  # where the pool's pages come from (footprint.pool_pages)
 
     def to_dict(self) -> dict[str, Any]:
         layout = self.layout
@@ -209,7 +221,7 @@ class Plan:
                 "groups": [{**asdict(g), "window_chunks": self.groups.window_chunks(g, per_chunk)}
                            for g in self.groups.groups],
             }
-        for name in ("node", "pool", "pod", "transfer", "engine", "disk"):
+        for name in ("node", "pool", "pod", "transfer", "engine", "disk", "pages"):
             part = getattr(self, name)
             if part is not None:
                 out[name] = asdict(part)
@@ -465,7 +477,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
                             _version_tuple(request.vllm_version))
     layout = _layout(geometry, request)
     groups = layout.groups
-    node_plan = pool = pod = disk = None
+    node_plan = pool = pod = disk = pages = None
     engine = NO_NODE_ENGINE
     prefault: dict[str, str] = {}
     if node is not None:
@@ -488,6 +500,8 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
                                    node.disk_read_gbps, reload.reload_tokens_per_s if reload else None,
                                    reload.qualified_gbps if reload else None, qualified is not None)
         prefault = prefault_env(engine, pool, request)
+        if pool is not None:
+            pages = pool_pages(groups.release, pool.bytes, node.hugepages_2mi, node_plan.replicas_per_node, node.name)
         pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
                         request.tensor_parallel_size, prefault_threads(prefault))
     active_disk = disk_tier.active(disk)
@@ -500,7 +514,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     transfer = _transfer_plan(layout, request, node) if pool is not None else None
     warnings = _warnings(layout, node_plan, node, pool, request, transfer)
     warnings += disk_tier.warning(disk)
-    return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine, disk)
+    return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine, disk, pages)
 
 
 def _with_max_pool(node: NodePlan, max_pool_bytes: int) -> NodePlan:

@@ -1,0 +1,120 @@
+"""Where the pool's pages come from: the node's hugepages-2Mi, and why the pool stays on 4 KiB pages today."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from spillway.adapters.model_config import catalog_config
+from spillway.core import footprint as fp
+from spillway.core.geometry import geometry_from_config
+from spillway.core.planner import NodeFacts, OffloadRequest, ServingRequest, plan
+from spillway.core.quantity import GiB, MiB
+
+LLAMA = geometry_from_config(catalog_config("meta-llama/Llama-3.1-8B-Instruct"), "meta-llama/Llama-3.1-8B-Instruct")
+NODE = {"allocatable_memory": 512 * GiB, "gpus": 8, "name": "h200", "cpu_millis": 128_000}
+
+
+def planned(hugepages: int | None, size: str = "32Gi", version: str = "0.34.0"):
+    request = ServingRequest(offload=OffloadRequest(size=size), vllm_version=version)
+    return plan(LLAMA, request, NodeFacts(**NODE, hugepages_2mi=hugepages))
+
+
+def test_a_node_without_hugepages_keeps_the_parallel_prefault():
+    p = planned(None)
+    assert not p.pages.huge_pages and p.pages.hugepages_bytes == 0 and p.pages.share_bytes is None
+    assert p.pages.why == "4 KiB pages: node h200's allocatable hugepages-2Mi is not known"
+    assert "SPILLWAY_PREFAULT_THREADS" in p.env
+
+
+def test_the_share_of_the_node_is_what_the_replica_may_take():
+    # 8 replicas share 200 GiB of huge pages: 25 GiB each, under a 32 GiB pool
+    p = planned(200 * GiB)
+    assert p.pages.share_bytes == 25 * GiB
+    assert not p.pages.huge_pages
+    needed = -(-p.pool.bytes // (2 * MiB)) * 2 * MiB
+    assert f"the pool needs {needed / GiB:.2f} GiB" in p.pages.why and "is 25.00 GiB" in p.pages.why
+
+
+def test_huge_pages_enough_for_the_pool_still_refused_by_vllms_region():
+    p = planned(8 * 40 * GiB)
+    assert p.pages.share_bytes == 40 * GiB and not p.pages.huge_pages
+    assert "would hold the pool (40.00 GiB per replica), but vLLM 0.34 creates its region in /dev/shm" in p.pages.why
+    # the pool stays charged to memory: the pod is the one planned for a node without huge pages
+    assert p.pod == planned(None).pod
+    assert p.to_dict()["pages"]["why"] == p.pages.why
+
+
+def test_026_pins_tensors_no_file_backs():
+    p = planned(8 * 40 * GiB, version="0.26.0")
+    assert not p.pages.huge_pages and p.pages.why.endswith("but vLLM 0.26 pins torch tensors, which no file backs")
+
+
+def test_share_rounds_down_to_whole_pages():
+    pages = fp.pool_pages((0, 34), 3 * MiB, 2 * 5 * MiB + 1, 2, "n")
+    assert pages.share_bytes == 4 * MiB  # 5 MiB + a byte per replica holds two 2 MiB pages
+
+
+def _trees() -> list[Path]:
+    return [Path(t) for t in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if t]
+
+
+@pytest.mark.parametrize("tree", _trees(), ids=lambda t: t.name)
+def test_the_regions_path_and_free_space_check_are_still_vllms(tree):
+    """The refusal rests on vLLM creating the region at a fixed /dev/shm path after check_shm_free_space: a release
+    that moves it (or drops the check) must be looked at again."""
+    if tuple(map(int, tree.name.split(".")[:2])) < fp.CHUNKED_PINNING_SINCE:
+        pytest.skip("0.26 pins torch tensors: its spec maps no region (footprint.py)")
+    text = (tree / "vllm/v1/kv_offload/cpu/shared_offload_region.py").read_text()
+    assert 'f"/dev/shm/vllm_offload_{engine_id}.mmap"' in text
+    assert re.search(r"check_shm_free_space\(\s*self\.total_size_bytes", text)
+
+
+REGION_ON_HUGETLBFS = """
+import json, shutil
+from multiprocessing import shared_memory
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+out = {"free": shutil.disk_usage("/dev/shm").free}
+try:
+    SharedOffloadRegion("hugepages-test", num_chunks=8, rank=None, kv_bytes_per_chunk=2 << 20,
+                        cpu_page_size=2 << 20).cleanup()
+    out["region"] = "created"
+except Exception as exc:
+    out["region"] = str(exc)
+try:
+    shared_memory.SharedMemory(create=True, size=1 << 16).unlink()
+    out["small_file"] = "created"
+except OSError as exc:
+    out["small_file"] = exc.errno
+print(json.dumps(out))
+"""
+
+
+def _free_hugepages() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("HugePages_Free:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or _free_hugepages() < 8,
+                    reason="needs root, unshare and 8 free 2 MiB huge pages (vm.nr_hugepages)")
+def test_vllms_region_on_a_kubelet_style_hugetlbfs_dev_shm():
+    """A Kubernetes hugepages emptyDir is hugetlbfs mounted with a page size and no size (the kubelet's
+    setupHugepages): vLLM's region refuses it, and small shared-memory files fail. Mounted at /dev/shm in a
+    private mount namespace, so the machine's own /dev/shm is untouched."""
+    pytest.importorskip("vllm.v1.kv_offload.cpu.shared_offload_region")
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                          'mount -t hugetlbfs -o pagesize=2M nodev /dev/shm && exec "$0" -c "$1"',
+                          sys.executable, REGION_ON_HUGETLBFS], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["free"] == 0
+    assert out["region"].startswith("Insufficient space in /dev/shm for CPU KV offload shared region")
+    assert out["small_file"] == 22  # EINVAL: hugetlbfs takes whole huge pages only
