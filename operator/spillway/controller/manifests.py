@@ -6,6 +6,8 @@ planner, and render a Deployment, a Service and (optionally) a PodMonitor.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -139,7 +141,19 @@ def vllm_env(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
         ref = spec.hf_token_secret
         env.append({"name": api.ENV_HF_TOKEN,
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env.append({"name": api.ENV_CACHE_ROOT, "value": vllm_cache_root(spec)})
     return env + hardening.api_key_env(spec) + [dict(item) for item in spec.env]
+
+
+def vllm_cache_root(spec: ModelServerSpec) -> str:
+    """vLLM's cache root on the pod's cache volume, one directory per model, revision, vLLM release, TP and image.
+    The volume is an emptyDir: it outlives a container restart (crash, liveness), not the pod, and a changed spec
+    rolls a new pod anyway; the key keeps a changed model or release off another's compiled graphs should the
+    directory ever be shared. vLLM keys its own torch.compile cache by config and code hash below it
+    (vllm/compilation/backends.py), so the directory only ever gains entries it could reuse."""
+    key = json.dumps([spec.model, spec.revision, spec.request.vllm_version, spec.request.tensor_parallel_size,
+                      spec.image])
+    return f"{names.VLLM_CACHE_MOUNT}/{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def _probe(period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
@@ -164,7 +178,7 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
         "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": api.SERVER_PORT, "protocol": "TCP"}],
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": [{"name": names.VOLUME_SHM, "mountPath": api.SHM_DIR}, *hardening.writable_volumes(spec)[1],
-                         *disk_objects.mounts(result)],
+                         *disk_objects.mounts(result), {"name": names.VOLUME_VLLM_CACHE, "mountPath": names.VLLM_CACHE_MOUNT}],
         "securityContext": hardening.container_security_context(spec),
         "startupProbe": _probe(10, math.ceil(pod.startup_seconds / 10)),
         "readinessProbe": _probe(5, 3),
@@ -189,7 +203,9 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
         # plan, whose pages count against the container's memory limit.
         "volumes": [{"name": names.VOLUME_SHM, "emptyDir": {"medium": "Memory",
                                                             "sizeLimit": to_quantity(pod.shm_bytes, "Mi")}},
-                    *hardening.writable_volumes(spec)[0], *disk_objects.volumes(spec, result)],
+                    *hardening.writable_volumes(spec)[0], *disk_objects.volumes(spec, result),
+                    # vLLM's compile cache (vllm_cache_root): a restarted container skips torch.compile
+                    {"name": names.VOLUME_VLLM_CACHE, "emptyDir": {}}],
         "securityContext": hardening.pod_security_context(),
         **hardening.host_namespaces(),
         # vLLM never calls the Kubernetes API: no ServiceAccount token in its pods.
