@@ -9,7 +9,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -28,24 +28,16 @@ SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 @dataclass(frozen=True)
-class NodeSummary:
-    """What the planner and the eligibility rules read from one Node."""
+class NodeSummary(NodeFacts):
+    """What the eligibility rules read from one Node (its labels and taints) beside what the planner reads (the
+    NodeFacts fields, declared once there)."""
 
-    name: str
-    labels: Mapping[str, str]
-    taints: tuple[Mapping[str, Any], ...]
-    allocatable_memory: int
-    gpus: int
-    dma_gbps: float | None
-    dma_table: tuple[tuple[int, float], ...] = ()
-    cpu_millis: int | None = None
-    ephemeral_storage: int | None = None  # allocatable ephemeral-storage bytes (the disk tier's auto)
-    disk_read_gbps: float | None = None  # qualified disk read rate (whether the disk tier pays)
-    hugepages_2mi: int | None = None  # allocatable hugepages-2Mi bytes (where the pool's pages may come from)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Mapping[str, Any], ...] = ()
 
     def facts(self) -> NodeFacts:
-        return NodeFacts(self.allocatable_memory, self.gpus, self.name, self.dma_gbps, self.dma_table,
-                         self.cpu_millis, self.ephemeral_storage, self.disk_read_gbps, self.hugepages_2mi)
+        """The planner's part alone: hashable, so the planner's memoized steps can key on it."""
+        return NodeFacts(**{f.name: getattr(self, f.name) for f in fields(NodeFacts)})
 
 
 # More GPUs than any one machine holds (NVIDIA's largest single-node systems hold 16): a count above it is a
@@ -128,10 +120,11 @@ def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
         dma_gbps = None  # "nan", "inf" or "-1" measure nothing (and NaN is no JSON for the status)
     taints = tuple(t for t in ((node.get("spec") or {}).get("taints") or []) if isinstance(t, Mapping))
     table = qualification_table((meta.get("annotations") or {}).get(names.ANNOTATION_QUALIFICATION))
-    return NodeSummary(str(meta.get("name", "node")), dict(meta.get("labels") or {}), taints,
-                       memory_bytes, gpus, dma_gbps, table, _cpu_millis(status), _ephemeral_storage(status),
-                       _positive((meta.get("annotations") or {}).get(ANNOTATION_QUALIFIED_DISK_GBPS)),
-                       _hugepages_2mi(status))
+    return NodeSummary(allocatable_memory=memory_bytes, gpus=gpus, name=str(meta.get("name", "node")),
+                       dma_gbps=dma_gbps, dma_table=table, cpu_millis=_cpu_millis(status),
+                       ephemeral_storage=_ephemeral_storage(status),
+                       disk_read_gbps=_positive((meta.get("annotations") or {}).get(ANNOTATION_QUALIFIED_DISK_GBPS)),
+                       hugepages_2mi=_hugepages_2mi(status), labels=dict(meta.get("labels") or {}), taints=taints)
 
 
 def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None,
