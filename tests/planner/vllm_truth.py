@@ -232,8 +232,20 @@ def run_sources(cases: dict) -> dict:
                 "tokens_held": getattr(info, "cpu_kv_cache_size_tokens", None),
             }
         except Exception as exc:  # noqa: BLE001 - vLLM's refusal is the result
-            results[name] = {"version": list(version), "error": f"{type(exc).__name__}: {exc}"}
+            results[name] = {"version": list(version), "error": _refusal(exc)}
     return results
+
+
+def _refusal(exc: Exception) -> str:
+    """vLLM's message; for a bare assert, the assertion vLLM failed, where it stands in vLLM's source."""
+    import traceback
+
+    said = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, AssertionError) and not str(exc):
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = frame.filename[frame.filename.rfind("vllm/"):] if "vllm/" in frame.filename else frame.filename
+        said = f"AssertionError: {frame.line} ({where}:{frame.lineno})"
+    return said
 
 
 def main() -> None:

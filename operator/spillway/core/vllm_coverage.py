@@ -349,7 +349,7 @@ REFUSED = {
     'TrOCRForCausalLM': "TrOCRForCausalLM: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: model step: ValidationError: 1 validation error for ModelConfig)",
     'VibeVoiceAsrForConditionalGeneration': "vLLM 0.33's answer could not be recorded (no truth: model step: OSError: Can't load feature extractor for '/tmp/spillway-coverage-case-37mumlmf'. If you were trying to load it from 'https://huggingface.co/models', make sure )",
     'WhisperForCausalLM': "WhisperForCausalLM: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: model step: ValueError: Layer 0 dispatches attention from more than one module (model.decoder.layers.0.self_attn and model.decoder.layers.0.encoder_attn), which one vLLM at)",
-    'WhisperForConditionalGeneration': "WhisperForConditionalGeneration: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: offload step: AssertionError: )",
+    'WhisperForConditionalGeneration': "WhisperForConditionalGeneration: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: offload step: AssertionError: assert isinstance(kv_cache_spec, FullAttentionSpec) (vllm/distributed/kv_transfer/kv_connector/v1/offloading/config.py:83))",
     'XGLMForCausalLM': "XGLMForCausalLM: config.json field 'num_attention_heads' must be a positive integer, got None (no truth: model step: ValidationError: 1 validation error for ModelConfig)",
     'XLMRobertaForCausalLM': "vLLM 0.33's answer could not be recorded (no truth: model step: vLLM builds no layer with a KV cache)",
     'XLMRobertaXLForCausalLM': "vLLM 0.33's answer could not be recorded (no truth: model step: vLLM builds no layer with a KV cache)",
