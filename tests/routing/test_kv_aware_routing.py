@@ -59,7 +59,11 @@ def tenants(replicas, tmp_path_factory) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def groups(replicas, tmp_path_factory) -> dict:
-    with router(replicas, R.POLICY_ROUND_ROBIN) as rr, spillway_router(replicas) as kv:
+    # The warm-up sends all 12 tenants at once; how many of them the load bound spreads off their ring owners
+    # (each then returns to its owner, recomputed once, in the timed phase) depends on how fast the replicas
+    # answer, so this comparison of locality alone lifts the bound out of reach (4 x the mean, above 12 in
+    # flight over 3). The bound itself is tested in test_affinity.py and test_router_endpoint.py.
+    with router(replicas, R.POLICY_ROUND_ROBIN) as rr, spillway_router(replicas, ["--load-factor", "4"]) as kv:
         return run_prefix_groups({R.POLICY_ROUND_ROBIN: rr, ROUTED: kv}, replicas, GROUPS_WORKLOAD, 1,
                                  tmp_path_factory.mktemp("groups") / "result.json")
 
