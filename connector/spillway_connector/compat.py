@@ -72,17 +72,17 @@ except ImportError:  # 0.26
 # The code each replacement redoes, by release: vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py,
 # vllm/v1/kv_offload/cpu/manager.py and cpu/policies/{base,lru}.py read the same in 0.32.0, 0.33.0 and 0.34.0
 # (source_guard.fingerprint; tests/connector/test_source_guard.py checks every tree).
-HIT_SOURCES_CODE = {"get_external_cache_hit_sources": frozenset({"8c20b75778e7f595"})}
+HIT_SOURCES_CODE = {"get_external_cache_hit_sources": frozenset({"99690554f4604e0d"})}
 LRU_MANAGER_CODE = {
-    "CPUOffloadingManager.prepare_load": frozenset({"16f52716f31b5080"}),
-    "CPUOffloadingManager._prepare_load": frozenset({"3ef2c15711e4ce81"}),
-    "CPUOffloadingManager.complete_load": frozenset({"b06b88540c3c9b28"}),
-    "LRUCachePolicy.get": frozenset({"d436b55e297b4bdf"}),
-    "LRUCachePolicy.mark_evictable": frozenset({"6fd63d5cef422925"}),
-    "LRUCachePolicy.mark_non_evictable": frozenset({"7312d2bcbc5682d6"}),
-    "LRUCachePolicy._push_evictable": frozenset({"3f8892b3560703ff"}),
-    "LRUCachePolicy._maybe_compact_heap": frozenset({"a883125c240bffd1"}),
-    "ChunkStatus.is_ready": frozenset({"9f9cc451fa641213"}),
+    "CPUOffloadingManager.prepare_load": frozenset({"ae4ecbe1057fdd4a"}),
+    "CPUOffloadingManager._prepare_load": frozenset({"a23045e1bc5b08ac"}),
+    "CPUOffloadingManager.complete_load": frozenset({"4195748916eba16b"}),
+    "LRUCachePolicy.get": frozenset({"8f2686336c2727b3"}),
+    "LRUCachePolicy.mark_evictable": frozenset({"5d9ceafc04a5854c"}),
+    "LRUCachePolicy.mark_non_evictable": frozenset({"6e56968a8769aa49"}),
+    "LRUCachePolicy._push_evictable": frozenset({"65970da9306a11b2"}),
+    "LRUCachePolicy._maybe_compact_heap": frozenset({"5abac0cc329cc22a"}),
+    "ChunkStatus.is_ready": frozenset({"930498b885ab908c"}),
 }
 
 

@@ -29,9 +29,9 @@ PLUGIN_ENV = "SPILLWAY_VLLM_PLUGIN"
 _MARK = "_spillway_replacement"
 
 # vLLM 0.26.0, 0.32.0, 0.33.0 and 0.34.0 read the same (vllm/v1/engine/detokenizer.py).
-DETOKENIZER_CODE = {"FastIncrementalDetokenizer.__init__": frozenset({"0b8e490d5df612c8"})}
+DETOKENIZER_CODE = {"FastIncrementalDetokenizer.__init__": frozenset({"0e60e735e8e31087"})}
 # starlette 1.10.0 (the tests' venv; vLLM 0.32-0.34 ask for starlette>=1.0.1): starlette/requests.py.
-REQUEST_JSON_CODE = {"Request.json": frozenset({"819b5d207582f60d"})}
+REQUEST_JSON_CODE = {"Request.json": frozenset({"c666e5c7f52d3139"})}
 
 
 class _WindowedRequest:

@@ -33,8 +33,8 @@ from spillway_connector.source_guard import verified
 
 # vLLM 0.26.0, 0.32.0 and 0.33.0 (vllm/v1/core/sched/scheduler.py); 0.34.0 reads otherwise (it caches itself).
 RESERVATION_CODE = {
-    "Scheduler._inflight_prefill_reserved_blocks": frozenset({"173eef8c89373513"}),
-    "Scheduler._request_remaining_blocks": frozenset({"d25d14c0cce29d48", "4d5bf47b87029b13"}),
+    "Scheduler._inflight_prefill_reserved_blocks": frozenset({"244f76229f63949a"}),
+    "Scheduler._request_remaining_blocks": frozenset({"d8bf7b2c371d755e", "58b2b26e862d2a9b"}),
 }
 
 

@@ -36,7 +36,25 @@ def fingerprint(function: Any) -> str | None:
             and isinstance(body[0].value.value, str):
         node.body = body[1:] or [ast.Pass()]
     node.decorator_list = []
-    return hashlib.sha256(ast.dump(node, include_attributes=False).encode()).hexdigest()[:16]
+    return hashlib.sha256(canonical(node).encode()).hexdigest()[:16]
+
+
+# Fields that a newer Python adds to the same code's tree (3.12: type_params on every def and class).
+_VERSION_FIELDS = frozenset({"type_params"})
+
+
+def canonical(node: Any) -> str:
+    """A tree as text that reads the same on every Python: ast.dump does not (3.12 adds `type_params=[]` to each
+    def, 3.13 leaves empty fields out), and vLLM's GPU image runs Python 3.12 where CI runs 3.11, so a dump's
+    fingerprint turned every replacement off in the image. Empty fields and the version-added ones are left
+    out; positions never count."""
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={canonical(value)}" for name, value in ast.iter_fields(node)
+                  if name not in _VERSION_FIELDS and value not in (None, [])]
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(canonical(item) for item in node)}]"
+    return repr(node)
 
 
 def differences(functions: Mapping[str, Any], known: Mapping[str, frozenset[str]]) -> list[str]:

@@ -48,13 +48,13 @@ _MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+)
 # vllm/v1/kv_offload/cpu/spec.py, vllm/v1/kv_offload/tiering/spec.py): 0.33.0 and 0.34.0. 0.32's region has no
 # populate_shard and pre-faults differently; its CPU platform never maps the region.
 REGION_CODE = {
-    "SharedOffloadRegion.__init__": frozenset({"2002d8ef373c8b87", "693fdeebcf4c8ad5"}),
-    "SharedOffloadRegion.iter_worker_slot_ranges": frozenset({"d6418663bfac2051"}),
+    "SharedOffloadRegion.__init__": frozenset({"060b13faebb3d2b3", "77acfdf279323ecc"}),
+    "SharedOffloadRegion.iter_worker_slot_ranges": frozenset({"0ded56fd1d81de43"}),
 }
 # The specs' create_worker, which SpillwayOffloadingSpec and SpillwayTieringOffloadingSpec redo with shared_region:
 # 0.33.0 and 0.34.0 (cpu/spec.py; tiering/spec.py, the same in 0.32.0 and 0.33.0).
-CPU_WORKER_CODE = {"CPUOffloadingSpec.create_worker": frozenset({"21642d90a0accd2a", "1e415f467b7c2f8c"})}
-TIERING_WORKER_CODE = {"TieringOffloadingSpec.create_worker": frozenset({"71fba26f6786a76c", "5d8d94774e8c8c7d"})}
+CPU_WORKER_CODE = {"CPUOffloadingSpec.create_worker": frozenset({"467a6da60520fb35", "d2f1ee65a2724760"})}
+TIERING_WORKER_CODE = {"TieringOffloadingSpec.create_worker": frozenset({"17342654af6d60dd", "2fbaf5b9212c61c8"})}
 
 
 def _cdiv(a: int, b: int) -> int:

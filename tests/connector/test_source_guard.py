@@ -116,3 +116,38 @@ def test_each_replacement_is_on_exactly_where_it_was_verified():
     expected = ON_BY_RELEASE.get(compat.VLLM_MINOR)
     assert expected is not None, f"vLLM {compat.VLLM_VERSION}: no row in ON_BY_RELEASE yet; it reads {_on()}"
     assert _on() == expected, f"vLLM {compat.VLLM_VERSION}"
+
+
+def _other_pythons() -> list[str]:
+    """Interpreters of other Python minors on this machine: vLLM's GPU image runs 3.12 where the tests run 3.11."""
+    import glob
+    import shutil
+    import sys
+
+    found = {shutil.which(f"python3.{minor}") for minor in range(12, 15)}
+    found |= set(glob.glob("/root/.pyenv/versions/3.1[2-4].*/bin/python"))
+    mine = f"{sys.version_info.major}.{sys.version_info.minor}"
+    # pyenv's shims answer 127 for a version the environment has not selected: only real interpreters count.
+    return sorted(p for p in found if p and "/shims/" not in p and mine not in p)
+
+
+def test_a_fingerprint_reads_the_same_on_every_python(tmp_path):
+    """ast.dump's text differs between Python minors (3.12 adds type_params to each def), which once turned
+    every replacement off in the GPU image; the fingerprint is the same on each interpreter at hand."""
+    import subprocess
+
+    others = _other_pythons()
+    if not others:
+        pytest.skip("no other Python minor on this machine to compare with")
+    (tmp_path / "probe.py").write_text(ORIGINAL)
+    script = ("import importlib.util, sys\n"
+              "def load(name, path):\n"
+              "    spec = importlib.util.spec_from_file_location(name, path)\n"
+              "    module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); return module\n"
+              "guard = load('guard', sys.argv[1]); probe = load('probe', sys.argv[2])\n"
+              "print(guard.fingerprint(probe.reserved))\n")
+    here = source_guard.fingerprint(_function(tmp_path, "here", ORIGINAL))
+    for python in others:
+        out = subprocess.run([python, "-I", "-c", script, source_guard.__file__, str(tmp_path / "probe.py")],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        assert out == here, (python, out, here)
