@@ -118,7 +118,9 @@ def error_reasons() -> set[str]:
     while todo:
         cls = todo.pop()
         todo += cls.__subclasses__()
-        if cls is not SpillwayError:
+        # Only the operator's own classes: the CLIs' errors (loadtest, qualify) are subclasses too once another
+        # test imported them, which made the count depend on the suite's order.
+        if cls is not SpillwayError and cls.__module__.startswith(("spillway.core.", "spillway.controller.")):
             found.add(cls.reason)
     return found
 

