@@ -15,9 +15,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from spillway.core import affinity as A
 from spillway.core import router_api as R
 from spillway.core import routing
 from spillway.core import vllm_api as V
+from spillway.loadtest import prefix_groups
+from spillway.loadtest.prompts import PromptSource
 from spillway_connector.host_backend import cpu_offload_args
 from support import TinyLlama, VllmServer, require_vllm
 from support.tools import require_binary
@@ -85,6 +88,28 @@ def start_replicas(count: int = REPLICAS) -> Iterator[list[VllmServer]]:
 SCALE = {"name": "scale", "groups": 6, "prompts_per_group": 4, "prefix_blocks": 6, "warmup": True}
 SCALE["args"] = ["--groups", "6", "--prompts-per-group", "4", "--prefix-len", str(6 * BLOCK),
                  "--question-len", str(QUESTION_LEN)]
+
+
+def owned_groups(replicas: list[VllmServer], workload: dict, route: str, seed: int) -> list[int]:
+    """How many of the workload's prefixes the router's ring gives each replica under this seed: the
+    placement is a function of the prompts and the replicas' addresses alone (core/affinity.py)."""
+    ring = A.Ring([s.base_url for s in replicas])
+    prompts = PromptSource(seed)
+    owners = []
+    for group in range(workload["groups"]):
+        ids = prompts.token_ids(workload["prefix_blocks"] * BLOCK, prefix_groups.EXPERIMENT, route, group, "prefix")
+        blocks = A.prompt_blocks({"prompt": ids}, BLOCK)
+        owners.append(next(ring.walk(blocks[min(len(blocks), A.DEFAULT_KEY_BLOCKS) - 1])))
+    return [owners.count(s.base_url) for s in replicas]
+
+
+def fitting_seed(replicas: list[VllmServer], workload: dict, route: str) -> int:
+    """The first prompt seed under which no replica owns more prefixes than its pool holds. The replicas'
+    ports are drawn at random, and with them the ring: 12 prefixes over 3 replicas put 7 on one (42 blocks in
+    a pool of 38) in about one run in four, and that replica then evicts what the router rightly sent it.
+    Balance is the ring's business (tests/routing/test_affinity.py); these tests measure locality."""
+    fits = POOL_CHUNKS // workload["prefix_blocks"]
+    return next(seed for seed in range(1, 1000) if max(owned_groups(replicas, workload, route, seed)) <= fits)
 
 
 def prefix_groups_command(routes: dict[str, VllmRouter], replicas: list[VllmServer], workload: dict,
