@@ -310,145 +310,84 @@ def _rose(metric: str, window: str) -> str:
     return f"sum {by(*TIER_KEY)} (increase({raw}[{window}]) > 0 or ({raw} > 0 unless {raw} offset {window}))"
 
 
-def disk_tier_store_failures(t: Config) -> Alert:
-    return Alert(
-        name="SpillwayDiskTierStoreFailures",
-        expr=f"{rec.TIER_STORE_FAILURES_RATE} > {t.disk_failures_per_s:g}",
-        duration="10m",
-        severity="warning",
-        summary="Disk tier of {{ $labels.namespace }}/{{ $labels.pod }} fails to store chunks",
-        description=(
-            "{{ $labels.pod }} ({{ $labels.model_name }}) failed {{ printf \"%.2f\" $value }} writes per second of "
-            "CPU-pool chunks to its disk tier ({{ $labels.tier }}) for 10 minutes: what the pool drops from now on is "
-            "not on disk and is recomputed when asked for again."
-        ),
-        runbook=(
-            "1. The vLLM container log names the error: 'No space left on device' or 'Input/output error' (the "
-            "volume is full: alert SpillwayDiskTierVolumeFull, dashboard row 'Disk tier faults', panel 'Volume free "
-            "space'), "
-            "'Read-only file system' (alert SpillwayDiskTierReadOnly), 'O_DIRECT is not supported' (the volume's "
-            "filesystem, e.g. tmpfs or some overlay setups, cannot take the fs tier: use a local disk volume).\n"
-            "2. Check the node's disk: `kubectl describe node NODE` (DiskPressure), `df` of the tier's mount "
-            "(/var/lib/spillway/kv-tier) in the pod.\n"
-            "3. If the volume cannot be fixed, set spec.offload.disk.enabled: false: the CPU pool keeps working."
-        ),
-    )
-
-
-def disk_tier_load_failures(t: Config) -> Alert:
-    return Alert(
-        name="SpillwayDiskTierLoadFailures",
-        expr=f"{rec.TIER_LOAD_FAILURES_RATE} > {t.disk_failures_per_s:g}",
-        duration="10m",
-        severity="warning",
-        summary="Disk tier of {{ $labels.namespace }}/{{ $labels.pod }} fails to load chunks",
-        description=(
-            "{{ $labels.pod }} ({{ $labels.model_name }}) failed {{ printf \"%.2f\" $value }} reads per second from its "
-            "disk tier ({{ $labels.tier }}) into the CPU pool for 10 minutes: those prompts are recomputed, so "
-            "requests that should have hit the disk wait for a full prefill and also for the failed read."
-        ),
-        runbook=(
-            "1. The vLLM container log names the file and the error: 'Input/output error' points at the disk "
-            "(the node's kernel log, SMART), a short read at a file truncated or replaced under the tier.\n"
-            "2. Dashboard row 'Disk tier faults', panel 'Checksums and evictor': checksum mismatches at the same "
-            "time mean chunk files are corrupted (alert SpillwayDiskTierChecksumMismatches).\n"
-            "3. If it persists, move the tier to another volume or set spec.offload.disk.enabled: false."
-        ),
-    )
-
-
-def disk_tier_checksum_mismatches(t: Config) -> Alert:
-    return Alert(
-        name="SpillwayDiskTierChecksumMismatches",
-        expr=f"{_rose(connector.TIER_CHECKSUM_MISMATCHES, '15m')} > 0",
-        duration="1m",
-        severity="warning",
-        summary="Disk tier of {{ $labels.namespace }}/{{ $labels.pod }} found corrupted chunk files",
-        description=(
-            "{{ printf \"%.0f\" $value }} chunk files of {{ $labels.pod }} ({{ $labels.model_name }}) on its disk tier "
-            "({{ $labels.tier }}) failed their checksum in the last 15 minutes. None was served: each was removed and "
-            "its prompt recomputed. The bytes changed after they were written: the disk, the filesystem, or "
-            "something else writing into the tier's directory."
-        ),
-        runbook=(
-            "1. The vLLM container log names each file ('checksum mismatch'). One now and then after a node crash "
-            "is a torn write and heals by itself.\n"
-            "2. Repeated mismatches: check the node's disk (kernel log, SMART) and whether anything else writes "
-            "into the tier's directory (a shared hostPath or claim, a process on the node).\n"
-            "3. Until it is fixed the tier costs reads it throws away: cordon the node or set "
-            "spec.offload.disk.enabled: false."
-        ),
-    )
-
-
-def disk_tier_evictor_failing(t: Config) -> Alert:
-    restarted = _rose(connector.TIER_EVICTOR_RESTARTS, "15m")
-    expr = f"{restarted} > 0\nor\n{rec.TIER_EVICTOR_FAULTS_RATE} > {t.disk_failures_per_s:g}"
-    return Alert(
-        name="SpillwayDiskTierEvictorFailing",
-        expr=expr,
-        duration="5m",
-        severity="warning",
-        summary="The disk tier's evictor of {{ $labels.namespace }}/{{ $labels.pod }} fails",
-        description=(
-            "The connector's evictor of {{ $labels.pod }} ({{ $labels.model_name }}), which keeps the disk tier "
-            "({{ $labels.tier }}) under its planned bound, died and was restarted in the last 15 minutes, or fails "
-            "to delete files for 5 minutes. While it cannot delete, the tier grows past its bound: an emptyDir "
-            "past its sizeLimit makes the kubelet evict the pod with its tier."
-        ),
-        runbook=(
-            "1. The vLLM container log says what failed: a file it may not delete (permissions, a read-only "
-            "volume: alert SpillwayDiskTierReadOnly) or the traceback of the error the evictor died of.\n"
-            "2. Dashboard rows 'Disk tier' (held bytes against the bound) and 'Disk tier faults'.\n"
-            "3. Files the tier did not write must not sit under its directory; an evictor dying again and again "
-            "is a connector bug: report the traceback, and set spec.offload.disk.enabled: false meanwhile."
-        ),
-    )
-
-
-def disk_tier_volume_full(t: Config) -> Alert:
+def disk_tier_faults(t: Config) -> list[Alert]:
+    """What breaks a disk tier, an alert a row: the rows differ in their expression and their words only.
+    Columns: name, expr, for, severity, summary, description, runbook."""
+    failing = f"> {t.disk_failures_per_s:g}"
     floor = t.disk_free_floor_bytes
-    return Alert(
-        name="SpillwayDiskTierVolumeFull",
-        expr=f"min {by(*TIER_KEY)} ({connector.TIER_VOLUME_FREE_BYTES}) < {floor:.0f}",
-        duration="5m",
-        severity="critical",
-        summary="The disk tier's volume of {{ $labels.namespace }}/{{ $labels.pod }} is full",
-        description=(
-            "The volume of {{ $labels.pod }}'s disk tier ({{ $labels.tier }}) has {{ $value | humanize1024 }}B free, "
-            f"less than the {floor / 2**30:g} GiB the plan leaves for chunk files being written, for 5 minutes: stores "
-            "fail, and on the node's own disk (emptyDir) the kubelet evicts pods under DiskPressure."
-        ),
-        runbook=(
-            "1. Something besides the tier fills the volume: on an emptyDir it is the node's ephemeral storage "
-            "(images, logs, other pods), on a hostPath or claim whatever else writes there. `du` of "
-            "/var/lib/spillway/kv-tier in the pod against `df` tells the tier's share.\n"
-            "2. The evictor frees the tier's own files when the volume fills; if free bytes stay low while the "
-            "tier is small, free space on the node or give the tier a volume of its own.\n"
-            "3. A smaller spec.offload.disk.size leaves more room to the rest."
-        ),
+    rows = (
+        ("SpillwayDiskTierStoreFailures", f"{rec.TIER_STORE_FAILURES_RATE} {failing}", "10m", "warning",
+         "Disk tier of {{ $labels.namespace }}/{{ $labels.pod }} fails to store chunks",
+         ("{{ $labels.pod }} ({{ $labels.model_name }}) failed {{ printf \"%.2f\" $value }} writes per second of "
+          "CPU-pool chunks to its disk tier ({{ $labels.tier }}) for 10 minutes: what the pool drops from now on is "
+          "not on disk and is recomputed when asked for again."),
+         ("1. The vLLM container log names the error: 'No space left on device' or 'Input/output error' (the "
+          "volume is full: alert SpillwayDiskTierVolumeFull, dashboard row 'Disk tier faults', panel 'Volume free "
+          "space'), "
+          "'Read-only file system' (alert SpillwayDiskTierReadOnly), 'O_DIRECT is not supported' (the volume's "
+          "filesystem, e.g. tmpfs or some overlay setups, cannot take the fs tier: use a local disk volume).\n"
+          "2. Check the node's disk: `kubectl describe node NODE` (DiskPressure), `df` of the tier's mount "
+          "(/var/lib/spillway/kv-tier) in the pod.\n"
+          "3. If the volume cannot be fixed, set spec.offload.disk.enabled: false: the CPU pool keeps working.")),
+        ("SpillwayDiskTierLoadFailures", f"{rec.TIER_LOAD_FAILURES_RATE} {failing}", "10m", "warning",
+         "Disk tier of {{ $labels.namespace }}/{{ $labels.pod }} fails to load chunks",
+         ("{{ $labels.pod }} ({{ $labels.model_name }}) failed {{ printf \"%.2f\" $value }} reads per second from its "
+          "disk tier ({{ $labels.tier }}) into the CPU pool for 10 minutes: those prompts are recomputed, so "
+          "requests that should have hit the disk wait for a full prefill and also for the failed read."),
+         ("1. The vLLM container log names the file and the error: 'Input/output error' points at the disk "
+          "(the node's kernel log, SMART), a short read at a file truncated or replaced under the tier.\n"
+          "2. Dashboard row 'Disk tier faults', panel 'Checksums and evictor': checksum mismatches at the same "
+          "time mean chunk files are corrupted (alert SpillwayDiskTierChecksumMismatches).\n"
+          "3. If it persists, move the tier to another volume or set spec.offload.disk.enabled: false.")),
+        ("SpillwayDiskTierChecksumMismatches", f"{_rose(connector.TIER_CHECKSUM_MISMATCHES, '15m')} > 0", "1m",
+         "warning",
+         "Disk tier of {{ $labels.namespace }}/{{ $labels.pod }} found corrupted chunk files",
+         ("{{ printf \"%.0f\" $value }} chunk files of {{ $labels.pod }} ({{ $labels.model_name }}) on its disk tier "
+          "({{ $labels.tier }}) failed their checksum in the last 15 minutes. None was served: each was removed and "
+          "its prompt recomputed. The bytes changed after they were written: the disk, the filesystem, or "
+          "something else writing into the tier's directory."),
+         ("1. The vLLM container log names each file ('checksum mismatch'). One now and then after a node crash "
+          "is a torn write and heals by itself.\n"
+          "2. Repeated mismatches: check the node's disk (kernel log, SMART) and whether anything else writes "
+          "into the tier's directory (a shared hostPath or claim, a process on the node).\n"
+          "3. Until it is fixed the tier costs reads it throws away: cordon the node or set "
+          "spec.offload.disk.enabled: false.")),
+        ("SpillwayDiskTierEvictorFailing",
+         f"{_rose(connector.TIER_EVICTOR_RESTARTS, '15m')} > 0\nor\n{rec.TIER_EVICTOR_FAULTS_RATE} {failing}", "5m",
+         "warning",
+         "The disk tier's evictor of {{ $labels.namespace }}/{{ $labels.pod }} fails",
+         ("The connector's evictor of {{ $labels.pod }} ({{ $labels.model_name }}), which keeps the disk tier "
+          "({{ $labels.tier }}) under its planned bound, died and was restarted in the last 15 minutes, or fails "
+          "to delete files for 5 minutes. While it cannot delete, the tier grows past its bound: an emptyDir "
+          "past its sizeLimit makes the kubelet evict the pod with its tier."),
+         ("1. The vLLM container log says what failed: a file it may not delete (permissions, a read-only "
+          "volume: alert SpillwayDiskTierReadOnly) or the traceback of the error the evictor died of.\n"
+          "2. Dashboard rows 'Disk tier' (held bytes against the bound) and 'Disk tier faults'.\n"
+          "3. Files the tier did not write must not sit under its directory; an evictor dying again and again "
+          "is a connector bug: report the traceback, and set spec.offload.disk.enabled: false meanwhile.")),
+        ("SpillwayDiskTierVolumeFull", f"min {by(*TIER_KEY)} ({connector.TIER_VOLUME_FREE_BYTES}) < {floor:.0f}",
+         "5m", "critical",
+         "The disk tier's volume of {{ $labels.namespace }}/{{ $labels.pod }} is full",
+         ("The volume of {{ $labels.pod }}'s disk tier ({{ $labels.tier }}) has {{ $value | humanize1024 }}B free, "
+          f"less than the {floor / 2**30:g} GiB the plan leaves for chunk files being written, for 5 minutes: stores "
+          "fail, and on the node's own disk (emptyDir) the kubelet evicts pods under DiskPressure."),
+         ("1. Something besides the tier fills the volume: on an emptyDir it is the node's ephemeral storage "
+          "(images, logs, other pods), on a hostPath or claim whatever else writes there. `du` of "
+          "/var/lib/spillway/kv-tier in the pod against `df` tells the tier's share.\n"
+          "2. The evictor frees the tier's own files when the volume fills; if free bytes stay low while the "
+          "tier is small, free space on the node or give the tier a volume of its own.\n"
+          "3. A smaller spec.offload.disk.size leaves more room to the rest.")),
+        ("SpillwayDiskTierReadOnly", f"min {by(*TIER_KEY)} ({connector.TIER_WRITABLE}) == 0", "5m", "warning",
+         "The disk tier of {{ $labels.namespace }}/{{ $labels.pod }} is read-only",
+         ("The disk tier ({{ $labels.tier }}) of {{ $labels.pod }} ({{ $labels.model_name }}) cannot be written "
+          "for 5 minutes: every store fails and the evictor can delete nothing; chunks already there are still "
+          "read."),
+         ("1. A filesystem the kernel remounted read-only after I/O errors: the node's kernel log; the disk "
+          "needs attention, cordon the node.\n"
+          "2. A volume mounted read-only (a claim's access mode, a hostPath's permissions for the container's "
+          "user 65532): fix the volume or set spec.offload.disk.enabled: false.")),
     )
-
-
-def disk_tier_read_only(t: Config) -> Alert:
-    return Alert(
-        name="SpillwayDiskTierReadOnly",
-        expr=f"min {by(*TIER_KEY)} ({connector.TIER_WRITABLE}) == 0",
-        duration="5m",
-        severity="warning",
-        summary="The disk tier of {{ $labels.namespace }}/{{ $labels.pod }} is read-only",
-        description=(
-            "The disk tier ({{ $labels.tier }}) of {{ $labels.pod }} ({{ $labels.model_name }}) cannot be written "
-            "for 5 minutes: every store fails and the evictor can delete nothing; chunks already there are still "
-            "read."
-        ),
-        runbook=(
-            "1. A filesystem the kernel remounted read-only after I/O errors: the node's kernel log; the disk "
-            "needs attention, cordon the node.\n"
-            "2. A volume mounted read-only (a claim's access mode, a hostPath's permissions for the container's "
-            "user 65532): fix the volume or set spec.offload.disk.enabled: false."
-        ),
-    )
+    return [Alert(*row) for row in rows]
 
 
 def router_upstream_errors(t: Config) -> Alert:
@@ -495,11 +434,6 @@ def alerts(t: Config = DEFAULT) -> list[Alert]:
         modelserver_not_planned(t),
         disk_tier_churns(t),
         disk_tier_reads_too_slow(t),
-        disk_tier_store_failures(t),
-        disk_tier_load_failures(t),
-        disk_tier_checksum_mismatches(t),
-        disk_tier_evictor_failing(t),
-        disk_tier_volume_full(t),
-        disk_tier_read_only(t),
+        *disk_tier_faults(t),
         router_upstream_errors(t),
     ]
