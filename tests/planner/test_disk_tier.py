@@ -102,13 +102,17 @@ def test_the_tier_is_enabled_only_where_a_disk_hit_beats_recompute_and_says_the_
     bytes_per_token = 131072  # Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x K and V x 2 bytes
     slow = dt.disk_pays(3.0, bytes_per_token, 41_391.0, 400_000.0, 131072)
     fast = dt.disk_pays(12.0, bytes_per_token, 41_391.0, 400_000.0, 131072)
-    # recompute 24.2 us/token, the pool's reload 2.5: the disk has 21.7 us for 128 KiB, 6.05 GB/s
-    assert slow.break_even_gbps == fast.break_even_gbps == pytest.approx(6.05, abs=0.01)
+    # recompute 24.2 us/token, the pool's reload 2.5, the checksum 3.4 (128 KiB at 38.9 GB/s): the disk has
+    # 18.3 us for 128 KiB, 7.17 GB/s; 6.05 GB/s if the checksum were free
+    assert slow.break_even_gbps == fast.break_even_gbps == pytest.approx(7.17, abs=0.01)
+    unchecked = dt.disk_pays(3.0, bytes_per_token, 41_391.0, 400_000.0, 131072, checksum_gbps=None)
+    assert unchecked.break_even_gbps == pytest.approx(6.05, abs=0.01)
     assert (slow.pays, fast.pays) == (False, True)
-    assert "32K tokens: 1,514 ms from disk vs 792 ms recompute" in slow.why
+    assert "32K tokens: 1,624 ms from disk vs 792 ms recompute" in slow.why
+    assert "its checksum at 38.9 GB/s" in slow.why
     assert "does not pay" in slow.why and "the tier pays" in fast.why
     unknown = dt.disk_pays(None, bytes_per_token, 41_391.0, 400_000.0, 131072)
-    assert unknown.pays is None and "not qualified" in unknown.why and "6.05 GB/s" in unknown.why
+    assert unknown.pays is None and "not qualified" in unknown.why and "7.17 GB/s" in unknown.why
     assert dt.disk_pays(50.0, bytes_per_token, 41_391.0, 30_000.0, 8192).pays is False  # reload alone loses
 
 
@@ -138,19 +142,19 @@ def test_vllm_names_the_tiering_metrics_as_we_do():
 
 
 def test_the_break_even_counts_the_pools_reload_at_the_qualified_or_the_default_link_rate():
-    # recompute 24.2 us a token of Llama-3.1-8B; its reload from the pool at 50 GB/s 2.6 us of it: 5.43 GB/s of
-    # disk reads would pay if the reload were free, 6.09 GB/s once it is counted
+    # recompute 24.2 us a token of Llama-3.1-8B; its reload from the pool at 50 GB/s 2.6 us of it and its
+    # checksum 3.4: 5.43 GB/s of disk reads would pay if both were free, 7.21 GB/s once they are counted
     unqualified = plan(GEOMETRY, request(), NODE).disk
-    assert unqualified.break_even_gbps == pytest.approx(6.09, abs=0.005)
+    assert unqualified.break_even_gbps == pytest.approx(7.21, abs=0.005)
     assert (unqualified.reload_gbps, unqualified.reload_qualified) == (dt.DEFAULT_RELOAD_GBPS, False)
     assert "reload from the pool counted at 50.0 GB/s (the default" in unqualified.verdict
     slow_link = plan(GEOMETRY, request(), NodeFacts(2 * TiB, 8, "gpu-a", dma_gbps=25.0, ephemeral_storage=28 * TiB,
-                                                   disk_read_gbps=6.5)).disk
-    assert slow_link.break_even_gbps == pytest.approx(6.93, abs=0.005) and slow_link.reload_qualified
+                                                   disk_read_gbps=8.0)).disk
+    assert slow_link.break_even_gbps == pytest.approx(8.43, abs=0.005) and slow_link.reload_qualified
     assert slow_link.pays is False and "counted at 25.0 GB/s (qualified)" in slow_link.verdict
     # the same disk pays where the link is twice as fast
     fast_link = plan(GEOMETRY, request(), NodeFacts(2 * TiB, 8, "gpu-a", dma_gbps=50.0, ephemeral_storage=28 * TiB,
-                                                   disk_read_gbps=6.5)).disk
+                                                   disk_read_gbps=8.0)).disk
     assert fast_link.pays is True
 
 

@@ -102,8 +102,14 @@ WRITE_THREADS = 8
 # A disk hit is read into the CPU pool, then copied to the GPU like any pool hit: where the node's CPU->GPU rate
 # is not qualified, that copy is counted at one direction of a PCIe Gen5 x16 link, 51.3-52.4 GB/s measured on the
 # H200 (bench/copy-rates/README.md), rounded down. Leaving the copy out would price a disk
-# hit of Llama-3.1-8B at 5.43 GB/s of disk reads instead of 6.09.
+# hit of Llama-3.1-8B at 5.43 GB/s of disk reads instead of 6.09 (7.21 with the chunks' checksum).
 DEFAULT_RELOAD_GBPS = 50.0
+
+# Every chunk a load reads is checked (BLAKE3 over its bytes) by the read thread that read it before the pool
+# may serve it, so a disk hit costs its checksum too: 36.22 GiB/s (38.9 GB/s) over 2 MiB chunks with 16 threads
+# on the H200 host, the READ_THREADS the tier runs (bench/disk-tier/results/checksum-cost-h200-host.json). It is
+# added to the read's time, as if no thread hashed while another read: an upper bound on what it costs.
+CHECKSUM_GBPS = 36.22 * GiB / 1e9
 
 
 @dataclass(frozen=True)
@@ -386,34 +392,42 @@ class DiskVerdict:
     why: str
 
 
-def disk_load_seconds(tokens: int, bytes_per_token: float, read_gbps: float, reload_tokens_per_s: float | None) -> float:
-    """A disk hit of `tokens`: read into the CPU pool, then the pool's copy to the GPU (the tier's two steps)."""
-    seconds = tokens * bytes_per_token / (read_gbps * 1e9)
+def disk_load_seconds(tokens: int, bytes_per_token: float, read_gbps: float, reload_tokens_per_s: float | None,
+                      checksum_gbps: float | None = CHECKSUM_GBPS) -> float:
+    """A disk hit of `tokens`: read into the CPU pool and checked, then the pool's copy to the GPU (the tier's
+    steps, one after the other)."""
+    read_bytes = tokens * bytes_per_token
+    seconds = read_bytes / (read_gbps * 1e9) + (read_bytes / (checksum_gbps * 1e9) if checksum_gbps else 0.0)
     return seconds + (tokens / reload_tokens_per_s if reload_tokens_per_s else 0.0)
 
 
 def disk_pays(read_gbps: float | None, bytes_per_token: float, recompute_tokens_per_s: float | None,
-              reload_tokens_per_s: float | None, max_model_len: int, reload_note: str = "") -> DiskVerdict:
+              reload_tokens_per_s: float | None, max_model_len: int, reload_note: str = "",
+              checksum_gbps: float | None = CHECKSUM_GBPS) -> DiskVerdict:
     """Whether loading a prefix from the node's disk beats recomputing it, at the judged lengths the model serves.
 
-    Both sides are linear in the tokens here (a read of their KV bytes plus the pool's reload, against the
-    replica's prefill rate, routing.recompute_tokens_per_s), which leaves out attention's quadratic share of a
-    long prefill: a disk hit that pays here pays more at 128K, one that loses here may still win there."""
+    Both sides are linear in the tokens here (a read of their KV bytes, its checksum and the pool's reload,
+    against the replica's prefill rate, routing.recompute_tokens_per_s), which leaves out attention's quadratic
+    share of a long prefill: a disk hit that pays here pays more at 128K, one that loses here may still win
+    there."""
     lengths = [n for n in JUDGED_LENGTHS if n <= max_model_len] or [max_model_len]
     if not recompute_tokens_per_s or bytes_per_token <= 0:
         return DiskVerdict(None, None, "the model's prefill rate is unknown: the tier runs as asked")
     recompute_s_per_token = 1.0 / recompute_tokens_per_s
     reload_s_per_token = 1.0 / reload_tokens_per_s if reload_tokens_per_s else 0.0
-    room = recompute_s_per_token - reload_s_per_token
+    checksum_s_per_token = bytes_per_token / (checksum_gbps * 1e9) if checksum_gbps else 0.0
+    room = recompute_s_per_token - reload_s_per_token - checksum_s_per_token
     break_even = bytes_per_token / room / 1e9 if room > 0 else None
-    need = (f"a disk hit pays from {break_even:.2f} GB/s of disk reads{reload_note}" if break_even is not None
-            else "the pool's own reload is already slower than recompute: no disk rate pays")
+    checked = f", its checksum at {checksum_gbps:.1f} GB/s" if checksum_gbps else ""
+    need = (f"a disk hit pays from {break_even:.2f} GB/s of disk reads{reload_note}{checked}"
+            if break_even is not None
+            else "the pool's own reload and the checksum are already slower than recompute: no disk rate pays")
     if read_gbps is None:
         return DiskVerdict(None, break_even, f"the node's disk read rate is not qualified (spillway qualify --disk); "
                                              f"{need}: the tier runs as asked")
     parts = []
     for n in lengths:
-        load = disk_load_seconds(n, bytes_per_token, read_gbps, reload_tokens_per_s)
+        load = disk_load_seconds(n, bytes_per_token, read_gbps, reload_tokens_per_s, checksum_gbps)
         parts.append(f"{n // 1024}K tokens: {load * 1e3:,.0f} ms from disk vs {n * recompute_s_per_token * 1e3:,.0f} "
                      "ms recompute")
     pays = break_even is not None and read_gbps > break_even
