@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ class Desired:
     node: NodeSummary  # the node the plan was made for: the smallest eligible one
     eligible: tuple[NodeSummary, ...]
     objects: tuple[dict[str, Any], ...]
+    autoscaling: autoscaling.Choice | None = None  # which autoscaler spec.autoscaling got, and why
 
     def summary(self) -> str:
         """One line for conditions and events."""
@@ -90,17 +91,21 @@ def check_name(body: Mapping[str, Any]) -> None:
 
 def desired(body: Mapping[str, Any], nodes: Iterable[NodeSummary], read_config_map: ConfigMapReader | None = None,
             fetch_hub: HubFetcher | None = None, pod_monitor: bool = False,
-            router_image: str = names.DEFAULT_ROUTER_IMAGE) -> Desired:
+            router_image: str = names.DEFAULT_ROUTER_IMAGE, keda_served: Callable[[], bool] | None = None) -> Desired:
     """Everything the operator applies for one ModelServer; raises a SpillwayError on bad input."""
     check_name(body)
     spec = parse_spec(body.get("spec"))
-    return desired_for(body, spec, eligibility(nodes, spec), read_config_map, fetch_hub, pod_monitor, router_image)
+    return desired_for(body, spec, eligibility(nodes, spec), read_config_map, fetch_hub, pod_monitor, router_image,
+                       keda_served)
 
 
 def desired_for(body: Mapping[str, Any], spec: ModelServerSpec, eligible: Eligibility,
                 read_config_map: ConfigMapReader | None = None, fetch_hub: HubFetcher | None = None,
-                pod_monitor: bool = False, router_image: str = names.DEFAULT_ROUTER_IMAGE) -> Desired:
-    """desired() for a spec already parsed and its eligible nodes already found (the operator's reconcile)."""
+                pod_monitor: bool = False, router_image: str = names.DEFAULT_ROUTER_IMAGE,
+                keda_served: Callable[[], bool] | None = None) -> Desired:
+    """desired() for a spec already parsed and its eligible nodes already found (the operator's reconcile).
+    keda_served: whether the API server serves KEDA's ScaledObjects, asked only for spec.autoscaling's
+    provider choice (autoscaling.choose)."""
     check_name(body)
     geometry = resolve_geometry(spec.model_source(), read_config_map, fetch_hub)
     if spec.max_model_len is not None:
@@ -109,13 +114,16 @@ def desired_for(body: Mapping[str, Any], spec: ModelServerSpec, eligible: Eligib
     result, node = plan_for_nodes(geometry, spec, nodes)
     objects = render(body, spec, result, pod_monitor, router_image)
     scaling = autoscaling.parse_autoscaling(body.get("spec") or {})
+    choice = None
     if scaling is not None:
         hostable = autoscaling.hostable_replicas((n.gpus for n in nodes), spec.request.tensor_parallel_size,
                                                  spec.request.replicas_per_node)
         bounds = autoscaling.replica_bounds(scaling, hostable)
-        objects = [*autoscaling.autoscaled(list(objects), body["metadata"]["name"]),
-                   with_hash(autoscaling.autoscaler(body, scaling, bounds))]
-    return Desired(spec, result, node, nodes, tuple(objects))
+        choice = autoscaling.choose(scaling, body["metadata"]["name"], keda_served)
+        if choice.provider is not None:
+            objects = [*autoscaling.autoscaled(list(objects), body["metadata"]["name"]),
+                       with_hash(autoscaling.autoscaler(body, scaling, bounds, choice.provider))]
+    return Desired(spec, result, node, nodes, tuple(objects), choice)
 
 
 # -- objects ---------------------------------------------------------------------------------------
