@@ -14,7 +14,7 @@ from spillway.core.model_facts import UNMODELLED
 from spillway.core.vllm_coverage import REFUSED, SIZED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "coverage"))
-from compare import RELEASES, fallback_statuses, load_truth, planner_answer, statuses
+from compare import RELEASES, fallback_statuses, load_truth, planner_answer, planner_config, statuses
 from render import DOC, MODULE, doc_text, module_text
 
 ROWS = {s.arch: s for s in statuses()}
@@ -52,6 +52,25 @@ def test_the_registries_are_counted_per_release():
         assert set(rows) == set(truth["registries"][version + ".0"])
     # the Transformers-backend architectures are rows of their own (vLLM serves them by name)
     assert {s.registry for s in ROWS.values()} == {"text-generation", "multimodal", "transformers-backend"}
+
+
+RECURRENT_ONLY = ["MambaForCausalLM", "Mamba2ForCausalLM", "FalconMambaForCausalLM"]
+
+
+@pytest.mark.parametrize("arch", RECURRENT_ONLY)
+def test_a_recurrent_only_model_plans_as_vllm_offloads_it(arch):
+    """vLLM offloads a model of Mamba layers only with prefix caching on (its truth was taken so, at the block a
+    plan renders): the plan sizes its one state group as vLLM does and renders that setting."""
+    from spillway.core.planner import NodeFacts, ServingRequest, plan
+
+    entry = load_truth()["architectures"][arch]
+    assert entry["requested_block_size"] == 64 and ROWS[arch].status == "sized"
+    # the state dtype of the engine that recorded the truth (compare.planner_config)
+    made = plan(geometry_from_config(planner_config(entry), arch), ServingRequest(block_size=64),
+                NodeFacts(2 << 40, 8))
+    assert made.groups is not None and [g.kind for g in made.groups.groups] == ["mamba"]
+    assert made.layout.block_bytes == ROWS[arch].theirs["row"]
+    assert "--enable-prefix-caching" in made.args
 
 
 def test_the_issue_families_plan_and_agree_with_vllm():

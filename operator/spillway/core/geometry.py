@@ -18,7 +18,7 @@ from spillway_connector.versions import require_supported
 
 from .errors import InvalidSpec, ModelGeometryUnknown
 from .groups import CacheGroup, KVGroups, host_copies, kv_groups
-from .model_facts import FULL, MLA, ModelFacts, cached_hash, read_facts, text_config
+from .model_facts import FULL, MLA, ModelFacts, cached_hash, check_config, read_facts, text_config
 from .options import Attention
 from .vllm_api import IMAGE_VLLM_VERSION
 from .vllm_coverage import REFUSED, SIZED
@@ -94,10 +94,12 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model",
     or raise ModelGeometryUnknown. `transformers_class`: the architecture is a model class transformers ships, which
     vLLM serves through its Transformers backend when its registry does not name it (sized where its answer is
     recorded, as every architecture)."""
-    facts = read_facts(config, name)
-    architecture = facts.architecture
+    architecture = check_config(config, name)
     if architecture in REFUSED:
+        # before the reading: where vLLM itself refuses the model, its reason is the one to give, not a field the
+        # reading would miss first
         raise ModelGeometryUnknown(f"{name}: architecture {architecture!r} is refused: {REFUSED[architecture]}")
+    facts = read_facts(config, name)
     if architecture not in SIZED and transformers_class:
         # vLLM's registry falls back to its Transformers backend for a class transformers ships; the reading of its
         # layers is checked per architecture like any other (tests/planner/coverage: 3 of the 17 recorded would be
@@ -110,8 +112,6 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model",
             f"{name}: architecture {architecture!r} is neither in vLLM 0.33's registry (text generation, multimodal, "
             "Transformers backend) nor a model class of transformers, so vLLM would need the model's remote code; "
             "Spillway cannot size its KV pool exactly")
-    if not facts.attention_layers:
-        raise ModelGeometryUnknown(f"{name}: a model of recurrent layers only has no attention KV to offload")
     attention = Attention.MLA if facts.mla else Attention.STANDARD
     return ModelGeometry(name, architecture, facts.num_layers, attention, facts.num_kv_heads,
                          facts.num_attention_heads, facts.head_dim, facts.dtype, dict(text_config(config)[0]),

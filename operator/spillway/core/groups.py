@@ -124,7 +124,10 @@ class KVGroups:
         """One attention layer's page of one block, one rank (K and V, or the MLA latent), in the largest attention
         group: a Mamba hybrid's is its grown block's. A group of layers of different pages (UniformTypeKVCacheSpecs)
         gives its mean."""
-        group = max((g for g in self.groups if g.kind in ATTENTION_KINDS), key=lambda g: g.block_bytes)
+        attention = [g for g in self.groups if g.kind in ATTENTION_KINDS]
+        if not attention:  # recurrent layers only: a layer's state page, the unit of a per-layer copy
+            return max(g.page_bytes for g in self.groups)
+        group = max(attention, key=lambda g: g.block_bytes)
         return group.page_bytes // group.layers if group.uniform_type else group.page_bytes
 
     @property
@@ -335,7 +338,14 @@ def _group_runs(runs: Mapping[LayerCache, int], block_size: int, kernel_block: i
         raise ModelGeometryUnknown(f"{name}: the model has no layer with a KV cache")
     attention = [layer for layer in runs if layer.kind in ATTENTION_KINDS]
     if not attention:
-        raise ModelGeometryUnknown(f"{name}: a model of recurrent layers only has no attention KV to offload")
+        # a model of recurrent layers only (Mamba, Mamba2, FalconMamba): no attention page to align to, so the state
+        # block is the block asked (vllm/model_executor/models/config.py MambaModelConfig: with prefix caching the
+        # mamba_block_size is the cache's block_size) and each layer's page its state; one spec, one group
+        states = {layer.state_bytes for layer in runs}
+        if len(states) > 1:
+            raise ModelGeometryUnknown(f"{name}: recurrent layers of different state sizes {sorted(states)} are not "
+                                       "modelled")
+        return (CacheGroup(MAMBA, sum(runs.values()), states.pop(), block_size),)
     token_bytes = {layer.token_bytes for layer in attention}
     if len(token_bytes) > 1:
         # 0.33 UniformTypeKVCacheSpecs.from_specs: every layer the same kind of attention (MLA and its indexer

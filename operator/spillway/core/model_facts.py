@@ -94,14 +94,13 @@ ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_atte
 # the planner models them (each reason says what vLLM does differently).
 UNMODELLED = {
     "deepseek_v4": "compressed sparse attention (compress_ratios)",
-    # vLLM offloads a recurrent-only model's state (one group of MambaSpec pages, the block the plan gives) with
-    # prefix caching on; the planner's pool, token and routing arithmetic all count attention blocks
-    "mamba": "recurrent state only, no attention (vLLM offloads the Mamba state with --block-size and prefix caching)",
-    "mamba2": "recurrent state only, no attention (vLLM offloads the Mamba2 state with --block-size and prefix "
-              "caching)",
-    "falcon_mamba": "recurrent state only, no attention (vLLM offloads the Mamba state with --block-size and prefix "
-                    "caching)",
 }
+
+# Model types of recurrent layers only (vllm/model_executor/models/mamba.py, mamba2.py; FalconMamba is mamba.py's):
+# one group of MambaSpec pages at the block the plan gives, which vLLM offloads with prefix caching on (the plan
+# renders it for every Mamba group); without attention heads, vLLM's head-count checks pass at any TP
+# (ModelConfig.get_total_num_attention_heads: 0 where the config has none)
+RECURRENT_ONLY = frozenset({"mamba", "mamba2", "falcon_mamba"})
 
 # Bounds on a config's geometry, far above any model vLLM serves (the largest registry configs: 126 decoder layers,
 # 128 heads of 576 elements), below what would allocate a per-layer list the size of the memory or overflow a
@@ -341,7 +340,7 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
     if model_type == "jamba":  # vllm/model_executor/models/jamba.py: attention where i % period == offset
         period, offset = _int(config, "attn_layer_period", name, 8), config.get("attn_layer_offset", 4)
         return [(FULL,) if i % period == offset else (MAMBA,) for i in range(num_layers)]
-    if model_type in ("mamba", "mamba2"):
+    if model_type in RECURRENT_ONLY:  # mamba.py, mamba2.py: a mixer and no attention in every layer
         return [(MAMBA,)] * num_layers
     if model_type == "zamba2":
         # vllm/model_executor/models/zamba2.py: every layer a Mamba2 mixer, a 'hybrid' one also the shared attention;
@@ -477,8 +476,9 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         # hidden_size) channels and conv_L_cache taps
         channels = get("conv_dim") if model_type == "lfm2" else get("hidden_size")
         return MambaShape("short_conv", intermediate=channels, conv_kernel=get("conv_L_cache"))
-    if model_type in ("jamba", "mamba"):
-        intermediate = config.get("intermediate_size") if model_type == "mamba" else None
+    if model_type in ("jamba", "mamba", "falcon_mamba"):
+        # mamba.py serves FalconMamba too (its MambaConfig-shaped config: intermediate_size, state_size, conv_kernel)
+        intermediate = config.get("intermediate_size") if model_type != "jamba" else None
         intermediate = intermediate or get("mamba_expand", default=2) * hidden
         return MambaShape("mamba1", intermediate=intermediate, state=get("mamba_d_state", "state_size", default=16),
                           conv_kernel=get("mamba_d_conv", "conv_kernel", default=4))
@@ -620,7 +620,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     flat = {kind for layer in kinds for kind in layer}
     mla = _mla(text, model_type)
     attention = flat & {FULL, SLIDING, CHUNKED}
-    heads = _int(text, "num_attention_heads", name) if attention or mla else (text.get("num_attention_heads") or 1)
+    heads = _int(text, "num_attention_heads", name) if attention or mla else (text.get("num_attention_heads") or 0)
     kv_heads, head_dim, v_head_dim = 1, 0, 0
     if mla:
         head_dim = _int(text, "kv_lora_rank", name) + _int(text, "qk_rope_head_dim", name)

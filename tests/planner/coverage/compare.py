@@ -32,6 +32,7 @@ class Status:
     vllm_offloads: bool | None = None  # None: no truth was built
     ours: dict | None = None
     theirs: dict | None = None
+    vllm_refusal: str = ""  # vllm_offloads False: vLLM's own message, with the settings a plan renders
 
 
 def load_truth() -> dict:
@@ -105,12 +106,15 @@ def status(arch: str, entry: dict, pool_bytes: int, max_model_len: int, release:
         if ours is None:
             return Status(arch, registry, "refused", kinds, refusal, True, None, theirs)
         return Status(arch, registry, "sized" if ours == theirs else "mis-sized", kinds, "", True, ours, theirs)
+    if error and error["step"] == "offload":
+        # vLLM's own sizing refuses the layers its model code built: the planner refuses with vLLM's message
+        said = " ".join(error["message"].split())[:300]
+        return Status(arch, registry, "refused", kinds, said, False, None, None, said)
     why = f"no truth: {error['step']} step: {error['message'].splitlines()[0][:160]}" if error else "no truth"
-    offloads = False if error and error["step"] == "offload" else None
     if ours is not None:
-        # vLLM refused or no truth could be built, yet the planner sizes it: not a verified size
-        return Status(arch, registry, "unverified", kinds, why, offloads, ours, None)
-    return Status(arch, registry, "refused", kinds, f"{refusal} ({why})", offloads, None, None)
+        # no truth could be built, yet the planner sizes it: not a verified size
+        return Status(arch, registry, "unverified", kinds, why, None, ours, None)
+    return Status(arch, registry, "refused", kinds, f"{refusal} ({why})", None, None, None)
 
 
 RELEASES = ("0.33", "0.34")

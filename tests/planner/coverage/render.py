@@ -32,6 +32,8 @@ def _reason(s: Status) -> str:
         return f"vLLM 0.33's answer could not be recorded ({s.reason})"
     if s.vllm_offloads:
         return f"vLLM 0.33 offloads it, but the planner cannot size it: {s.reason}"
+    if s.vllm_offloads is False:
+        return f"vLLM refuses it with the settings a plan renders: {s.vllm_refusal}"
     return s.reason
 
 
