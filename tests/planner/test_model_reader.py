@@ -152,3 +152,30 @@ def test_a_window_is_counted_in_the_offloads_chunks():
 def test_max_model_len_is_derived_as_vllm_derives_it(config, length):
     """vllm/config/model.py _get_and_verify_max_len with no --max-model-len."""
     assert geometry_of(config).max_model_len == length
+
+
+# The operator plans ModelServers in parallel handler threads: the first readings of a config.json import
+# transformers from several threads at once, whose lazy modules then raise ImportError in the threads that lose the
+# race; unguarded, those read "transformers is not installed" and refused the config (adapters/model_config.py
+# _IMPORT_LOCK). In a fresh interpreter, as the operator starts: without the lock 5-6 of 8 threads were refused.
+_CONCURRENT_FIRST_READS = """
+import threading
+from spillway.adapters.model_config import catalog_config, catalog_ids, geometry_of
+ids, said = catalog_ids(), []
+def read(i):
+    try:
+        geometry_of(catalog_config(ids[i]), "acme/inline")
+        said.append("ok")
+    except Exception as exc:
+        said.append(f"{type(exc).__name__}: {exc}")
+threads = [threading.Thread(target=read, args=(i,)) for i in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("\\n".join(said))
+"""
+
+
+def test_first_readings_from_concurrent_threads_all_see_transformers():
+    done = subprocess.run([sys.executable, "-c", _CONCURRENT_FIRST_READS], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.split("\n")[:8] == ["ok"] * 8, done.stdout[-2000:]

@@ -213,8 +213,13 @@ def test_generated_modelservers_all_get_a_status_and_no_unsafe_deployment(cluste
         assert unknown <= seeded_unknown, {n: planned[n]["message"] for n in unknown - seeded_unknown}
         for name, c in counts.items():
             assert c["planned"] > 0, f"no ModelServer of the {name} generator was planned"
-        # Generated catalog specs draw random parallelism and sizes, which since configs are read through
-        # transformers leave more of them ModelGeometryUnknown (4-5 of 11 seen); every catalog id plans by itself.
-        assert counts["catalog"]["planned"] * 3 > counts["catalog"]["admitted"], counts["catalog"]
+        # Every catalog model has a config.json the reader takes, inline or by id: none of the catalog generator's
+        # specs ends ModelGeometryUnknown but where a release itself refuses the model (vLLM 0.26 and Llama 4's
+        # chunked attention). Before transformers' first import was serialized (adapters/model_config.py
+        # _IMPORT_LOCK), the operator's parallel handlers raced it and refused the inline configs (5 of 11).
+        geometry = {n: planned[n]["message"] for n in (b["metadata"]["name"] for b in admitted["catalog"])
+                    if planned[n]["reason"] == "ModelGeometryUnknown" and "vLLM 0.26 cannot" not in planned[n]["message"]}
+        assert not geometry, geometry
+        assert counts["catalog"]["planned"] * 2 > counts["catalog"]["admitted"], counts["catalog"]
     finally:
         operator.kill()

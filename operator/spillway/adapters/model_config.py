@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -119,16 +120,24 @@ def resolve_geometry(source: ModelSource | str, read_config_map: ConfigMapReader
     return geometry_of(config, source.name)
 
 
+# transformers' first import, one thread at a time: its lazy modules are not safe to import from several threads at
+# once (the operator plans ModelServers in parallel handler threads), where the threads that lose the race get an
+# ImportError of a partly initialized module, which read as "transformers is not installed" and refused every
+# inline config.json (the fuzz test's catalog generator: 5 of 11 ModelGeometryUnknown). Held while importing only.
+_IMPORT_LOCK = threading.RLock()
+
+
 @functools.lru_cache(maxsize=1)
 def _config_classes() -> Mapping[str, Any] | None:
     """transformers' model type -> config class mapping, imported on first need (1.4 s, 64 MiB: the catalog's
     configs, already filled, never pay it); None where transformers is not installed."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # its import-time advice (no PyTorch) is not ours
-    try:
-        from transformers import CONFIG_MAPPING
-    except ImportError:
-        return None
-    return CONFIG_MAPPING
+    with _IMPORT_LOCK:
+        try:
+            from transformers import CONFIG_MAPPING
+        except ImportError:
+            return None
+        return CONFIG_MAPPING
 
 
 def filled_config(config: Mapping[str, Any], name: str = "model") -> Mapping[str, Any]:
@@ -164,7 +173,8 @@ def _transformers_model_classes() -> frozenset[str]:
     """The model class names of transformers' auto mappings (names only: no model module, no torch imported)."""
     if _config_classes() is None:
         return frozenset()
-    from transformers.models.auto import modeling_auto
+    with _IMPORT_LOCK:
+        from transformers.models.auto import modeling_auto
 
     names: set[str] = set()
     for attribute in dir(modeling_auto):
