@@ -9,11 +9,16 @@ Run: `kopf run --standalone --all-namespaces -m spillway.controller.handlers`.
 - A Deployment's status changes -> the ModelServer's Ready condition follows.
 - Bad input (a SpillwayError) -> conditions + a Warning event; nothing new is deployed and the
   handler returns normally, so the operator never crash-loops and never retries the same mistake.
+
+Importing this module reads nothing and starts nothing: the startup handler reads the settings (a bad one
+stops the operator with one line naming it), builds the API client and the re-plan worker, and keeps them in
+kopf's operator memo (OperatorState), which every handler's `memo` shares.
 """
 from __future__ import annotations
 
 import base64
 import contextvars
+import functools
 import logging
 import os
 import threading
@@ -56,39 +61,55 @@ GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
 # A referenced ConfigMap may appear later; API errors are retried too.
 # API answers that refuse the object itself (invalid, malformed): retrying cannot help.
 API_REFUSALS = (400, 422)
-# Read once, when kopf imports this module at start; everything below takes its settings from here.
-SETTINGS = OperatorSettings.from_environ(os.environ)
-RETRY_SECONDS = SETTINGS.retry_seconds
 STATUS_RETRY_SECONDS = (0.5, 1.0, 2.0)  # then the error goes to kopf (a reconcile is retried, an event is not)
 # The connection's own failures (a read timeout of a slow API server, a reset): passing trouble, retried like an
 # API server's 5xx, never a ModelServer's InternalError.
 TRANSPORT_ERRORS = (OSError, urllib3.exceptions.HTTPError)
 OWNER_CHECK_SECONDS = 1.0  # a reconcile's writes look again, at most this often, that their ModelServer still exists
 
-_kube: Kube | None = None
-# The owned fields of each vLLM Deployment as last applied (drift.py): a Deployment event that differs is a hand edit.
-_applied_owned: dict[tuple[str, str], dict[str, Any]] = {}
-# The eligible nodes' fingerprint each ModelServer was last planned for (status.nodesFingerprint as written).
-_fingerprints: dict[tuple[str, str], str] = {}
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
-# What the resync reconciles: every ModelServer the index has seen (until its deletion), on the latest GPU nodes.
-_known: set[tuple[str, str]] = set()
-_node_index: list[kopf.Index] = []
+MEMO_KEY = "spillway"  # the OperatorState's key in kopf's operator memo
+
+_replan_log = logging.getLogger("spillway.replan")  # kopf.objects drops records without its own extras
+_resync_log = logging.getLogger("spillway.resync")
 
 
-def kube() -> Kube:
-    global _kube
-    if _kube is None:
-        load_config()
-        _kube = LanedKube(_replanner.lane)  # node-driven re-plans' requests go first (replan.py)
-        _kube.timeout = SETTINGS.api_timeout_seconds
-    return _kube
+class OperatorState:
+    """What the operator keeps for its whole run, built once by the startup handler. kopf gives each resource
+    a shallow copy of the operator memo, so every handler's `memo` holds this same object."""
+
+    def __init__(self, settings: OperatorSettings):
+        self.settings = settings
+        self.replanner = Replanner(functools.partial(_replan_now, self), _replan_log)
+        self.kube: Kube = LanedKube(self.replanner.lane)  # node-driven re-plans' requests go first (replan.py)
+        self.kube.timeout = settings.api_timeout_seconds
+        # The owned fields of each vLLM Deployment as last applied (drift.py): a Deployment event that differs
+        # is a hand edit.
+        self.applied_owned: dict[tuple[str, str], dict[str, Any]] = {}
+        # The eligible nodes' fingerprint each ModelServer was last planned for (status.nodesFingerprint as written).
+        self.fingerprints: dict[tuple[str, str], str] = {}
+        # What the resync reconciles: every ModelServer the index has seen (until its deletion), on the latest
+        # GPU nodes.
+        self.known: set[tuple[str, str]] = set()
+        self.node_index: list[kopf.Index] = []  # the live GPU node index, once a node event has handed it over
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A deleted ModelServer leaves nothing behind."""
+        key = (namespace, name)
+        self.applied_owned.pop(key, None)
+        self.fingerprints.pop(key, None)
+        self.known.discard(key)
+        with self._locks_guard:
+            self._locks.pop(key, None)
 
 
-def _lock(namespace: str, name: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault((namespace, name), threading.Lock())
+def _state(memo: kopf.Memo) -> OperatorState:
+    return memo[MEMO_KEY]
 
 
 def _ms_path(namespace: str, name: str, subresource: str | None = None) -> str:
@@ -96,7 +117,14 @@ def _ms_path(namespace: str, name: str, subresource: str | None = None) -> str:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    try:
+        ours = OperatorSettings.from_environ(os.environ)
+    except SpillwayError as exc:
+        # Retrying cannot mend the pod's environment. SystemExit passes by kopf's handler machinery (it catches
+        # Exception), so the operator ends with this one line and status 1, not with retries and tracebacks.
+        logger.error(f"the operator does not start: {exc}")
+        raise SystemExit(1) from None
     # kopf's bookkeeping in annotations under its own prefix (a status field would be pruned by the schema).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.KOPF_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.KOPF_ANNOTATION_PREFIX)
@@ -106,9 +134,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Serve the namespaces named on the command line and the resources found at startup: the chart grants no
     # access to Namespaces or CRDs, which kopf would otherwise retry for a minute before falling back.
     settings.scanning.disabled = True
-    kube()
-    if SETTINGS.metrics_port is not None:
-        metrics.serve(SETTINGS.metrics_port)
+    load_config()
+    memo[MEMO_KEY] = OperatorState(ours)
+    if ours.metrics_port is not None:
+        metrics.serve(ours.metrics_port)
 
 
 # -- facts kept in memory --------------------------------------------------------------------------------
@@ -122,10 +151,11 @@ async def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeSumma
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-async def modelservers(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+async def modelservers(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo,
+                       **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     annotations = (body.get("metadata") or {}).get("annotations") or {}
     if not (body.get("metadata") or {}).get("deletionTimestamp"):
-        _known.add((namespace, name))
+        _state(memo).known.add((namespace, name))
     return {(namespace, name): {
         "spec": _parsed(body.get("spec")),
         "fingerprint": (body.get("status") or {}).get("nodesFingerprint"),
@@ -148,91 +178,89 @@ def _parsed(spec: Any) -> ModelServerSpec | SpillwayError:
 
 
 @kopf.on.event("", "v1", "nodes")
-async def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, **_: Any) -> None:
+async def node_changed(gpu_nodes: kopf.Index, modelservers: kopf.Index, memo: kopf.Memo, **_: Any) -> None:
     """Runs in kopf's event loop, where the indexes change: a snapshot, handed to the one re-plan worker."""
-    if not _node_index:
-        _node_index.append(gpu_nodes)  # the live index, for the resync
+    state = _state(memo)
+    if not state.node_index:
+        state.node_index.append(gpu_nodes)  # the live index, for the resync
         # Started from a handler: its context (kopf's event posting) goes with the resync's reconciles.
         context = contextvars.copy_context()
-        threading.Thread(target=context.run, args=(_resync_forever,), name="spillway-resync", daemon=True).start()
+        threading.Thread(target=context.run, args=(_resync_forever, state), name="spillway-resync",
+                         daemon=True).start()
     nodes = tuple(_all_nodes(gpu_nodes))
     metrics.publish_nodes(list(nodes))
     # The fingerprint each reconcile wrote, as this process knows it: the index sees a status write late or
     # not at all (a status-only change need not reach the watch).
-    _replanner.offer(nodes, {key: {**entry, "fingerprint": _fingerprints.get(key, entry["fingerprint"])}
-                             for key, store in modelservers.items() for entry in store})
+    state.replanner.offer(nodes, {key: {**entry, "fingerprint": state.fingerprints.get(key, entry["fingerprint"])}
+                                  for key, store in modelservers.items() for entry in store})
 
 
-def _replan_now(namespace: str, name: str, fingerprint: str, nodes: tuple[NodeSummary, ...]) -> None:
+def _replan_now(state: OperatorState, namespace: str, name: str, fingerprint: str,
+                nodes: tuple[NodeSummary, ...]) -> None:
     """A node-driven re-plan: the ModelServer as it is now, for the nodes of the change. On an API error the
     trigger annotation hands the re-plan to kopf, which retries it."""
-    with _lock(namespace, name):
+    with state.lock(namespace, name):
         try:
-            ms = kube().get(_ms_path(namespace, name))
+            ms = state.kube.get(_ms_path(namespace, name))
             if ms is None or (ms.get("metadata") or {}).get("deletionTimestamp"):
                 return
             if (ms.get("status") or {}).get("nodesFingerprint") == fingerprint:
                 return  # a reconcile since the change already planned for these nodes
-            reconcile(ms, list(nodes), _replan_log)
+            reconcile(state, ms, list(nodes), _replan_log)
         except (ApiError, *TRANSPORT_ERRORS) as exc:
             _replan_log.warning(f"re-plan of {namespace}/{name} failed ({exc}): handing it to the retrying handler")
-            kube().merge_patch(_ms_path(namespace, name),
-                               {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
+            state.kube.merge_patch(_ms_path(namespace, name),
+                                   {"metadata": {"annotations": {names.ANNOTATION_NODES_CHANGED: fingerprint}}})
 
 
-_replan_log = logging.getLogger("spillway.replan")  # kopf.objects drops records without its own extras
-_replanner = Replanner(_replan_now, _replan_log)
-_resync_log = logging.getLogger("spillway.resync")
-
-
-def _current_nodes() -> list[NodeSummary]:
+def _current_nodes(state: OperatorState) -> list[NodeSummary]:
     """The GPU nodes' index as it is now, read from the resync's thread (kopf's loop may change it meanwhile)."""
     for _ in range(5):
         try:
-            return _all_nodes(_node_index[0]) if _node_index else []
+            return _all_nodes(state.node_index[0]) if state.node_index else []
         except RuntimeError:  # changed size during iteration: read again
             time.sleep(0.05)
     return []
 
 
-def resync_once() -> None:
+def resync_once(state: OperatorState) -> None:
     """Every known ModelServer reconciled once, event or not: what only this operator writes (the status, the
     planned objects) but someone else changed is put back, and a pass lost to an error is made again."""
-    nodes = _current_nodes()
-    if not _node_index:
+    nodes = _current_nodes(state)
+    if not state.node_index:
         return  # no node event yet: the index is not filled, and a plan for no nodes would be wrong
-    for namespace, name in sorted(_known):
-        with _lock(namespace, name):
+    for namespace, name in sorted(state.known):
+        with state.lock(namespace, name):
             try:
-                ms = kube().get(_ms_path(namespace, name))
+                ms = state.kube.get(_ms_path(namespace, name))
                 if ms is None:
-                    _known.discard((namespace, name))
+                    state.known.discard((namespace, name))
                     continue
                 if not (ms.get("metadata") or {}).get("deletionTimestamp"):
-                    reconcile(ms, nodes, _resync_log)
+                    reconcile(state, ms, nodes, _resync_log)
             except (ApiError, *TRANSPORT_ERRORS) as exc:
                 _resync_log.warning(f"resync of {namespace}/{name} failed ({exc}); the next one tries again")
             except Exception:  # noqa: BLE001 - one ModelServer's bug must not stop the others' resync
                 _resync_log.exception(f"resync of {namespace}/{name} failed")
 
 
-def _resync_forever() -> None:
+def _resync_forever(state: OperatorState) -> None:
     while True:
-        time.sleep(SETTINGS.resync_seconds)
-        resync_once()
+        time.sleep(state.settings.resync_seconds)
+        resync_once(state)
 
 
 # -- reconcile -------------------------------------------------------------------------------------------
 
-def _config_map_reader(namespace: str):
+def _config_map_reader(kube: Kube, namespace: str):
     def read(name: str, key: str) -> str | None:
-        found = kube().get(path("v1", "ConfigMap", namespace, name))
+        found = kube.get(path("v1", "ConfigMap", namespace, name))
         return None if found is None else (found.get("data") or {}).get(key)
     return read
 
 
-def _hub_fetcher(namespace: str, spec: ModelServerSpec) -> HubFetcher | None:
-    if not SETTINGS.allow_hub_fetch:
+def _hub_fetcher(state: OperatorState, namespace: str, spec: ModelServerSpec) -> HubFetcher | None:
+    if not state.settings.allow_hub_fetch:
         return None
 
     def fetch(model: str, revision: str | None) -> dict[str, Any]:
@@ -240,7 +268,7 @@ def _hub_fetcher(namespace: str, spec: ModelServerSpec) -> HubFetcher | None:
         ref = spec.hf_token_secret
         if ref is not None:
             try:
-                secret = kube().get(path("v1", "Secret", namespace, ref.name))
+                secret = state.kube.get(path("v1", "Secret", namespace, ref.name))
             except ApiError as exc:
                 if exc.status != 403:
                     raise
@@ -256,21 +284,21 @@ def _hub_fetcher(namespace: str, spec: ModelServerSpec) -> HubFetcher | None:
     return fetch
 
 
-def _pod_monitors_wanted() -> bool:
-    if not SETTINGS.pod_monitors:
+def _pod_monitors_wanted(state: OperatorState) -> bool:
+    if not state.settings.pod_monitors:
         return False
-    return kube().serves(names.PODMONITOR_GROUP, names.PODMONITOR_VERSION, names.PODMONITOR_PLURAL)
+    return state.kube.serves(names.PODMONITOR_GROUP, names.PODMONITOR_VERSION, names.PODMONITOR_PLURAL)
 
 
 def _event(body: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
     kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=message[:1000])
 
 
-def _deployment(namespace: str, name: str) -> dict[str, Any] | None:
-    return kube().get(path("apps/v1", "Deployment", namespace, name))
+def _deployment(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    return kube.get(path("apps/v1", "Deployment", namespace, name))
 
 
-def _write_status(namespace: str, name: str, old_status: Mapping[str, Any], update: dict[str, Any]) -> None:
+def _write_status(kube: Kube, namespace: str, name: str, old_status: Mapping[str, Any], update: dict[str, Any]) -> None:
     """One merge patch of the status, retried a few times on the API server's passing trouble: a Deployment
     event that loses its status write is not redelivered, so Ready would stay wrong until the next one."""
     old_plan = old_status.get("plan") or {}
@@ -278,7 +306,7 @@ def _write_status(namespace: str, name: str, old_status: Mapping[str, Any], upda
         update["plan"] = {**{k: None for k in old_plan if k not in update["plan"]}, **update["plan"]}
     for attempt, delay in enumerate((*STATUS_RETRY_SECONDS, None)):
         try:
-            kube().merge_patch(_ms_path(namespace, name, "status"), {"status": update})
+            kube.merge_patch(_ms_path(namespace, name, "status"), {"status": update})
             return
         except ApiError as exc:
             if exc.status == 404:
@@ -315,14 +343,14 @@ class _Pass:
     deleted: bool = False  # it was deleted (or replaced) during the pass: nothing more is written for it
 
 
-def _gone(step: _Pass, logger: logging.Logger) -> bool:
+def _gone(kube: Kube, step: _Pass, logger: logging.Logger) -> bool:
     """Whether the ModelServer was deleted (or deleted and created again: another uid) since the pass began, read
     at most every OWNER_CHECK_SECONDS: a slow pass must not go on writing objects and a status for it."""
     if step.deleted:
         return True
     if time.monotonic() - step.checked < OWNER_CHECK_SECONDS:
         return False
-    live = kube().get(_ms_path(step.namespace, step.name))
+    live = kube.get(_ms_path(step.namespace, step.name))
     step.checked = time.monotonic()
     meta = (live or {}).get("metadata") or {}
     step.deleted = live is None or bool(meta.get("deletionTimestamp")) or (
@@ -332,14 +360,15 @@ def _gone(step: _Pass, logger: logging.Logger) -> bool:
     return step.deleted
 
 
-def reconcile(body: Mapping[str, Any], nodes: list[NodeSummary], logger: logging.Logger) -> None:
+def reconcile(state: OperatorState, body: Mapping[str, Any], nodes: list[NodeSummary],
+              logger: logging.Logger) -> None:
     """One pass for one ModelServer: plan, apply (and prune), write the status."""
     step = _begin(body, nodes)
-    _plan(body, step, nodes, logger)
+    _plan(state, body, step, nodes, logger)
     if step.result is not None:
-        _apply_and_prune(body, step, logger)
-    if not _gone(step, logger):
-        _finish_status(body, step)
+        _apply_and_prune(state, body, step, logger)
+    if not _gone(state.kube, step, logger):
+        _finish_status(state, body, step)
 
 
 def _begin(body: Mapping[str, Any], nodes: list[NodeSummary]) -> _Pass:
@@ -355,7 +384,7 @@ def _begin(body: Mapping[str, Any], nodes: list[NodeSummary]) -> _Pass:
                  uid=meta.get("uid"))
 
 
-def _plan(body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger: logging.Logger) -> None:
+def _plan(state: OperatorState, body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger: logging.Logger) -> None:
     """The eligible nodes, the plan and the objects, and whether their names are free; any failure but the
     API server's becomes this ModelServer's Planned=False condition and one Warning event."""
     old_planned = cond.find(step.status.get("conditions"), cond.PLANNED)
@@ -371,11 +400,12 @@ def _plan(body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger
         if not isinstance(spec, ModelServerSpec):
             raise spec
         assert eligible is not None
-        result = desired_for(body, spec, eligible, _config_map_reader(step.namespace),
-                             _hub_fetcher(step.namespace, spec), _pod_monitors_wanted(), SETTINGS.router_image)
-        check_disk_volume(result, step.namespace, kube(), SETTINGS.disk_host_path_prefixes)
+        result = desired_for(body, spec, eligible, _config_map_reader(state.kube, step.namespace),
+                             _hub_fetcher(state, step.namespace, spec), _pod_monitors_wanted(state),
+                             state.settings.router_image)
+        check_disk_volume(result, step.namespace, state.kube, state.settings.disk_host_path_prefixes)
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
-            taken, step.live[(obj["kind"], obj["metadata"]["name"])] = kube().conflict_live(obj)
+            taken, step.live[(obj["kind"], obj["metadata"]["name"])] = state.kube.conflict_live(obj)
             if taken is not None:
                 raise NameConflict(taken)
     except (ApiError, *TRANSPORT_ERRORS):
@@ -397,21 +427,21 @@ def _plan(body: Mapping[str, Any], step: _Pass, nodes: list[NodeSummary], logger
         _event(body, "Replanned" if old_planned is not None else "Planned", summary)
 
 
-def _apply_and_prune(body: Mapping[str, Any], step: _Pass, logger: logging.Logger) -> None:
+def _apply_and_prune(state: OperatorState, body: Mapping[str, Any], step: _Pass, logger: logging.Logger) -> None:
     """Server-side apply of the planned objects (the Deployment's owned fields taken back whole), then the
     prune of what routing no longer uses. An object the API server refuses is the spec's fault: a condition,
     not endless retries."""
     assert step.result is not None and isinstance(step.spec, ModelServerSpec)
     try:
         for obj in step.result.objects:
-            if _gone(step, logger):
+            if _gone(state.kube, step, logger):
                 return
             if obj["kind"] == "Deployment" and step.generation is not None:
                 obj["metadata"].setdefault("annotations", {})[names.ANNOTATION_PLANNED_GENERATION] = str(
                     step.generation)
-            outcome, after = kube().apply_live(obj, step.live[(obj["kind"], obj["metadata"]["name"])])
+            outcome, after = state.kube.apply_live(obj, step.live[(obj["kind"], obj["metadata"]["name"])])
             if obj["kind"] == "Deployment":
-                outcome = _own_deployment(obj, outcome, after, logger)
+                outcome = _own_deployment(state, obj, outcome, after, logger)
             if outcome != "unchanged":
                 _event(body, outcome.capitalize(), f"{outcome} {obj['kind']} {obj['metadata']['name']}")
                 logger.info(f"{outcome} {obj['kind']} {step.namespace}/{obj['metadata']['name']}")
@@ -431,62 +461,65 @@ def _apply_and_prune(body: Mapping[str, Any], step: _Pass, logger: logging.Logge
     step.update["autoscaler"] = autoscaler
     # after the Service <name> selects its new pods
     if (step.spec.routing.enabled or _was_routed(step.status) or autoscaler or step.status.get("autoscaler")) \
-            and not _gone(step, logger):
-        step.refused = _prune(body, step.spec, step.result.objects, logger)
+            and not _gone(state.kube, step, logger):
+        step.refused = _prune(state.kube, body, step.spec, step.result.objects, logger)
 
 
-def _finish_status(body: Mapping[str, Any], step: _Pass) -> None:
+def _finish_status(state: OperatorState, body: Mapping[str, Any], step: _Pass) -> None:
     """Ready, Degraded and Routed from the Deployment, the plan and the failure; one status merge patch. A
     Deployment planned from this very spec whose nodes shrank below it is scaled to zero; a ConfigMap the
     model's config.json may still appear in is waited for."""
     namespace, name, generation, error = step.namespace, step.name, step.generation, step.error
-    deployment = _deployment(namespace, name)
+    kube = state.kube
+    deployment = _deployment(kube, namespace, name)
     if isinstance(error, PoolDoesNotFit) and _no_longer_fits(deployment, generation):
         # The spec it was planned from is unchanged: the nodes shrank. Its pods would not fit (or be
         # OOM-killed) wherever they restart, so none are left to try until the nodes fit the plan again.
-        kube().merge_patch(path("apps/v1", "Deployment", namespace, name), {"spec": {"replicas": 0}})
+        kube.merge_patch(path("apps/v1", "Deployment", namespace, name), {"spec": {"replicas": 0}})
         _event(body, "ScaledToZero", f"the nodes no longer fit the applied plan: {error_line(error)}", warning=True)
-        deployment = _deployment(namespace, name)
+        deployment = _deployment(kube, namespace, name)
     metrics.publish_planned(namespace, name, error is None)
     update = step.update
-    routed = _routing_status(namespace, name, step.spec, deployment, step.result, generation, update)
+    routed = _routing_status(kube, namespace, name, step.spec, deployment, step.result, generation, update)
     routed = _unrouted_condition(step.status, update, routed, step.refused, generation)
     update["conditions"] = cond.merge(step.status.get("conditions"), [
         step.planned, cond.ready_condition(deployment, generation),
         cond.degraded_condition(step.planned, deployment, generation),
     ] + ([routed] if routed is not None else []))
     update.update(cond.ready_counts(deployment))
-    _write_status(namespace, name, step.status, update)
+    _write_status(kube, namespace, name, step.status, update)
     if "nodesFingerprint" in update:
-        _fingerprints[(namespace, name)] = update["nodesFingerprint"]
+        state.fingerprints[(namespace, name)] = update["nodesFingerprint"]
+    retry = state.settings.retry_seconds
     if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(step.spec):
-        raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=RETRY_SECONDS)
+        raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=retry)
     if isinstance(error, DiskVolumeNotFound):  # a claim created later is found on the retry
-        raise kopf.TemporaryError(f"waiting for the disk tier's claim: {error_line(error)}", delay=RETRY_SECONDS)
+        raise kopf.TemporaryError(f"waiting for the disk tier's claim: {error_line(error)}", delay=retry)
 
 
-def _own_deployment(obj: dict[str, Any], outcome: str, live: dict[str, Any] | None, logger: logging.Logger) -> str:
+def _own_deployment(state: OperatorState, obj: dict[str, Any], outcome: str, live: dict[str, Any] | None,
+                    logger: logging.Logger) -> str:
     """Takes back the owned fields another manager changed (drift.py), and remembers what they should be, so
     that a Deployment event can tell a hand edit from the operator's own write. `live`: the Deployment after
     the apply."""
     meta = obj["metadata"]
     url = path("apps/v1", "Deployment", meta["namespace"], meta["name"])
-    live = live if live is not None else kube().get(url)
+    live = live if live is not None else state.kube.get(url)
     patch = drift.restore_patch(live, obj) if live is not None else None
     if patch is not None:
         logger.info(f"Deployment {meta['namespace']}/{meta['name']}: restoring {', '.join(drift.drifted(live, drift.owned(obj)))}")
-        kube().merge_patch(url, patch)
+        state.kube.merge_patch(url, patch)
         outcome = "updated"
-    _applied_owned[(meta["namespace"], meta["name"])] = drift.owned(obj)
+    state.applied_owned[(meta["namespace"], meta["name"])] = drift.owned(obj)
     return outcome
 
 
-def _routing_status(namespace: str, name: str, spec: Any, deployment: Mapping[str, Any] | None,
+def _routing_status(kube: Kube, namespace: str, name: str, spec: Any, deployment: Mapping[str, Any] | None,
                     result: Desired | None, generation: int | None, update: dict[str, Any]) -> dict[str, Any] | None:
     """status.routing into `update`; the Routed condition (None when the ModelServer is not routed)."""
     if not isinstance(spec, ModelServerSpec):
         return None
-    router = kube().get(path("apps/v1", "Deployment", namespace, router_name(name))) if spec.routing.enabled else None
+    router = kube.get(path("apps/v1", "Deployment", namespace, router_name(name))) if spec.routing.enabled else None
     llm_d = spec.routing.mode == MODE_LLM_D
     credit = host_tier_credit(spec, result.plan) if result is not None and llm_d else None
     update["routing"], routed = routing_status(name, namespace, spec, deployment, router, generation, credit)
@@ -501,7 +534,7 @@ def _was_routed(status: Mapping[str, Any]) -> bool:
         routing.get("warnings"))
 
 
-def _prune(body: Mapping[str, Any], spec: ModelServerSpec, objects: list[dict[str, Any]],
+def _prune(kube: Kube, body: Mapping[str, Any], spec: ModelServerSpec, objects: list[dict[str, Any]],
            logger: logging.Logger) -> list[str]:
     """Deletes what a routed mode added and the desired objects no longer hold (routing.mode switched to none or
     to the other mode): only objects this ModelServer controls, by uid, never a same-named one of a user or of
@@ -516,7 +549,7 @@ def _prune(body: Mapping[str, Any], spec: ModelServerSpec, objects: list[dict[st
         if (kind, obj_name) in wanted:
             continue
         try:
-            outcome = kube().delete_controlled(path(api_version, kind, namespace, obj_name), uid)
+            outcome = kube.delete_controlled(path(api_version, kind, namespace, obj_name), uid)
         except ApiError as exc:
             if exc.status != 403:
                 raise  # the API server's trouble: retried
@@ -553,17 +586,17 @@ def _unrouted_condition(status: Mapping[str, Any], update: dict[str, Any], route
     return None
 
 
-def _router_changed(ms: Mapping[str, Any], namespace: str, name: str) -> None:
+def _router_changed(kube: Kube, ms: Mapping[str, Any], namespace: str, name: str) -> None:
     spec = _parsed(ms.get("spec"))
     status = ms.get("status") or {}
     update: dict[str, Any] = {}
-    routed = _routing_status(namespace, name, spec, _deployment(namespace, name), None,
+    routed = _routing_status(kube, namespace, name, spec, _deployment(kube, namespace, name), None,
                              (ms.get("metadata") or {}).get("generation"), update)
     if routed is None:
         return
     update["routing"]["hostTierCredit"] = (status.get("routing") or {}).get("hostTierCredit")
     update["conditions"] = cond.merge(status.get("conditions"), [routed])
-    _write_status(namespace, name, status, update)
+    _write_status(kube, namespace, name, status, update)
 
 
 def _planned_generation(deployment: Mapping[str, Any] | None) -> int | None:
@@ -586,18 +619,20 @@ def _waits_for_config_map(spec: ModelServerSpec | SpillwayError) -> bool:
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile")
-def on_modelserver(body: kopf.Body, namespace: str, name: str, gpu_nodes: kopf.Index, logger: logging.Logger,
-                   **_: Any) -> None:
-    with _lock(namespace, name):
+def on_modelserver(body: kopf.Body, namespace: str, name: str, gpu_nodes: kopf.Index, memo: kopf.Memo,
+                   logger: logging.Logger, **_: Any) -> None:
+    state = _state(memo)
+    with state.lock(namespace, name):
         nodes = _all_nodes(gpu_nodes)
         try:
-            reconcile(body, nodes, logger)
+            reconcile(state, body, nodes, logger)
         except (ApiError, *TRANSPORT_ERRORS) as exc:
-            raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}"[:1000], delay=RETRY_SECONDS) from exc
-    _replan_if_nodes_moved(namespace, name, body, nodes, _all_nodes(gpu_nodes))
+            raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}"[:1000],
+                                      delay=state.settings.retry_seconds) from exc
+    _replan_if_nodes_moved(state, namespace, name, body, nodes, _all_nodes(gpu_nodes))
 
 
-def _replan_if_nodes_moved(namespace: str, name: str, body: Mapping[str, Any], planned_for: list[NodeSummary],
+def _replan_if_nodes_moved(state: OperatorState, namespace: str, name: str, body: Mapping[str, Any], planned_for: list[NodeSummary],
                            now: list[NodeSummary]) -> None:
     """A node change while this reconcile ran found no fingerprint to compare (the re-plan worker skips a
     ModelServer never planned): re-plan for the nodes as they are now."""
@@ -606,45 +641,42 @@ def _replan_if_nodes_moved(namespace: str, name: str, body: Mapping[str, Any], p
         return
     latest = eligibility(now, spec).fingerprint
     if latest is not None and latest != eligibility(planned_for, spec).fingerprint:
-        _replan_now(namespace, name, latest, tuple(now))
+        _replan_now(state, namespace, name, latest, tuple(now))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def on_delete(namespace: str, name: str, logger: logging.Logger, **_: Any) -> None:
+def on_delete(namespace: str, name: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     # Owner references let the garbage collector remove the Deployment, Service and PodMonitor.
     logger.info(f"{namespace}/{name} deleted; its objects go with it (owner references)")
     metrics.publish_planned(namespace, name, None)
-    _applied_owned.pop((namespace, name), None)
-    _fingerprints.pop((namespace, name), None)
-    _known.discard((namespace, name))
-    with _locks_guard:
-        _locks.pop((namespace, name), None)
+    _state(memo).forget(namespace, name)
 
 
 # -- readiness -------------------------------------------------------------------------------------------
 
 @kopf.on.event("apps", "v1", "deployments", labels={names.LABEL_MANAGED_BY: names.MANAGED_BY})
-def deployment_changed(body: kopf.Body, type: str | None, namespace: str, gpu_nodes: kopf.Index,
+def deployment_changed(body: kopf.Body, type: str | None, namespace: str, gpu_nodes: kopf.Index, memo: kopf.Memo,
                        logger: logging.Logger, **_: Any) -> None:
     owner = ((body.get("metadata") or {}).get("labels") or {}).get(names.LABEL_MODELSERVER)
     if not owner:
         return
-    with _lock(namespace, owner):
-        ms = kube().get(_ms_path(namespace, owner))
+    state = _state(memo)
+    with state.lock(namespace, owner):
+        ms = state.kube.get(_ms_path(namespace, owner))
         if ms is None or (ms.get("metadata") or {}).get("deletionTimestamp"):
             return
         if type == "DELETED":
             logger.info(f"Deployment {namespace}/{owner} was deleted: applying it again")
-            reconcile(ms, _all_nodes(gpu_nodes), logger)
+            reconcile(state, ms, _all_nodes(gpu_nodes), logger)
             return
         if ((body.get("metadata") or {}).get("labels") or {}).get(names.LABEL_COMPONENT) == names.COMPONENT_ROUTER:
-            _router_changed(ms, namespace, owner)
+            _router_changed(state.kube, ms, namespace, owner)
             return
-        applied = _applied_owned.get((namespace, owner))
+        applied = state.applied_owned.get((namespace, owner))
         edited = drift.drifted(body, applied) if applied is not None else []
         if edited:
             logger.warning(f"Deployment {namespace}/{owner}: {', '.join(edited)} edited by hand: applying the plan again")
-            reconcile(ms, _all_nodes(gpu_nodes), logger)
+            reconcile(state, ms, _all_nodes(gpu_nodes), logger)
             return
         status = ms.get("status") or {}
         generation = (ms.get("metadata") or {}).get("generation")
@@ -656,4 +688,4 @@ def deployment_changed(body: kopf.Body, type: str | None, namespace: str, gpu_no
             ready, cond.degraded_condition(planned, deployment, generation)]), **cond.ready_counts(deployment)}
         if old_ready is None or old_ready.get("status") != ready["status"]:
             _event(ms, ready["reason"], ready["message"])
-        _write_status(namespace, owner, status, update)
+        _write_status(state.kube, namespace, owner, status, update)
