@@ -1,5 +1,6 @@
-"""The operator's settings: the environment the chart gives its pod, read once at start (handlers.py) and
-passed down, so that nothing below reads the environment and `spillway render` depends on its inputs only."""
+"""The operator's settings: the environment the chart gives its pod, read once by the startup handler
+(handlers.configure, not when kopf imports the module) and passed down, so that nothing below reads the
+environment and `spillway render` depends on its inputs only."""
 from __future__ import annotations
 
 import json
