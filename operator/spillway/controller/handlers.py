@@ -44,6 +44,7 @@ from ..core.errors import (
     SpillwayError,
 )
 from ..core.routing import MODE_LLM_D, MODE_NONE
+from . import autoscaling as scaling
 from . import conditions as cond
 from . import drift, metrics
 from .autoscaling import AUTOSCALER_KINDS
@@ -290,6 +291,10 @@ def _pod_monitors_wanted(state: OperatorState) -> bool:
     return state.kube.serves(names.PODMONITOR_GROUP, names.PODMONITOR_VERSION, names.PODMONITOR_PLURAL)
 
 
+def _keda_served(kube: Kube) -> bool:
+    return kube.serves(scaling.KEDA_GROUP, scaling.KEDA_VERSION, scaling.KEDA_PLURAL)
+
+
 def _event(body: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
     kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=message[:1000])
 
@@ -402,7 +407,7 @@ def _plan(state: OperatorState, body: Mapping[str, Any], step: _Pass, nodes: lis
         assert eligible is not None
         result = desired_for(body, spec, eligible, _config_map_reader(state.kube, step.namespace),
                              _hub_fetcher(state, step.namespace, spec), _pod_monitors_wanted(state),
-                             state.settings.router_image)
+                             state.settings.router_image, functools.partial(_keda_served, state.kube))
         check_disk_volume(result, step.namespace, state.kube, state.settings.disk_host_path_prefixes)
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
             taken, step.live[(obj["kind"], obj["metadata"]["name"])] = state.kube.conflict_live(obj)
@@ -433,6 +438,9 @@ def _apply_and_prune(state: OperatorState, body: Mapping[str, Any], step: _Pass,
     not endless retries."""
     assert step.result is not None and isinstance(step.spec, ModelServerSpec)
     try:
+        for api_version, kind, obj_name in scaling.displaced(step.result.objects, step.name) if step.uid else ():
+            if state.kube.delete_controlled(path(api_version, kind, step.namespace, obj_name), step.uid) == "deleted":
+                _event(body, "Deleted", f"deleted {kind} {obj_name}: the ScaledObject replaces it")
         for obj in step.result.objects:
             if _gone(state.kube, step, logger):
                 return
@@ -482,10 +490,12 @@ def _finish_status(state: OperatorState, body: Mapping[str, Any], step: _Pass) -
     update = step.update
     routed = _routing_status(kube, namespace, name, step.spec, deployment, step.result, generation, update)
     routed = _unrouted_condition(step.status, update, routed, step.refused, generation)
+    autoscaled = scaling.condition(step.result.autoscaling, bool(cond.find(
+        step.status.get("conditions"), scaling.AUTOSCALED)), generation) if step.result is not None else None
     update["conditions"] = cond.merge(step.status.get("conditions"), [
         step.planned, cond.ready_condition(deployment, generation),
         cond.degraded_condition(step.planned, deployment, generation),
-    ] + ([routed] if routed is not None else []))
+    ] + [c for c in (routed, autoscaled) if c is not None])
     update.update(cond.ready_counts(deployment))
     _write_status(kube, namespace, name, step.status, update)
     if "nodesFingerprint" in update:
