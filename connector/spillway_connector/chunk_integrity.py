@@ -12,7 +12,7 @@ whole page so that O_DIRECT reads and writes stay aligned; both go in one writev
 
 A load reads the chunk straight into the CPU-pool slot vLLM allocated for it (no extra copy) together with the
 trailer, then verifies. On a mismatch the slot is zeroed, the file removed, the mismatch reported (a counter and
-one log line, through the listener the tier's guard registers), and the load fails from that chunk on with
+one log line, through the listener the disk tier registers), and the load fails from that chunk on with
 vLLM's own partial-failure path (OSError.num_succeeded): vLLM frees the slot as never written
 (TieringOffloadingManager._complete_promotion -> complete_write(..., False)), marks the chunk a miss and the
 request recomputes it. The slot was not yet readable (the promotion had not completed), so no request saw it.
@@ -131,7 +131,10 @@ def store_chunks(paths: list[str], view: memoryview, offsets: list[int], block_s
                 os.close(fd)
             if written != block_size + TRAILER_BYTES:
                 raise OSError(f"short write of {path}: {written} of {block_size + TRAILER_BYTES} bytes")
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except FileExistsError:  # as vLLM 0.33's _store_block: a shared file system that will not rename
+                os.remove(tmp)       # over a file another writer published; the name is the chunk's hash
         except BaseException:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
@@ -180,16 +183,3 @@ def load_chunks(paths: list[str], view: memoryview, offsets: list[int], block_si
         error = ChunkMismatch(f"KV chunk file {path}: {reason}")
         error.num_succeeded = index  # type: ignore[attr-defined]
         raise error
-
-
-def install(fs_manager_module) -> None:
-    """Make vLLM's fs tier (its manager module's store and load functions) write and verify trailers."""
-    current = (fs_manager_module.batch_store_block, fs_manager_module.batch_load_block)
-    if current == (store_chunks, load_chunks):
-        return
-    from vllm.v1.kv_offload.tiering.fs import io as fs_io
-
-    if current != (fs_io.batch_store_block, fs_io.batch_load_block):
-        raise RuntimeError(f"{fs_manager_module.__name__} stores and loads through {current}, not vLLM's own "
-                           "fs io functions: the chunk checksum cannot be installed")
-    fs_manager_module.batch_store_block, fs_manager_module.batch_load_block = store_chunks, load_chunks

@@ -20,7 +20,7 @@ from spillway_connector.compat import (
     OffloadingConnector,
     OffloadingConnectorStats,
 )
-from spillway_connector.disk_tier import guard_disk_tiers
+from spillway_connector.disk_tier import engine_config, guarded_tiers
 from spillway_connector.hit_sources import external_hit_sources
 from spillway_connector.kv_event_order import parents_first
 from spillway_connector.metrics import SpillwayPromMetrics
@@ -115,7 +115,8 @@ def _without_probes(side: str, vllm_config: Any) -> None:
 
 class SpillwayOffloadingConnector(OffloadingConnector):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
-        super().__init__(vllm_config, role, kv_cache_config)
+        with engine_config(vllm_config):  # the disk tier's namespace reads the model's identity from it
+            super().__init__(vllm_config, role, kv_cache_config)
         self._vllm_config = vllm_config
         self._reloads = PreemptionReloads()
         self._floor = ShortHitFloor.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
@@ -130,9 +131,9 @@ class SpillwayOffloadingConnector(OffloadingConnector):
                 self._pool = pool
             else:
                 _without_probes("manager", vllm_config)
+            # Spillway's tiering spec built the bounded disk tier (disk_tier.SpillwayFsTier); its stats go out here
             manager = pool.inner if isinstance(pool, PoolProbe) else pool
-            self._disk_tiers = guard_disk_tiers(manager, vllm_config.kv_transfer_config.kv_connector_extra_config,
-                                                vllm_config)
+            self._disk_tiers = guarded_tiers(manager, vllm_config.kv_transfer_config.kv_connector_extra_config)
 
     # -- worker side --------------------------------------------------------------
     def register_kv_caches(self, kv_caches: Any) -> None:
@@ -191,8 +192,8 @@ class SpillwayOffloadingConnector(OffloadingConnector):
         if self.connector_scheduler is None:
             return self._transfers.take_stats() if self._transfers is not None else None
         stats = _merge(_merge(super().get_kv_connector_stats(), self._reloads.take_stats()), self._floor.take_stats())
-        for guard in self._disk_tiers:
-            stats = _merge(stats, guard.take_stats())
+        for label, tier in self._disk_tiers:
+            stats = _merge(stats, tier.take_stats(label))
         return _merge(stats, self._pool.take_stats()) if self._pool is not None else stats
 
     @classmethod

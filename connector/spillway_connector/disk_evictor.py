@@ -17,7 +17,7 @@ the slot's other namespaces (another model revision's), and stamps the mtimes of
 
 It faults softly: a file that cannot be deleted is counted, logged and set aside (its bytes still count against
 the bound, retried later); an error in the thread is counted and the loop goes on; the tier's guard restarts a
-thread that died (disk_tier.FsTierGuard).
+thread that died (disk_tier.SpillwayFsTier).
 
 Only files whose names vLLM's file mapper gives are deleted (<namespace>_r<rank>/<hhh>/<hh>_g<g>/<hash>.bin, its
 temporary files, a namespace's config.json), and each only after checking that it is a regular file (not a

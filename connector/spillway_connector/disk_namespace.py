@@ -148,8 +148,10 @@ def resolve_model_dir(model: str, revision: str | None) -> str | None:
         return None
 
 
-def identity(offloading_config: Any, vllm_config: Any = None, extra_config: dict | None = None) -> dict[str, Any]:
-    """Everything besides vLLM's own file-mapper fields that changes the KV bytes a chunk holds."""
+def identity(offloading_config: Any, vllm_config: Any = None, extra_config: Any = None,
+             file_format: str | None = None) -> dict[str, Any]:
+    """Everything besides vLLM's own file-mapper fields that changes the KV bytes a chunk holds (or how a file
+    holds them: `file_format`, chunk_integrity's trailer unless given)."""
     import vllm
 
     model_config = getattr(vllm_config, "model_config", None)
@@ -157,7 +159,7 @@ def identity(offloading_config: Any, vllm_config: Any = None, extra_config: dict
     model_dir = resolve_model_dir(offloading_config.model.name, revision)
     parallel = offloading_config.parallel
     fields: dict[str, Any] = {
-        "format": MAGIC.decode(),
+        "format": file_format or MAGIC.decode(),
         "vllm": vllm.__version__,
         "weights": weights_fingerprint(model_dir) if model_dir else None,
         "revision": revision,

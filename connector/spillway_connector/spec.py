@@ -12,6 +12,9 @@ What each adds, and nothing else:
   - get_worker() wraps vLLM's worker in the transfer probe (probes.TransferProbe: throughput per direction).
   - the worker's shared region is pre-faulted from several threads instead of one (shared_region below;
     PATCHES.md entry 5).
+  - SpillwayTieringOffloadingSpec.get_manager() has vLLM build the fs tier as Spillway's bounded, checksummed
+    tier (disk_tier.SpillwayFsTier, through the factory's out-of-tree tier path) where the config plans a bound,
+    and its pool probe makes a pool hit's disk files young (PATCHES.md entry 9).
 The connector (SpillwayOffloadingConnector) reads the probes from its scheduler's manager and worker; it wraps
 nothing itself.
 """
@@ -36,6 +39,7 @@ from spillway_connector.compat import (
     TieringOffloadingSpec,
     pool_capacity_chunks,
 )
+from spillway_connector.disk_tier import guarded_tier_configs, guarded_tiers
 from spillway_connector.probes import PoolProbe, TransferProbe
 from spillway_connector.source_guard import logger, verified
 
@@ -173,6 +177,8 @@ class _Probed:
         if self._spillway_pool is None:
             manager = super().get_manager()  # type: ignore[misc]
             pin, release = batched_prepare_load(manager), batched_complete_load(manager)
+            for _, tier in guarded_tiers(manager):  # a pool hit makes the disk tier's files young too
+                pin = tier.touching(pin or manager.prepare_load)
             self._spillway_pool = PoolProbe(manager, pool_capacity_chunks(manager), prepare_load=pin,
                                             complete_load=release)
             logger.info("spillway_connector: %s's manager %s with the pool probe; batched pin %s, release %s",
@@ -237,6 +243,13 @@ def tiering_create_worker_verified() -> bool:
 if TieringOffloadingSpec is not None:
 
     class SpillwayTieringOffloadingSpec(_Probed, TieringOffloadingSpec):
+        def get_manager(self) -> Any:
+            """vLLM's tiering manager, its fs tier Spillway's bounded one where the config plans a bound: vLLM's
+            own get_manager builds the tier named in the entry (disk_tier.guarded_tier_configs)."""
+            if self._spillway_pool is None:
+                self.secondary_tier_configs = guarded_tier_configs(self.secondary_tier_configs, self.extra_config)
+            return super().get_manager()
+
         def create_worker(self, kv_caches: CanonicalKVCaches) -> Any:
             """vLLM's TieringOffloadingSpec.create_worker (0.32-0.34), its region built by shared_region."""
             if not tiering_create_worker_verified():

@@ -103,20 +103,29 @@ def test_a_missing_file_fails_as_vllm_s_own_load_does(tmp_path):
     assert failed.value.num_succeeded == 0
 
 
-def test_install_takes_vllm_s_fs_functions_only(tmp_path):
-    pytest.importorskip("vllm")
-    import types
+def test_a_rename_refused_because_another_writer_published_the_chunk_is_a_store_done(tmp_path, monkeypatch):
+    """Some shared file systems refuse to rename over a file (EEXIST), as vLLM 0.33's own _store_block allows for:
+    the chunk's name is its hash, so the published file holds the same chunk; the temporary file goes."""
+    source, path = pool(1), path_of(tmp_path, 7)
+    original = fill(source, 0, 7)
+    ci.store_chunks([path], source, [0], BLOCK, False)
+    published = Path(path).read_bytes()
+    os.remove(path)
+    replace = os.replace
 
-    from vllm.v1.kv_offload.tiering.fs import io as fs_io
+    def racing_replace(src: str, dst: str) -> None:
+        replace(src, dst)  # the other writer's file lands first ...
+        Path(src).write_bytes(b"ours")
+        raise FileExistsError(17, "File exists", dst)  # ... and ours is refused
 
-    module = types.SimpleNamespace(__name__="fake", batch_store_block=fs_io.batch_store_block,
-                                   batch_load_block=fs_io.batch_load_block)
-    ci.install(module)
-    assert (module.batch_store_block, module.batch_load_block) == (ci.store_chunks, ci.load_chunks)
-    ci.install(module)  # twice is once
-    other = types.SimpleNamespace(__name__="patched", batch_store_block=print, batch_load_block=print)
-    with pytest.raises(RuntimeError, match="cannot be installed"):
-        ci.install(other)
+    monkeypatch.setattr(os, "replace", racing_replace)
+    ci.store_chunks([path], source, [0], BLOCK, False)
+    monkeypatch.undo()
+    assert Path(path).read_bytes() == published
+    assert [p.name for p in Path(path).parent.iterdir()] == [Path(path).name], "no temporary file left behind"
+    target = pool(1)
+    ci.load_chunks([path], target, [0], BLOCK, False)
+    assert bytes(target[:BLOCK]) == original
 
 
 def _o_direct_works(directory: Path) -> bool:
