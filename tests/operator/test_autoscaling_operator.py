@@ -13,13 +13,11 @@ import kubernetes
 import pytest
 from spillway.controller import autoscaling as S
 from spillway.core import k8s_names as names
-from support.kube_api import EmulatedApi
 from support.ms_api import Api
-from support.ms_cluster import CORE, Apiserver, EmulatedCluster, Operator, eventually
+from support.ms_cluster import AUTOSCALERS, Apiserver, EmulatedCluster, Operator, eventually
 from test_ms_operator import wait_planned
 
-HPA = {"autoscaling/v2/horizontalpodautoscalers": {"kind": "HorizontalPodAutoscaler", "namespaced": True}}
-KEDA = {f"{S.KEDA_GROUP}/{S.KEDA_VERSION}/{S.KEDA_PLURAL}": {"kind": "ScaledObject", "namespaced": True}}
+KEDA = f"{S.KEDA_GROUP}/{S.KEDA_VERSION}/{S.KEDA_PLURAL}"
 ADDRESS = "http://prometheus.monitoring.svc:9090"
 
 
@@ -47,8 +45,7 @@ class KedaApiserver(Apiserver):
 
 class AutoscalingCluster(EmulatedCluster):
     def __init__(self, tmp: Path, keda: bool):
-        EmulatedApi.__init__(self, tmp, {**CORE, **HPA, **(KEDA if keda else {})})
-        self._keep_requests = None
+        super().__init__(tmp, autoscalers={k: v for k, v in AUTOSCALERS.items() if keda or k != KEDA})
         self.keda = keda
 
     def new_emulator(self) -> kmock.KubernetesEmulator:

@@ -14,12 +14,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
 import attrs
 import kmock
+from spillway.controller import autoscaling
 from spillway.core import k8s_names as names
 
 from support.kube_api import EmulatedApi
@@ -46,6 +47,10 @@ CORE = {
 }
 POD_MONITORS = {f"{names.PODMONITOR_GROUP}/{names.PODMONITOR_VERSION}/{names.PODMONITOR_PLURAL}":
                 {"kind": names.PODMONITOR_KIND, "namespaced": True}}
+# spec.autoscaling: the HPA, and KEDA's ScaledObject, whose discovery makes provider auto choose KEDA
+AUTOSCALERS = {f"{autoscaling.HPA_API[0]}/horizontalpodautoscalers": {"kind": autoscaling.HPA_API[1], "namespaced": True},
+               f"{autoscaling.KEDA_API[0]}/{autoscaling.KEDA_PLURAL}": {"kind": autoscaling.KEDA_API[1],
+                                                                       "namespaced": True}}
 
 
 @attrs.define(kw_only=True)
@@ -85,8 +90,9 @@ class Apiserver(kmock.KubernetesEmulator):
 class EmulatedCluster(EmulatedApi):
     """The Kubernetes API the operator talks to: core resources, ModelServers and optionally PodMonitors."""
 
-    def __init__(self, tmp: Path, pod_monitors: bool = False, keep_requests: int | None = None):
-        super().__init__(tmp, dict(CORE, **(POD_MONITORS if pod_monitors else {})))
+    def __init__(self, tmp: Path, pod_monitors: bool = False, keep_requests: int | None = None,
+                 autoscalers: Mapping[str, Mapping[str, Any]] | None = None):
+        super().__init__(tmp, dict(CORE, **(POD_MONITORS if pod_monitors else {}), **(autoscalers or {})))
         self._keep_requests = keep_requests
 
     def new_emulator(self) -> kmock.KubernetesEmulator:

@@ -23,7 +23,7 @@ from spillway.adapters.model_config import catalog_config
 from spillway.core import k8s_names
 
 from support.chart_render import NAMESPACE, REPO, of_kind, operator_container
-from support.ms_cluster import Apiserver, EmulatedCluster, eventually
+from support.ms_cluster import AUTOSCALERS, Apiserver, EmulatedCluster, eventually
 from support.ms_examples import LLAMA_8B, gpu_node, modelserver
 
 OPERATOR_TOKEN = "spillway-operator-token"
@@ -114,7 +114,7 @@ class AuthorizingApiserver(Apiserver):
 
 class AuthorizingCluster(EmulatedCluster):
     def __init__(self, tmp: Path, policy: Policy):
-        super().__init__(tmp)
+        super().__init__(tmp, autoscalers=AUTOSCALERS)  # KEDA served: its ScaledObject is written too
         self.policy = policy
         self.operator_kubeconfig = tmp / "operator-kubeconfig"
 
