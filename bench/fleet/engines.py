@@ -1,0 +1,106 @@
+"""`spillway route` as a fleet's front door on three real vLLM CPU replicas: hit share, per-replica share and
+TTFT with 1 and 3 router pods on a Zipf workload, a replica added, a replica restarted, a hot prefix.
+
+The replicas are the routing tests' (tests/routing/replicas.py: tiny random-weight Llama, CPU offloading
+through the Spillway connector, 38 pool blocks of 32 tokens each, 2 sequences at a time, no GPU prefix
+caching, so every prefix hit is a CPU-pool hit); the traffic is tests/routing/fleet_load.py's (12 prefixes of
+3 blocks by default, Zipf(1.1) popularity, a 16-token question each, one token out, each request to one router pod at
+random as a Service picks one). Every scenario has its own never-seen prompts; hit share and shares come from
+the replicas' own /metrics, TTFT from the client.
+
+    flock /tmp/spillway-engine.lock .venv/bin/python bench/fleet/engines.py [--requests 240] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "connector"), str(REPO / "operator"), str(REPO / "tests")]
+
+from routing import fleet_load as F
+from routing.replicas import start_replicas
+
+SCENARIOS = ("zipf", "scale", "restart", "hot")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def line(name: str, r: dict, extra: str = "") -> str:
+    shares = "/".join(f"{100 * s:.0f}" for s in r["replica_shares"])
+    ttft = r.get("ttft_ms", {})
+    waits = "/".join("-" if w is None else f"{w:g}" for w in r["queue_wait_ms"])
+    return (f"{name:<28} hit {_pct(r['cpu_hit_share']):>6}  shares % {shares:<9} TTFT p50/p90 "
+            f"{ttft.get('p50')}/{ttft.get('p90')} ms  queue ms {waits:<14} errors {r.get('client_errors', 0)}"
+            f"{extra}")
+
+
+async def main(args: argparse.Namespace) -> dict:
+    out: dict = {"settings": {k: v for k, v in vars(args).items() if k != "out"},
+                 "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+                 "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scenarios": []}
+    n, c = args.requests, args.concurrency
+    shape = {"prefixes": args.prefixes, "prefix_blocks": args.prefix_blocks}
+
+    def record(result: dict, text: str) -> None:
+        out["scenarios"].append(result)
+        print(text, flush=True)
+
+    with start_replicas() as servers:
+        urls = [s.base_url for s in servers]
+        # 1 and 3 pods alternate: the machine's load falls on both alike
+        for repeat in range(args.repeats if "zipf" in args.scenarios else 0):
+            for pods in (1, 3):
+                name = f"zipf-{pods}-r{repeat}"
+                w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
+                r = await F.zipf(servers, pods, w, requests=n, concurrency=c)
+                record(r, line(f"Zipf, {pods} router pod{'s' * (pods > 1)} (r{repeat})", r,
+                               f"  (best {_pct(r['best_hit_share'])}, overloaded {r['overloaded']})"))
+        for pods in (1, 3) if "scale" in args.scenarios else ():
+            name = f"scale-{pods}"
+            w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
+            r = await F.scale_up(servers, pods, w, requests=n, concurrency=c)
+            record(r, line(f"2 -> 3 replicas, {pods} pod{'s' * (pods > 1)}", r,
+                           f"  (joined replica {100 * r['joined_share']:.0f}% in {r['window_s']} s)"))
+        if "restart" in args.scenarios:
+            name = "restart-3"
+            w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
+            r = await F.restart(servers, 3, w, restarted=0, before_requests=n // 2, after_requests=n, concurrency=c)
+            down = r["down"]
+            record(r, line("restart, 3 pods: before", r["before"]) + "\n"
+                   + f"{'  down':<28} {down['requests']} requests over {down['seconds']} s, errors "
+                     f"{down['client_errors']}, retries {r['retries']}, restarts seen {r['restarts_seen']}\n"
+                   + line("  after Ready", r["after"], f"  (restarted replica first served at "
+                          f"{r['restarted_first_request_s']} s, window {r['window_s']} s)"))
+        for pods in (1, 3) if "hot" in args.scenarios else ():
+            name = f"hot-{pods}"
+            w = F.Workload(name, hot=args.hot, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
+            r = await F.hot(servers, pods, w, requests=n, concurrency=c)
+            record(r, line(f"hot prefix {args.hot:.0%}, {pods} pod{'s' * (pods > 1)}", r,
+                           f"  (owner {r['hot_owner']}: drawn {r['owner_drawn']}, served {r['owner_served']}, "
+                           f"passed on {r['owner_passed_on']})"))
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=240, help="requests per scenario (per phase of a restart)")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--prefixes", type=int, default=12)
+    parser.add_argument("--prefix-blocks", type=int, default=3, help="blocks of 32 tokens per prefix (a pool holds 38)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of the Zipf comparison")
+    parser.add_argument("--hot", type=float, default=0.6, help="the hot prefix's share of the requests")
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    result = asyncio.run(main(args))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")

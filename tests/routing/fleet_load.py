@@ -1,0 +1,373 @@
+"""A fleet's traffic on the routing tests' real vLLM CPU replicas (routing/replicas.py): prefixes of Zipf
+popularity (optionally one hot prefix on top), each request to one of the router pods at random (as a Service
+picks one), streamed for TTFT; per-replica figures from the replicas' own /metrics. Shared by
+tests/routing/test_fleet_engines.py and bench/fleet/engines.py, which differ only in how much they send.
+
+`spillway loadtest prefix-groups` sends every prefix equally often through one endpoint; a fleet's front door
+sees a few prefixes most of the time, through several router pods, while replicas come and go.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+from routing.replicas import BLOCK, MODEL, QUESTION_LEN, spillway_router
+from spillway.core import affinity as A
+from spillway.core import routing
+from spillway.core import vllm_api as V
+from support import SERVED_MODEL_NAME, VllmServer
+from support.promtext import total
+from support.vllm_router import SpillwayRouter
+from support.vllm_server import FIRST_TOKEN_ID
+
+REQUEST_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """`prefixes` prefixes of `prefix_blocks` blocks, drawn with Zipf(`zipf`) popularity; with `hot` > 0 that
+    share of the requests goes to prefix 0 and the rest are drawn as before. `name` keys the token ids: each
+    scenario's prompts are new to every pool."""
+
+    name: str
+    prefixes: int = 12
+    prefix_blocks: int = 3
+    zipf: float = 1.1
+    hot: float = 0.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.prefixes < 1 or self.prefix_blocks < 1 or self.zipf <= 0 or not 0.0 <= self.hot < 1.0:
+            raise ValueError(f"a workload needs prefixes >= 1, prefix blocks >= 1, zipf > 0 and hot in [0, 1): "
+                             f"{self}")
+
+    def _ids(self, n: int, *key: object) -> list[int]:
+        rng = random.Random(repr((self.name, self.seed, *key)))
+        return [rng.randrange(FIRST_TOKEN_ID, MODEL.vocab_size) for _ in range(n)]
+
+    def prefix(self, p: int) -> list[int]:
+        return self._ids(self.prefix_blocks * BLOCK, "prefix", p)
+
+    def prompt(self, p: int, i: int) -> list[int]:
+        """The prefix, then a question shorter than a block: only the prefix is offloaded."""
+        return self.prefix(p) + self._ids(QUESTION_LEN, "question", i)
+
+    def weights(self) -> list[float]:
+        """Each prefix's share of the requests."""
+        zipf = [1 / (k ** self.zipf) for k in range(1, self.prefixes + 1)]
+        norm = sum(zipf)
+        shares = [(1 - self.hot) * w / norm for w in zipf]
+        shares[0] += self.hot
+        return shares
+
+    def requests(self, start: int = 0) -> Iterator[tuple[int, int]]:
+        """(prefix, request number) for ever, the same sequence for the same workload."""
+        rng = random.Random(repr((self.name, self.seed, "draw")))
+        weights = self.weights()
+        for i in range(10**9):
+            p = rng.choices(range(self.prefixes), weights=weights)[0]
+            if i >= start:
+                yield p, i
+
+    def best_hit(self, n: int) -> float:
+        """The CPU-pool hit share if every prefix's first prompt missed and every later one read the whole
+        prefix, over the first n requests."""
+        seen, hit = set(), 0
+        for p, _ in zip_n(self.requests(), n):
+            hit += p in seen
+            seen.add(p)
+        prefix = self.prefix_blocks * BLOCK
+        return hit * prefix / (n * (prefix + QUESTION_LEN))
+
+    def owners(self, urls: Sequence[str]) -> list[str]:
+        """Each prefix's owner on the router's ring over these replicas (core/affinity.py): placement is a
+        function of the prompt's leading blocks and the replica set alone."""
+        ring = A.Ring(urls)
+        out = []
+        for p in range(self.prefixes):
+            blocks = A.prompt_blocks({"prompt": self.prefix(p)}, BLOCK)
+            out.append(next(ring.walk(blocks[min(len(blocks), A.DEFAULT_KEY_BLOCKS) - 1])))
+        return out
+
+    def owned_shares(self, urls: Sequence[str]) -> list[float]:
+        """Each replica's share of the requests its ring arcs draw (before the load bound moves any)."""
+        owners = self.owners(urls)
+        weights = self.weights()
+        return [sum(w for o, w in zip(owners, weights) if o == url) for url in urls]
+
+
+def zip_n(it: Iterator, n: int) -> Iterator:
+    for _, item in zip(range(n), it):
+        yield item
+
+
+def balanced_seed(name: str, urls: Sequence[str], least: float, **kwargs) -> int:
+    """The first seed under which every replica's arcs draw at least `least` of the requests. The replicas'
+    ports, and with them the ring, are drawn at random; 12 Zipf prefixes over 3 replicas leave one replica
+    with a tenth of the traffic in some draws, and a share measured against an even one would then measure
+    the ring's luck. Balance is the ring's business (tests/routing/test_affinity.py)."""
+    for seed in range(1, 1000):
+        if min(Workload(name, seed=seed, **kwargs).owned_shares(urls)) >= least:
+            return seed
+    raise AssertionError(f"no seed below 1000 gives every replica {least:.0%} of {name}'s requests")
+
+
+@dataclass
+class Outcome:
+    prefix: int
+    router: int
+    ok: bool
+    ttft_s: float | None = None
+    error: str = ""
+
+
+@dataclass
+class Load:
+    """What was sent: every request's outcome, in order of completion."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[str]:
+        return [o.error for o in self.outcomes if not o.ok]
+
+    def ttft_ms(self) -> dict[str, float | None]:
+        times = sorted(o.ttft_s for o in self.outcomes if o.ok and o.ttft_s is not None)
+        if not times:
+            return {"p50": None, "p90": None}
+        pick = lambda q: round(1000 * times[min(len(times) - 1, int(q * len(times)))], 1)
+        return {"p50": pick(0.5), "p90": pick(0.9)}
+
+
+async def _one(session: aiohttp.ClientSession, url: str, ids: list[int]) -> tuple[float | None, str]:
+    """(TTFT, "" or the error) of one streamed completion of one token."""
+    body = {"model": SERVED_MODEL_NAME, "prompt": ids, "max_tokens": 1, "stream": True}
+    start = time.perf_counter()
+    ttft = None
+    try:
+        async with session.post(f"{url}/v1/completions", json=body) as response:
+            if response.status != 200:
+                return None, f"HTTP {response.status}: {(await response.text())[:200]}"
+            text = b""
+            async for chunk in response.content.iter_any():
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+                text += chunk
+            if b"[DONE]" not in text or b'"error"' in text:
+                return None, f"incomplete or failed stream: {text[-200:]!r}"
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return None, f"{exc.__class__.__name__}: {str(exc)[:200]}"
+    return ttft, ""
+
+
+async def drive(routers: Sequence[str], workload: Workload, requests: Iterator[tuple[int, int]], *,
+                concurrency: int, count: int | None = None, stop: asyncio.Event | None = None,
+                load: Load | None = None, pause_s: float = 0.0) -> Load:
+    """Send the next requests, `concurrency` at a time, each to a router chosen at random, until `count` were
+    sent or `stop` is set (then those in flight finish)."""
+    load = load or Load()
+    rng = random.Random(repr((workload.name, workload.seed, "routers", len(routers))))
+    sent = 0
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal sent
+        while (count is None or sent < count) and not (stop is not None and stop.is_set()):
+            try:
+                p, i = next(requests)
+            except StopIteration:
+                return
+            sent += 1
+            r = rng.randrange(len(routers))
+            ttft, error = await _one(session, routers[r], workload.prompt(p, i))
+            load.outcomes.append(Outcome(p, r, not error, ttft, error))
+            if pause_s:
+                await asyncio.sleep(pause_s)
+
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return load
+
+
+# -- the replicas' own figures ---------------------------------------------------------------------------------
+
+def scrape(server: VllmServer) -> dict[str, float]:
+    """The replica's counters: requests finished, prompt tokens, CPU-pool hit tokens, queue time (sum, count),
+    and its process start (the counters start again with a new process)."""
+    text = server.metrics_text()
+    return {
+        "requests": total(text, f"{V.Metric.REQUEST_SUCCESS}_total"),
+        "prompt_tokens": total(text, f"{V.Metric.PROMPT_TOKENS}_total"),
+        "cpu_hit_tokens": total(text, f"{V.Metric.EXTERNAL_HITS}_total"),
+        "queue_s": total(text, f"{V.Metric.REQUEST_QUEUE_TIME}_sum"),
+        "queued": total(text, f"{V.Metric.REQUEST_QUEUE_TIME}_count"),
+        "start": total(text, V.Metric.PROCESS_START_TIME),
+    }
+
+
+async def scrape_all(servers: Sequence[VllmServer]) -> list[dict[str, float]]:
+    loop = asyncio.get_running_loop()
+    return list(await asyncio.gather(*(loop.run_in_executor(None, scrape, s) for s in servers)))
+
+
+def figures(before: Sequence[dict], after: Sequence[dict], load: Load | None = None) -> dict:
+    """Hit share over all replicas' prompt tokens, each replica's share of the requests and mean queue wait,
+    between two scrapes (a replica that restarted in between counts from its new start)."""
+    rows = []
+    for b, a in zip(before, after):
+        base = b if b["start"] == a["start"] else dict.fromkeys(b, 0.0)
+        rows.append({k: a[k] - base[k] for k in ("requests", "prompt_tokens", "cpu_hit_tokens", "queue_s", "queued")})
+    requests = sum(r["requests"] for r in rows) or 1
+    prompt = sum(r["prompt_tokens"] for r in rows) or 1
+    out = {
+        "requests": int(sum(r["requests"] for r in rows)),
+        "cpu_hit_share": round(sum(r["cpu_hit_tokens"] for r in rows) / prompt, 4),
+        "replica_requests": [int(r["requests"]) for r in rows],
+        "replica_shares": [round(r["requests"] / requests, 3) for r in rows],
+        "replica_hit_shares": [round(r["cpu_hit_tokens"] / r["prompt_tokens"], 3) if r["prompt_tokens"] else None
+                               for r in rows],
+        "queue_wait_ms": [round(1000 * r["queue_s"] / r["queued"], 1) if r["queued"] else None for r in rows],
+    }
+    if load is not None:
+        out["client_errors"] = len(load.errors)
+        out["error_samples"] = load.errors[:3]
+        out["ttft_ms"] = load.ttft_ms()
+    return out
+
+
+def router_count(routers: Sequence[SpillwayRouter], metric: str, **labels: str) -> float:
+    """A router counter summed over every router pod."""
+    return sum(total(r.metrics_text(), metric, **labels) for r in routers)
+
+
+@contextlib.contextmanager
+def router_pods(servers: Sequence[VllmServer], count: int, extra: Sequence[str] = ()) -> Iterator[list[SpillwayRouter]]:
+    """`count` `spillway route` processes over these replicas, each told how many share the traffic, as the
+    operator runs them for routing.router.replicas (controller/routing_objects.py)."""
+    peers = ["--router-pods", str(count)] if count > 1 else []
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(spillway_router(list(servers), [*peers, *extra])) for _ in range(count)]
+
+
+def overloaded(routers: Sequence[SpillwayRouter]) -> int:
+    """Requests the load bound passed from their owner to the next replica along the ring, over all pods."""
+    return int(router_count(routers, routing.ROUTER_METRIC_REQUESTS, **{routing.ROUTER_LABEL_DECISION:
+                                                                         A.DECISION_OVERLOADED}))
+
+
+# -- the scenarios -------------------------------------------------------------------------------------------
+
+async def zipf(servers: Sequence[VllmServer], pods: int, workload: Workload, *, requests: int,
+               concurrency: int) -> dict:
+    """`requests` of the workload through `pods` router pods over every replica."""
+    with router_pods(servers, pods) as routers:
+        urls = [r.base_url for r in routers]
+        before = await scrape_all(servers)
+        load = await drive(urls, workload, workload.requests(), concurrency=concurrency, count=requests)
+        after = await scrape_all(servers)
+        spilled = overloaded(routers)
+    owners = workload.owners([s.base_url for s in servers])
+    return {"scenario": workload.name, "routers": pods, "concurrency": concurrency,
+            "best_hit_share": round(workload.best_hit(requests), 4), **figures(before, after, load),
+            "overloaded": spilled, "ring_shares": [round(x, 3) for x in workload.owned_shares([s.base_url for s in servers])],
+            "hot_owner": next(i for i, s in enumerate(servers) if s.base_url == owners[0])}
+
+
+async def scale_up(servers: Sequence[VllmServer], pods: int, workload: Workload, *, requests: int,
+                   concurrency: int) -> dict:
+    """Half the requests over all replicas but the last, then the last joins every router pod (as a pod
+    becoming ready reaches them through DNS) and the other half is sent."""
+    with router_pods(servers[:-1], pods) as routers:
+        urls = [r.base_url for r in routers]
+        stream = workload.requests()
+        first = await drive(urls, workload, stream, concurrency=concurrency, count=requests // 2)
+        for router in routers:
+            router.set_workers([s.base_url for s in servers])
+        await asyncio.sleep(POLL_WAIT_S)
+        before = await scrape_all(servers)
+        started = time.monotonic()
+        second = await drive(urls, workload, stream, concurrency=concurrency, count=requests - requests // 2)
+        elapsed = time.monotonic() - started
+        after = await scrape_all(servers)
+    return {"scenario": workload.name, "routers": pods, "concurrency": concurrency,
+            "first_half_errors": len(first.errors), **figures(before, after, second),
+            "joined_share": figures(before, after)["replica_shares"][-1], "window_s": round(elapsed, 1),
+            "ring_shares": [round(x, 3) for x in workload.owned_shares([s.base_url for s in servers])]}
+
+
+async def restart(servers: Sequence[VllmServer], pods: int, workload: Workload, *, restarted: int,
+                  before_requests: int, after_requests: int, concurrency: int, down_pause_s: float = 0.5) -> dict:
+    """Requests through `pods` router pods; then, between requests (none in flight), the replica
+    `restarted` is stopped and started again on its port while requests keep coming (one at a time, the
+    replica still listed, as in the seconds before DNS drops a pod); from its Ready on, `after_requests` more.
+    Its share of those, and every client error throughout, are the figures."""
+    target = servers[restarted]
+    loop = asyncio.get_running_loop()
+    with router_pods(servers, pods) as routers:
+        urls = [r.base_url for r in routers]
+        stream = workload.requests()
+        start = await scrape_all(servers)
+        first = await drive(urls, workload, stream, concurrency=concurrency, count=before_requests)
+        mid = await scrape_all(servers)
+        await loop.run_in_executor(None, target.stop)
+        down, stop = Load(), asyncio.Event()
+        during = asyncio.ensure_future(drive(urls, workload, stream, concurrency=1, stop=stop, load=down,
+                                             pause_s=down_pause_s))
+        stopped_at = time.monotonic()
+        target.launch()  # from this thread: the server dies with the thread that launched it
+        await loop.run_in_executor(None, target.wait_started)
+        down_s = time.monotonic() - stopped_at
+        stop.set()
+        await during
+        ready = await scrape_all(servers)
+        timeline: list[tuple[float, int]] = []
+        sampling = asyncio.ensure_future(_sample(target, timeline))
+        started = time.monotonic()
+        after = await drive(urls, workload, stream, concurrency=concurrency, count=after_requests)
+        window = time.monotonic() - started
+        sampling.cancel()
+        end = await scrape_all(servers)
+        restarts = int(router_count(routers, routing.ROUTER_METRIC_RESTARTS))
+        retries = int(router_count(routers, routing.ROUTER_METRIC_RETRIES))
+    return {"scenario": workload.name, "routers": pods, "concurrency": concurrency, "restarted": restarted,
+            "before": figures(start, mid, first), "down": {"requests": len(down.outcomes),
+                                                            "client_errors": len(down.errors),
+                                                            "error_samples": down.errors[:3],
+                                                            "seconds": round(down_s, 1)},
+            "after": figures(ready, end, after), "window_s": round(window, 1),
+            "restarted_first_request_s": next((t for t, n in timeline if n > 0), None),
+            "restarts_seen": restarts, "retries": retries,
+            "ring_shares": [round(x, 3) for x in workload.owned_shares([s.base_url for s in servers])]}
+
+
+async def _sample(server: VllmServer, timeline: list[tuple[float, int]]) -> None:
+    """(seconds since the call, requests the server finished since) every half second."""
+    loop = asyncio.get_running_loop()
+    began = time.monotonic()
+    base = (await loop.run_in_executor(None, scrape, server))["requests"]
+    while True:
+        now = (await loop.run_in_executor(None, scrape, server))["requests"]
+        timeline.append((round(time.monotonic() - began, 1), int(now - base)))
+        await asyncio.sleep(0.5)
+
+
+async def hot(servers: Sequence[VllmServer], pods: int, workload: Workload, *, requests: int,
+              concurrency: int) -> dict:
+    """The workload with a hot prefix: how many of the requests the hot prefix's owner's arcs draw it passed
+    on to other replicas, and each replica's queue wait."""
+    result = await zipf(servers, pods, workload, requests=requests, concurrency=concurrency)
+    owner = result["hot_owner"]
+    owners = workload.owners([s.base_url for s in servers])
+    drawn = sum(1 for p, _ in zip_n(workload.requests(), requests) if owners[p] == servers[owner].base_url)
+    result["owner_drawn"] = drawn
+    result["owner_served"] = result["replica_requests"][owner]
+    result["owner_passed_on"] = drawn - result["owner_served"]
+    return result
+
+
+POLL_WAIT_S = 1.5  # three of the routers' --poll-seconds 0.5: each has read the workers file again

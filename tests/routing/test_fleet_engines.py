@@ -1,0 +1,102 @@
+"""`spillway route` as a fleet's front door on three real vLLM CPU replicas with CPU offloading (routing/replicas.py),
+one engine start for every test here; traffic from routing/fleet_load.py: 12 prefixes of 3 blocks with Zipf(1.1)
+popularity, 4 in flight, each request to one router pod at random (as a Service picks one), hit share and
+shares from the replicas' own /metrics.
+
+- 3 router pods (`--router-pods 3`, as the operator runs routing.router.replicas) hold 1 pod's CPU-pool hit
+  share within 5 points: placement is a function of the prompt and the replica set, so every pod places a
+  prefix where the others do;
+- a replica that joins takes at least half its even share of the next requests;
+- a replica stopped and started again on its port, between requests, while requests keep coming: no client
+  sees an error (a failed connection goes on to the next replica along the ring), every router pod sees the
+  restart, and the replica takes at least half its even share of the requests after its Ready;
+- a prefix with 60% of the requests: its owner passes part of them to the next replica along the ring (the
+  load bound, relative to the mean, acts at 4 in flight), and the hit share stays near the best possible.
+
+Seeds are picked so that every replica's ring arcs draw at least a fifth of the requests
+(fleet_load.balanced_seed): the shares measured here are the router's, not the ring's luck with the ports.
+bench/fleet/engines.py runs the same scenarios with more requests and prints TTFT and queue waits.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from routing import fleet_load as F
+from routing.replicas import REPLICAS, start_replicas
+
+pytestmark = pytest.mark.engine
+
+CONCURRENCY = 4
+EVEN = 1 / REPLICAS
+LEAST_RING_SHARE = 0.2
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    with start_replicas() as servers:
+        yield servers
+
+
+def _workload(replicas, name: str, **kwargs) -> F.Workload:
+    return F.Workload(name, seed=F.balanced_seed(name, [s.base_url for s in replicas], LEAST_RING_SHARE), **kwargs)
+
+
+def _show(capsys, **results) -> None:
+    with capsys.disabled():
+        for name, r in results.items():
+            print(f"\n{name}: {r}")
+
+
+def test_three_router_pods_hold_one_pods_hit_share(replicas, capsys):
+    """The same Zipf traffic (each through its own never-seen prompts) through 1 and through 3 router pods. Three
+    pods each see a third of the requests in flight, so each bounds loads on its own estimate (its own x 3) and
+    passes more requests on than one pod does; the copies that makes cost a few first misses, no more."""
+    requests = 180
+    one, three = (asyncio.run(F.zipf(replicas, pods, _workload(replicas, f"zipf-{pods}"), requests=requests,
+                                     concurrency=CONCURRENCY)) for pods in (1, 3))
+    _show(capsys, one_pod=one, three_pods=three)
+    for r in (one, three):
+        assert r["client_errors"] == 0, r["error_samples"]
+        assert r["requests"] == requests
+        assert r["cpu_hit_share"] >= 0.8 * r["best_hit_share"], r
+    assert abs(one["cpu_hit_share"] - three["cpu_hit_share"]) <= 0.05, (one["cpu_hit_share"], three["cpu_hit_share"])
+
+
+def test_a_joining_replica_takes_its_share(replicas, capsys):
+    """Two replicas take half the requests, then the third joins every router pod (its workers file, as DNS
+    gives a pod that became ready): its ring arcs are its own at once, whatever the others hold."""
+    r = asyncio.run(F.scale_up(replicas, 3, _workload(replicas, "scale"), requests=120, concurrency=CONCURRENCY))
+    _show(capsys, scale_up=r)
+    assert r["first_half_errors"] == 0 and r["client_errors"] == 0, r["error_samples"]
+    assert r["joined_share"] >= EVEN / 2, r
+
+
+def test_a_hot_prefix_spreads_before_its_owner_queues(replicas, capsys):
+    """60% of the requests share one prefix. With 4 in flight over 3 replicas the bound (1.25 x the mean, at
+    least 2) keeps the owner at 2, the batch its engine runs at once (max_num_seqs), and passes the rest to
+    the next replica along the ring, which then holds the prefix too."""
+    requests = 120
+    w = _workload(replicas, "hot", hot=0.6)
+    r = asyncio.run(F.hot(replicas, 1, w, requests=requests, concurrency=CONCURRENCY))
+    _show(capsys, hot=r)
+    assert r["client_errors"] == 0, r["error_samples"]
+    hot_requests = sum(1 for p, _ in F.zip_n(w.requests(), requests) if p == 0)
+    assert r["overloaded"] > 0
+    assert r["owner_passed_on"] >= 0.1 * hot_requests, r
+    assert r["cpu_hit_share"] >= 0.8 * r["best_hit_share"], r
+
+
+def test_a_restarted_replica_takes_its_share_and_no_client_sees_it(replicas, capsys):
+    """Requests through 3 router pods; replica 0's vLLM is stopped between requests (none in flight to it) and
+    started again on its port while requests keep coming, the replica still listed as in the seconds before
+    DNS drops a pod. Its refused connections go on along the ring; once it is Ready its arcs are its own
+    again (its pool empty), so it takes its share of the next requests at once."""
+    r = asyncio.run(F.restart(replicas, 3, _workload(replicas, "restart"), restarted=0, before_requests=40,
+                              after_requests=90, concurrency=CONCURRENCY))
+    _show(capsys, restart=r)
+    for phase in (r["before"], r["down"], r["after"]):
+        assert phase["client_errors"] == 0, phase["error_samples"]
+    assert r["down"]["requests"] > 0 and r["retries"] > 0, r  # requests did meet the stopped replica
+    assert r["restarts_seen"] == 3, r  # every router pod read the new process start on its /metrics
+    assert r["after"]["replica_shares"][0] >= EVEN / 2, r
