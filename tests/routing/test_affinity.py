@@ -227,3 +227,21 @@ def test_router_pods_bound_the_load_they_estimate_for_all():
     assert alone.choose(blocks, {owner: 1}).replica == owner
     spill = one_of_three.choose(blocks, {owner: 1})
     assert spill.replica != owner and spill.reason == A.DECISION_OVERLOADED
+
+
+def test_router_pods_keep_a_spilled_prefix_on_its_successor():
+    """One of 3 router pods with one request in flight on a prefix's owner and one on its successor: the owner
+    is over its bound (1 x 3 + 1 > 3), the successor, which holds the prefix since the first spill, takes one
+    more of this pod's own before the prefix is copied to a third replica. Alone, the same pod would count
+    the successor's one as one and place the prompt there as well."""
+    one_of_three, alone = _index(peers=3), _index()
+    blocks = A.prompt_blocks(_prompt(7, 1), BLOCK)
+    owner, successor, *_ = one_of_three._ring.walk(blocks[3])
+    load = {owner: 1, successor: 1}
+    assert one_of_three.choose(blocks, {owner: 1}).replica == successor
+    spill = one_of_three.choose(blocks, load)
+    assert (spill.replica, spill.reason) == (successor, A.DECISION_OVERLOADED)
+    assert alone.choose(blocks, load).replica == owner  # 1 + 1 <= 2: alone, the owner keeps it
+    # Beyond the slack the walk goes on: 5 in flight make the bound ceil(1.25 x 16 / 4) = 5, the owner at 2
+    # reads 7 and the successor at 3 reads 10, above 5 + 2.
+    assert one_of_three.choose(blocks, {owner: 2, successor: 3}).replica not in (owner, successor)
