@@ -57,6 +57,9 @@ GDN_CHECKPOINT_ALIGNMENT = 64  # vllm/v1/attention/backends/gdn_attn.py FLASHINF
 # olmo_hybrid.py
 GDN_CHECKPOINTED = ("qwen3_next", "qwen3_5", "olmo_hybrid")
 MLA_HYBRID_BLOCK = 128
+# Model types whose own vLLM model code arrived in a release (vllm/model_executor/models/zaya.py: 0.34); earlier
+# releases serve them through the Transformers backend
+NATIVE_SINCE = {"zaya": (0, 34)}
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,9 @@ def _split(total: int, tp: int, what: str, name: str) -> int:
 def mamba_state_bytes(shape: MambaShape, tp: int, model_dtype_bytes: int, ssm_dtype_bytes: int, name: str) -> int:
     """One layer's recurrent state on one rank (vllm/model_executor/layers/mamba/mamba_utils.py,
     MambaStateShapeCalculator): the conv state in the model's dtype, the temporal state in the SSM dtype."""
+    if shape.kind == "cca":  # zaya.py _cca_state_shapes: replicated on every rank, all in the model's dtype
+        return (shape.heads * shape.head_dim * shape.conv_kernel + shape.v_heads * shape.head_dim // 2) * \
+            model_dtype_bytes
     if shape.kind == "gdn":  # gated_delta_net_state_shape
         conv = _split(shape.k_dim * shape.k_heads * 2 + shape.v_dim * shape.v_heads, tp,
                       "linear-attention channels", name) * (shape.conv_kernel - 1)
@@ -306,7 +312,12 @@ def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size:
         # 0.33 and 0.34): Qwen3-Next at --block-size 16 gets 576-token blocks, not 544. The CPU engine has no
         # FlashInfer and keeps its kernel's alignment.
         state_chunk = math.lcm(state_chunk or 1, GDN_CHECKPOINT_ALIGNMENT)
-    groups = _group_runs(_layer_runs(facts, tp, kv_cache_dtype), block_size, kernel_block,
+    runs = _layer_runs(facts, tp, kv_cache_dtype)
+    if release < NATIVE_SINCE.get(facts.model_type, release):
+        # before its own model code, vLLM serves the architecture through its Transformers backend
+        # (registry.py's fallback), which builds the attention layers only: no recurrent state
+        runs = {layer: count for layer, count in runs.items() if layer.kind != MAMBA}
+    groups = _group_runs(runs, block_size, kernel_block,
                          state_chunk, facts.name, packed=release >= (0, 33), min_align=mla_align)
     refusal = release_refusal(release, groups)
     if refusal:

@@ -147,7 +147,7 @@ class MambaShape:
     """One recurrent layer's state, before tensor parallelism (vllm/model_executor/layers/mamba/mamba_utils.py
     MambaStateShapeCalculator): `kind` names the calculator, the numbers are its arguments."""
 
-    kind: str  # "mamba1", "mamba2", "gdn", "short_conv", "linear"
+    kind: str  # "mamba1", "mamba2", "gdn", "short_conv", "linear", "cca"
     intermediate: int = 0
     groups: int = 0
     heads: int = 0
@@ -340,6 +340,15 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
     if model_type == "jamba":  # vllm/model_executor/models/jamba.py: attention where i % period == offset
         period, offset = _int(config, "attn_layer_period", name, 8), config.get("attn_layer_offset", 4)
         return [(FULL,) if i % period == offset else (MAMBA,) for i in range(num_layers)]
+    if model_type == "zaya":
+        # vLLM 0.34 zaya.py: a 'hybrid' layer keeps its compressed convolutional attention's history (a MambaSpec,
+        # registered first) and full attention, a 'hybrid_sliding' one the history and a sliding window
+        kinds = {"hybrid": (MAMBA, FULL), "hybrid_sliding": (MAMBA, SLIDING)}
+        types = config.get("layer_types")
+        if not isinstance(types, list) or len(types) < num_layers or any(t not in kinds for t in types[:num_layers]):
+            raise ModelGeometryUnknown(f"{name}: Zaya's layer_types must name 'hybrid' or 'hybrid_sliding' for each "
+                                       f"of {num_layers} layers")
+        return [kinds[t] for t in types[:num_layers]]
     if model_type in RECURRENT_ONLY:  # mamba.py, mamba2.py: a mixer and no attention in every layer
         return [(MAMBA,)] * num_layers
     if model_type == "zamba2":
@@ -471,6 +480,13 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         else:
             heads, dim, kernel = get("num_attention_heads"), get("head_dim"), get("short_conv_kernel_size")
         return MambaShape("gdn", conv_kernel=kernel, k_heads=heads, v_heads=heads, k_dim=dim, v_dim=dim)
+    if model_type == "zaya":
+        # zaya.py _cca_state_shapes: the q/k projections' raw history of cca_time0 + cca_time1 - 2 steps over every
+        # query and KV head, and half a value of each KV head from the previous token; short_conv_state_dtype (the
+        # model's dtype); not split over TP (the shapes take no TP size: the spec is tp_replicated)
+        heads, kv = get("num_attention_heads"), get("num_key_value_heads")
+        history = get("cca_time0", default=2) + get("cca_time1", default=2) - 2
+        return MambaShape("cca", heads=heads + kv, head_dim=get("head_dim"), conv_kernel=history, v_heads=kv)
     if model_type in ("lfm2", "lfm2_moe", "lfm3"):
         # lfm2.py / lfm2_moe.py / lfm3.py (vLLM 0.34) get_mamba_state_shape_from_config: short_conv_state_shape over
         # conv_dim (LFM2-MoE, LFM3: hidden_size) channels and conv_L_cache taps

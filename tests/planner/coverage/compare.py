@@ -139,7 +139,7 @@ def statuses(version: str = "0.33") -> list[Status]:
     out = []
     for arch, registry in served.items():
         entry = truth["architectures"].get(arch)
-        if entry is None and arch in new:
+        if arch in new:
             out.append(status(arch, {**new[arch], "registry": registry}, truth["pool_bytes"], truth["max_model_len"],
                               release))
             continue

@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from configs import (
     AMX_MLA,
+    FALLBACK,
     LANGUAGE_MODELS,
     REGISTRY_PATH,
     build_config,
@@ -181,9 +182,10 @@ def add_release(truth: dict, version: str, tree: str, work: Path) -> None:
 def record_new(truth: dict, version: str, tree: str, work: Path, only: set[str] = frozenset()) -> None:
     """The architectures `version`'s registry names that 0.33's does not, recorded with that release's own code: its
     config classes and model code (_overlay of its tree), then its own sizing (the sources stage on its tree), as
-    truth["new"][version][arch], entries shaped as 0.33's."""
+    truth["new"][version][arch], entries shaped as 0.33's. An architecture 0.33 served only through the Transformers
+    backend's fallback that the release names (Zaya: zaya.py in 0.34) is new there too: its own model code."""
     served = registry_architectures(tree)
-    known = truth["architectures"]
+    known = {a: e for a, e in truth["architectures"].items() if e["registry"] != FALLBACK}
     archs = {a: served[a] for a in served if a not in known and (not only or a in only)}
     new = truth.setdefault("new", {}).setdefault(version, {})
     for arch in list(new):
