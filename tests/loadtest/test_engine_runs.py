@@ -216,7 +216,7 @@ def test_no_request_fails_on_a_connection_the_server_is_closing(server: VllmServ
 def test_preemption_reloads_are_counted_by_vllm_and_by_the_connector(server: VllmServer, tmp_path: Path):
     # 8 sequences growing to 448 tokens need 112 blocks of 32; the engine has 48: it must preempt, and a preempted
     # request's stored blocks come back from the CPU pool when it resumes.
-    out = loadtest("preemption", "--endpoint", server.base_url, "--requests", "8", "--prompt-len", "256",
+    out = loadtest("preemption", "run", "--endpoint", server.base_url, "--requests", "8", "--prompt-len", "256",
                    "--output-tokens", "192", "--concurrency", "8", "--seed", "3", "-o", str(tmp_path / "p.json"),
                    "--progress", "none")
     assert out.returncode == 0, out.stderr

@@ -49,8 +49,10 @@ def test_replica_figures_come_from_the_counters():
 
 
 def test_router_counters_are_recorded_as_deltas():
-    before = 'vllm_router_kv_placement_lookups_total{result="hit"} 2\nvllm_router_requests_total 5\nother 1\n'
-    after = 'vllm_router_kv_placement_lookups_total{result="hit"} 9\nvllm_router_requests_total 5\nother 7\n'
+    before = Snapshot.from_text('vllm_router_kv_placement_lookups_total{result="hit"} 2\n'
+                                'vllm_router_requests_total 5\nother 1\n')
+    after = Snapshot.from_text('vllm_router_kv_placement_lookups_total{result="hit"} 9\n'
+                               'vllm_router_requests_total 5\nother 7\n')
     assert pg.router_deltas(before, after) == {"vllm_router_kv_placement_lookups_total{result=hit}": 7.0}
 
 
@@ -71,4 +73,4 @@ def test_a_result_of_another_experiment_is_refused(tmp_path):
     other = tmp_path / "x.json"
     other.write_text(json.dumps({"schema": "spillway.loadtest/v1"}))
     with pytest.raises(InvalidSpec, match="not a prefix-groups result"):
-        pg.load(other)
+        pg.COMMAND.load(other)

@@ -52,7 +52,8 @@ def test_without_logprobs_the_comparison_is_exact():
     (["--flush-tokens", "-1"], "flush tokens must be a whole number >= 0"),
     ([], "cannot reach http://127.0.0.1:9/v1/models"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, words):
-    done = subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", "verify", "--endpoint",
-                           "http://127.0.0.1:9", *args], capture_output=True, text=True, timeout=60, check=False)
+def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", "verify", "run", "--endpoint",
+                           "http://127.0.0.1:9", "-o", str(tmp_path / "v.json"), *args], capture_output=True,
+                          text=True, timeout=60, check=False)
     assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

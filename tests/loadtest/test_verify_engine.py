@@ -33,10 +33,10 @@ BOUND_BYTES = 64 * (chunk_integrity.file_bytes(CHUNK_BYTES) + 2 * 4096)
 
 
 def verify(server: VllmServer, out: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    done = subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", "verify", "--endpoint", server.base_url,
-                           "--prompts", str(PROMPTS), "--prompt-len", str(PROMPT_CHUNKS * BLOCK), "--output-tokens",
-                           "8", "--flush-tokens", str(3 * PROMPT_CHUNKS * BLOCK), "--seed", "11", "--id-range",
-                           str(MODEL.vocab_size - 20), "-o", str(out)],
+    done = subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", "verify", "run", "--endpoint",
+                           server.base_url, "--prompts", str(PROMPTS), "--prompt-len", str(PROMPT_CHUNKS * BLOCK),
+                           "--output-tokens", "8", "--flush-tokens", str(3 * PROMPT_CHUNKS * BLOCK), "--seed", "11",
+                           "--id-range", str(MODEL.vocab_size - 20), "-o", str(out)],
                           check=False, capture_output=True, text=True, timeout=600)
     print(done.stdout, done.stderr[-2000:])
     return done, json.loads(out.read_text())

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 from spillway.core.errors import InvalidSpec
-from spillway.loadtest.metrics import Snapshot
-from spillway.loadtest.working_set import WorkingSetPlan, classify, summarize
+from spillway.loadtest.metrics import Snapshot, serving_tier
+from spillway.loadtest.working_set import WorkingSetPlan, summarize
 
 
 def scrape(host: float, disk: float, device: float = 0.0) -> Snapshot:
@@ -18,12 +18,12 @@ def scrape(host: float, disk: float, device: float = 0.0) -> Snapshot:
 
 
 def test_each_request_is_put_with_the_tier_that_served_it():
-    assert classify(scrape(0, 0), scrape(96, 0))[0] == "cpu"
-    assert classify(scrape(96, 0), scrape(96, 64))[0] == "disk"
-    assert classify(scrape(96, 64), scrape(128, 96))[0] == "disk"  # partly on disk: waited for the disk
-    assert classify(scrape(1, 1, 0), scrape(1, 1, 32))[0] == "gpu"
-    assert classify(scrape(1, 1), scrape(1, 1)) == ("miss", {"disk": 0, "host": 0, "device": 0})
-    assert classify(None, scrape(1, 1))[0] == "miss"
+    assert serving_tier(scrape(0, 0), scrape(96, 0))[0] == "cpu"
+    assert serving_tier(scrape(96, 0), scrape(96, 64))[0] == "disk"
+    assert serving_tier(scrape(96, 64), scrape(128, 96))[0] == "disk"  # partly on disk: waited for the disk
+    assert serving_tier(scrape(1, 1, 0), scrape(1, 1, 32))[0] == "gpu"
+    assert serving_tier(scrape(1, 1), scrape(1, 1)) == ("miss", {"disk": 0, "host": 0, "device": 0})
+    assert serving_tier(None, scrape(1, 1))[0] == "miss"
 
 
 def test_the_summary_gives_ttft_and_prompt_throughput_per_tier():
@@ -43,7 +43,7 @@ def test_the_summary_gives_ttft_and_prompt_throughput_per_tier():
 def test_bad_input_is_one_line():
     with pytest.raises(InvalidSpec, match="prompt length"):
         WorkingSetPlan(prompt_len=0).validate()
-    done = subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", "working-set", "--endpoint",
+    done = subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", "working-set", "run", "--endpoint",
                            "http://127.0.0.1:9", "--requests", "0"], capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr

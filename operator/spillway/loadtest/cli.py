@@ -76,10 +76,8 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 
     from . import preemption, prefix_groups, verify, working_set
 
-    prefix_groups.add_parser(sub)
-    preemption.add_parser(sub)
-    working_set.add_parser(sub)
-    verify.add_parser(sub)
+    for experiment in (prefix_groups, preemption, working_set, verify):  # each `run` and `report` (experiment.py)
+        experiment.COMMAND.add_parser(sub)
 
 
 def _api_key_env() -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 from spillway_connector import names as connector_names
 
-from ..core.vllm_api import Metric
+from ..core.vllm_api import CacheHitSource, Metric
 
 # Counters whose deltas every load point records (name without _total).
 VLLM_COUNTERS = (
@@ -36,6 +36,12 @@ PHASE_HISTOGRAMS = (Metric.TTFT, Metric.REQUEST_QUEUE_TIME, Metric.REQUEST_PREFI
 PHASE_SERIES = tuple(f"{name}_{part}" for name in PHASE_HISTOGRAMS for part in ("sum", "count"))
 COUNTERS = (VLLM_COUNTERS + tuple(name for name in CONNECTOR_COUNTERS if name not in VLLM_COUNTERS)
             + PHASE_SERIES)
+
+
+# The tiers a request's cached prompt tokens come from (vllm:prompt_tokens_cached_by_source), and "miss".
+SERVING_TIERS = ("cpu", "disk", "gpu", "miss")
+# In the order a request is put with: a prompt partly on disk waited for the disk, one partly in the pool for it.
+_SOURCE_TIER = ((CacheHitSource.DISK, "disk"), (CacheHitSource.HOST, "cpu"), (CacheHitSource.DEVICE, "gpu"))
 
 
 @dataclass(frozen=True)
@@ -199,3 +205,20 @@ class CacheFacts:
             prefix_caching=None if caching is None else caching == "True",
             labels=labels,
         )
+
+
+def serving_tier(before: Snapshot | None, after: Snapshot | None) -> tuple[str, dict[str, float]]:
+    """The tier that served one request, from the cached-by-source deltas around it (scrapes with no other
+    request between them), and the tokens each source gave: disk wins over cpu over gpu; miss when none served
+    a token."""
+    if before is None or after is None:
+        return "miss", {}
+    tokens = {}
+    for source, _ in _SOURCE_TIER:
+        now = after.counter(Metric.PROMPT_TOKENS_CACHED_BY_SOURCE, **{CacheHitSource.LABEL: source}) or 0.0
+        then = before.counter(Metric.PROMPT_TOKENS_CACHED_BY_SOURCE, **{CacheHitSource.LABEL: source}) or 0.0
+        tokens[source] = now - then
+    for source, name in _SOURCE_TIER:
+        if tokens[source] > 0:
+            return name, tokens
+    return "miss", tokens

@@ -7,7 +7,9 @@ from typing import Any
 from ..core.errors import InvalidSpec
 
 
-def plot(result: dict[str, Any], path: Path, baseline: dict[str, Any] | None = None) -> Path:
+def pyplot(report: str = "spillway loadtest report"):
+    """matplotlib's pyplot, off-screen; InvalidSpec where matplotlib is missing. report: the command that draws
+    the plot later from the result file."""
     try:
         import matplotlib
 
@@ -15,8 +17,23 @@ def plot(result: dict[str, Any], path: Path, baseline: dict[str, Any] | None = N
         import matplotlib.pyplot as plt
     except ImportError:
         raise InvalidSpec("plotting needs matplotlib (pip install matplotlib); the JSON result is complete "
-                          "without it: `spillway loadtest report RESULT --plot PNG` draws it later") from None
+                          f"without it: `{report} RESULT --plot PNG` draws it later") from None
+    return plt
 
+
+def save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot(result: dict[str, Any], path: Path, baseline: dict[str, Any] | None = None) -> Path:
+    plt = pyplot()
     summary = result.get("ttft", {}).get("summary") or []
     points = result.get("throughput", {}).get("points") or []
     panels = [name for name, present in (("ttft", summary), ("throughput", points)) if present]
@@ -31,12 +48,7 @@ def plot(result: dict[str, Any], path: Path, baseline: dict[str, Any] | None = N
             _ttft(ax, summary, (baseline or {}).get("ttft", {}).get("summary") or [])
         else:
             _throughput(ax, points, (baseline or {}).get("throughput", {}).get("points") or [])
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def _series(ax, rows: list[dict], key: str, label: str, style: str) -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -19,18 +21,35 @@ RESULT_MARKER = "SPILLWAY_LOADTEST_RESULT"
 STATUS_RUNNING, STATUS_COMPLETE, STATUS_INTERRUPTED, STATUS_FAILED = "running", "complete", "interrupted", "failed"
 
 
-def new_result(plan: dict, labels: dict[str, str]) -> dict[str, Any]:
+def new_result(schema: str, plan: dict, labels: dict[str, str], **sections: Any) -> dict[str, Any]:
+    """A result as a run starts; sections: the experiment's own keys (ttft, throughput; routes; runs; ...)."""
     return {
-        "schema": SCHEMA,
+        "schema": schema,
         "status": STATUS_RUNNING,
         "error": None,
         "started_at": _now(),
         "finished_at": None,
-        "environment": {"labels": dict(labels)},
+        "environment": {"labels": dict(labels), "client": client_facts()},
         "plan": plan,
-        "ttft": {"samples": [], "summary": []},
-        "throughput": {"points": []},
+        **sections,
     }
+
+
+def client_facts() -> dict[str, str | None]:
+    """The machine and the versions that sent the load."""
+    from .. import __version__
+
+    return {"host": platform.node(), "python": platform.python_version(), "spillway": __version__,
+            "aiohttp": _version("aiohttp")}
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def _now() -> str:
@@ -41,15 +60,18 @@ class ResultSink:
     """Holds the result and publishes it: the JSON file (atomic replace) and/or a marked log line."""
 
     def __init__(self, result: dict[str, Any], path: Path | None = None, emit: TextIO | None = None,
-                 root: dict[str, Any] | None = None) -> None:
-        """root: a finished result this one is the baseline of; the document published is then root."""
+                 root: dict[str, Any] | None = None, prepare: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """root: a finished result this one is the baseline of; the document published is then root.
+        prepare: brings the result's derived figures up to date before each publication."""
         self.result = result
         self.path = path
         self.emit = emit
         self.root = root
+        self.prepare = prepare
 
     def publish(self) -> None:
-        self.result["ttft"]["summary"] = summarize_ttft(self.result["ttft"]["samples"])
+        if self.prepare is not None:
+            self.prepare(self.result)
         document = self.result
         if self.root is not None:
             self.root["baseline"] = self.result
@@ -94,8 +116,8 @@ def check_output(path: Path) -> None:
         raise InvalidSpec(f"--output {path}: {parent} is not a directory")
 
 
-def load(path: Path) -> dict[str, Any]:
-    """A result file, or the last RESULT_MARKER line of a saved log (`kubectl logs job/... > log`)."""
+def load(path: Path, schema: str = SCHEMA, what: str = "load test result") -> dict[str, Any]:
+    """A result file, or the last RESULT_MARKER line of a saved log (`kubectl logs job/... > log`), of `schema`."""
     from ..core.errors import InvalidSpec
 
     try:
@@ -115,8 +137,8 @@ def load(path: Path) -> dict[str, Any]:
         raise InvalidSpec(f"{path}: JSON nested too deeply to be a load test result") from None
     except ValueError:
         raise InvalidSpec(f"{path} is neither a load test result (JSON) nor a log holding one") from None
-    if not isinstance(result, dict) or result.get("schema") != SCHEMA:
-        raise InvalidSpec(f"{path} is not a load test result ({SCHEMA})")
+    if not isinstance(result, dict) or result.get("schema") != schema:
+        raise InvalidSpec(f"{path} is not a {what} ({schema})")
     return result
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import platform
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -98,8 +97,6 @@ class Target:
         self.plan.ttft.lengths = sorted({*(x for x in lengths if x != LONGEST), longest})
 
     def environment(self) -> dict:
-        from .. import __version__
-
         cache_keys = ("num_gpu_blocks", "block_size", "enable_prefix_caching", "kv_offloading_backend",
                       "kv_offloading_size", "num_cpu_blocks", "cache_dtype", "kv_cache_memory_bytes",
                       "gpu_memory_utilization")
@@ -116,8 +113,6 @@ class Target:
             "gpu_kv_tokens": self.gpu_kv_tokens,
             "prompt_format": self.prompts.fmt,
             "evict_gpu": self.evict_method,
-            "client": {"host": platform.node(), "python": platform.python_version(), "spillway": __version__,
-                       "aiohttp": _version("aiohttp")},
         }
 
     async def snapshot(self) -> Snapshot | None:
@@ -255,11 +250,3 @@ def _resolve(requested: int | str, reported: int | None, fallback: int | None) -
         return int(requested)
     return reported if reported is not None else fallback
 
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None

@@ -10,10 +10,10 @@ Every point uses its own prompts: nothing carries over between points.
 """
 from __future__ import annotations
 
-from .client import EndpointError
+from .experiment import check_errors, per_second, phase_figures
 from .plan import hittable_tokens, prefix_tokens
 from .progress import log
-from .results import ResultSink, percentiles
+from .results import ResultSink
 from .target import Target, error_samples, measured
 
 MISS_TOLERANCE = 0.05
@@ -26,11 +26,7 @@ async def run(target: Target, sink: ResultSink) -> None:
         sink.result["throughput"]["points"].append(point)
         sink.publish()
         _warn_if_missed(point, plan.throughput.num_prompts, plan.throughput.prompt_len)
-        failed = point["errors"] + point["warmup"].get("errors", 0)
-        sent = point["requests"] + point["warmup"].get("requests", 0)
-        if failed > plan.max_error_rate * sent:
-            raise EndpointError(f"{failed} of {sent} requests failed at target hit rate {rate:g} "
-                                f"(allowed: {plan.max_error_rate:g}); first: {point['error_samples'][0]}")
+        check_errors(plan.max_error_rate, (point, point["warmup"]), f"at target hit rate {rate:g}")
 
 
 async def _point(target: Target, index: int, rate: float) -> dict:
@@ -57,29 +53,18 @@ async def _point(target: Target, index: int, rate: float) -> dict:
     results, elapsed = await target.send_all(f"{label} timed", timed)
     after = await target.snapshot()
 
-    ok = [r for r in results if r.ok]
-    prompt_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else length for r in ok)
-    output_tokens = sum(r.completion_tokens or 0 for r in ok)
+    figures = phase_figures(results, elapsed, length)
     point = {
         "target_hit_rate": rate,
         "prefix_tokens": prefix,
         "placed_rate": prefix / length,  # prompt tokens placed in the CPU pool by the warm-up
         "hittable_rate": hittable_tokens(prefix, length, target.block_size) / length,  # at least served from it
-        "requests": n,
-        "ok": len(ok),
-        "errors": n - len(ok),
-        "error_samples": error_samples(results),
-        "elapsed_s": elapsed,
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "prompt_tokens_per_s": prompt_tokens / elapsed if elapsed > 0 else None,
-        "tokens_per_s": (prompt_tokens + output_tokens) / elapsed if elapsed > 0 else None,
-        "requests_per_s": len(ok) / elapsed if elapsed > 0 else None,
-        "latency_s": percentiles([r.latency_s for r in ok]),
+        **figures,
+        "tokens_per_s": per_second(figures["prompt_tokens"] + figures["output_tokens"], elapsed),
         "warmup": warmup,
         "settle": settled,
     }
-    point.update(measured(before, after, prompt_tokens))
+    point.update(measured(before, after, figures["prompt_tokens"]))
     return point
 
 
