@@ -181,6 +181,9 @@ if FileSystemTierManager is not None:
             try:
                 self._spillway_setup(offloading_spec, root_dir)
             except BaseException:  # vLLM cleans up only the tiers it got back: stop this one's threads here
+                chunk_integrity.remove_listener(self._on_mismatch)
+                if getattr(self, "spillway_index", None) is not None:
+                    self.spillway_index.stop()
                 with contextlib.suppress(Exception):
                     super().shutdown()
                 if self.spillway_slot is not None:

@@ -217,3 +217,18 @@ def test_where_vllms_tier_code_differs_the_tier_stays_bounded_and_writes_vllms_o
     assert tier.spillway_index.used_bytes > 0, "still bounded"
     tier.submit_load(job(2, keys, [1], True))
     assert finished(tier, 2).success and row(tier, 1) == stored
+
+
+def test_a_root_that_is_not_the_tiers_own_is_refused_when_vllm_builds_the_tier(tmp_path):
+    from spillway_connector import disk_namespace
+
+    root = tmp_path / "tier"
+    root.mkdir()
+    (root / "pytorch_model.bin").write_bytes(b"weights")
+    spec = SpillwayTieringOffloadingSpec(offloading_config(root, 1 << 20))
+    with pytest.raises(disk_namespace.TierRootError, match="pytorch_model.bin"):
+        spec.get_manager()
+    (root / "pytorch_model.bin").unlink()
+    slot = disk_namespace.claim_slot(str(root))
+    assert os.path.basename(slot.path) == "replica-0", "the refused tier held no slot"
+    slot.release()
