@@ -31,6 +31,7 @@ import posixpath
 import re
 import signal
 import socket
+import struct
 import sys
 import time
 from bisect import bisect_right
@@ -52,6 +53,7 @@ from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
 
 POLL_SECONDS = 5.0
+LISTEN_BACKLOG = 128  # aiohttp's default
 PROBE_TIMEOUT_S = 2.0
 # Headers that belong to one connection (RFC 9110 7.6.1), plus those aiohttp sets for the body it sends; the
 # headers a Connection header names are dropped too.
@@ -212,6 +214,8 @@ class Limits:
     connect_timeout_s: float = routing.ROUTER_CONNECT_TIMEOUT_S
     first_byte_timeout_s: float = routing.ROUTER_FIRST_BYTE_TIMEOUT_S
     read_timeout_s: float = routing.ROUTER_READ_TIMEOUT_S
+    write_timeout_s: float = routing.ROUTER_WRITE_TIMEOUT_S
+    stream_buffer_bytes: int = routing.ROUTER_STREAM_BUFFER_BYTES
     attempts: int = routing.ROUTER_ATTEMPTS
     breaker_failures: int = 3
     breaker_cooldown_s: float = 10.0
@@ -356,9 +360,13 @@ class Router:
     async def start(self) -> None:
         # No total timeout: a long generation streams for minutes; the first byte and every later read have
         # their own. auto_decompress off: bodies pass through byte for byte with their Content-Encoding.
+        # read_bufsize and the socket's fixed receive buffer: an answer whose client stops reading holds a few
+        # buffers' worth here (the pod is told to wait by TCP), not the megabytes the kernel would grow to.
+        buffer = self.limits.stream_buffer_bytes
         self.session = ClientSession(
             timeout=ClientTimeout(total=None, sock_connect=self.limits.connect_timeout_s),
-            auto_decompress=False, connector=TCPConnector(limit=0, ttl_dns_cache=None))
+            auto_decompress=False, read_bufsize=buffer,
+            connector=TCPConnector(limit=0, ttl_dns_cache=None, socket_factory=lambda info: _pod_socket(info, buffer)))
 
     async def close(self) -> None:
         if self.session is not None:
@@ -372,8 +380,11 @@ class Router:
         return app
 
     def metrics_app(self) -> web.Application:
+        # /health here too, for the readiness probe: this port's connections are capped apart from the API
+        # port's, so a flood of clients at the API port's cap does not make the router pod unready.
         app = web.Application()
         app.router.add_get(routing.ROUTER_METRICS_PATH, self.metrics)
+        app.router.add_get(routing.ROUTER_HEALTH_PATH, self.health)
         return app
 
     async def health(self, request: web.Request) -> web.Response:
@@ -381,7 +392,9 @@ class Router:
             return web.Response(status=503, text="no ready vLLM pod\n")
         return web.Response(text="ok\n")
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    async def _read_body(self, request: web.Request) -> list[bytes]:
+        """The body as the chunks it came in, never joined: a joined copy would hold it twice, and the router
+        holds as many bodies at once as its budget allows."""
         limits = self.limits
         length = request.content_length
         if length is not None and length > limits.max_body_bytes:
@@ -406,11 +419,17 @@ class Router:
         except TimeoutError:
             self.body_bytes -= reserved
             raise BadRequest(408, f"the body did not arrive within {limits.body_timeout_s:g} s") from None
+        except RuntimeError:
+            # aiohttp's payload says "Connection closed." when the client left before (or while) its body came.
+            self.body_bytes -= reserved
+            if request.protocol is not None and request.protocol.connected:
+                raise
+            raise BadRequest(400, "the client closed its connection before its body arrived") from None
         except BaseException:
             self.body_bytes -= reserved
             raise
         request["reserved"] = reserved
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return parts
 
     async def _blocks(self, body: bytes) -> list[int]:
         cap = self.limits.parse_bytes
@@ -424,23 +443,26 @@ class Router:
     async def forward(self, request: web.Request) -> web.StreamResponse:
         try:
             path, query = forwarded_path(request.raw_path, request.method)
-            body = await self._read_body(request) if request.method == "POST" else b""
+            parts = await self._read_body(request) if request.method == "POST" else []
         except BadRequest as exc:
             self.log(f"spillway route: refused {request.method[:16]} {request.raw_path[:120]!r}: {exc.status} {exc}")
             return _error(exc.status, str(exc))
         try:
             try:
-                blocks = await self._blocks(body) if request.method == "POST" else []
+                blocks = await self._blocks(_head(parts, self.limits.parse_bytes)) if request.method == "POST" else []
             except BadRequest as exc:
                 self.log(f"spillway route: refused a body for {path}: {exc.status} {exc}")
                 return _error(exc.status, str(exc))
-            return await self._proxy(request, path + (f"?{query}" if query else ""), body, blocks)
+            return await self._proxy(request, path + (f"?{query}" if query else ""), parts, blocks)
         finally:
             self.body_bytes -= request.get("reserved", 0)
 
-    async def _proxy(self, request: web.Request, target: str, body: bytes, blocks: list[int]) -> web.StreamResponse:
+    async def _proxy(self, request: web.Request, target: str, parts: list[bytes],
+                     blocks: list[int]) -> web.StreamResponse:
         assert self.session is not None
         headers = end_to_end(request.headers)
+        if request.method == "POST":
+            headers["Content-Length"] = str(sum(map(len, parts)))
         limits = self.limits
         tried: list[str] = []
         for attempt in range(limits.attempts):
@@ -460,7 +482,7 @@ class Router:
             try:
                 try:
                     async with asyncio.timeout(limits.first_byte_timeout_s):
-                        upstream = await self.session.request(request.method, f"{worker}{target}", data=body,
+                        upstream = await self.session.request(request.method, f"{worker}{target}", data=_sent(parts),
                                                               headers=headers, allow_redirects=False)
                 except (ClientConnectorError, ConnectionTimeoutError, ServerDisconnectedError) as exc:
                     # Nothing came back: the request is sent on to the next pod along the ring.
@@ -506,23 +528,30 @@ class Router:
             for key, value in end_to_end(upstream.headers).items():
                 response.headers.add(key, value)
             await response.prepare(request)
-            read = self.limits.read_timeout_s
-            loop = asyncio.get_running_loop()
-            async with asyncio.timeout(loop.time() + read) as deadline:
-                while chunk := await upstream.content.readany():
-                    try:
+            read, write = self.limits.read_timeout_s, self.limits.write_timeout_s
+            while True:
+                async with asyncio.timeout(read):
+                    chunk = await upstream.content.readany()
+                try:
+                    # A write waits only when the client's buffers are full: a client that takes nothing for
+                    # write_timeout is cut, so a stopped reader holds its connection and the pod's no longer.
+                    async with asyncio.timeout(write):
+                        if not chunk:
+                            await response.write_eof()
+                            return response
                         await response.write(chunk)
-                    except (ClientConnectionError, ConnectionError):
-                        return response  # the client left: nothing to tell it
-                    deadline.reschedule(loop.time() + read)
-            await response.write_eof()
-            return response
+                except TimeoutError:
+                    self.log(f"spillway route: a client took nothing of the answer from {worker} for {write:g} s; "
+                             f"closing its connection")
+                    _reset(request.transport)
+                    return response
+                except (ClientConnectionError, ConnectionError):
+                    return response  # the client left: nothing to tell it
         except (TimeoutError, ClientError, OSError) as exc:
             series.upstream_errors.inc()
             self.log(f"spillway route: the answer from {worker} was cut ({exc.__class__.__name__}); cutting the "
                      f"client's too")
-            if request.transport is not None:
-                request.transport.abort()
+            _reset(request.transport)
             return response
         finally:
             upstream.release()
@@ -534,6 +563,48 @@ class Router:
     def exposition(self) -> bytes:
         """Prometheus text format (prometheus_client's, of the router's own registry)."""
         return self.router_metrics.exposition()
+
+
+def _head(parts: list[bytes], cap: int) -> bytes:
+    """The whole body when it is at most `cap` bytes, else its leading chunks up to just past `cap` (all that
+    parse_body reads of it)."""
+    taken, size = [], 0
+    for part in parts:
+        taken.append(part)
+        size += len(part)
+        if size > cap:
+            break
+    return taken[0] if len(taken) == 1 else b"".join(taken)
+
+
+def _sent(parts: list[bytes]):
+    """A body for aiohttp to send as it is (its Content-Length set by the caller): one chunk as bytes, more as
+    an iterator over them, made anew for each attempt."""
+    if len(parts) <= 1:
+        return parts[0] if parts else b""
+
+    async def chunks():
+        for part in parts:
+            yield part
+
+    return chunks()
+
+
+_LINGER_RESET = struct.pack("ii", 1, 0)
+
+
+def _reset(transport) -> None:
+    """Cut a client's connection with a reset, now: without SO_LINGER 0 the kernel would keep the socket to
+    send what is queued, so a client that stopped reading would see no error and its buffers stay held."""
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    try:
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    except OSError:
+        pass  # already gone
+    transport.abort()
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -577,8 +648,20 @@ async def follow_workers(router: Router, discover: Callable[[], list[str]], poll
             pass
 
 
-def _cap_connections(runner: web.AppRunner, cap: int) -> None:
-    """Connections beyond `cap` are closed as they open: a flood of idle or half-sent requests takes no more."""
+def _pod_socket(info, buffer: int) -> socket.socket:
+    """A socket to a pod whose kernel buffers are fixed at `buffer` each way (set before connecting, so the
+    window the pod is offered is that small from the start); the body sent is held above them anyway."""
+    family, kind, proto, _, _ = info
+    sock = socket.socket(family=family, type=kind, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+    return sock
+
+
+def _cap_connections(runner: web.AppRunner, cap: int, buffer: int) -> None:
+    """Connections beyond `cap` are closed as they open: a flood of idle or half-sent requests takes no more.
+    Each connection's send buffers, in the kernel and above it, are fixed at `buffer`: a client that stops
+    reading holds that much, where the kernel would grow its buffer to megabytes."""
     server = runner.server
     assert server is not None
     accept = server.connection_made
@@ -586,7 +669,18 @@ def _cap_connections(runner: web.AppRunner, cap: int) -> None:
     def connection_made(handler, transport) -> None:
         accept(handler, transport)
         if len(server.connections) > cap:
-            transport.abort()
+            # After the handler's task has started (scheduled next): aborted here, the connection would be
+            # lost before the task ran, and aiohttp would log a traceback for each one.
+            asyncio.get_running_loop().call_soon(transport.abort)
+            return
+        sock = transport.get_extra_info("socket")
+        try:
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, routing.ROUTER_RECEIVE_BUFFER_BYTES)
+            transport.set_write_buffer_limits(high=buffer)
+        except OSError:
+            pass  # a connection already reset: nothing to bound
 
     server.connection_made = connection_made  # type: ignore[method-assign]
 
@@ -607,9 +701,12 @@ async def serve(router: Router, discover: Callable[[], list[str]], *, host: str 
     try:
         for runner, bind in zip(runners, (port, metrics_port)):
             await runner.setup()
-            _cap_connections(runner, router.limits.max_connections)
+            _cap_connections(runner, router.limits.max_connections, router.limits.stream_buffer_bytes)
             try:
-                await web.TCPSite(runner, host, bind).start()
+                # A backlog as deep as the cap (aiohttp's 128 at least): a burst of connections waits to be
+                # accepted (or closed at the cap) rather than for SYN retransmits of a full queue, seconds each.
+                backlog = max(LISTEN_BACKLOG, router.limits.max_connections)
+                await web.TCPSite(runner, host, bind, backlog=backlog).start()
             except (OSError, UnicodeError, ValueError) as exc:  # UnicodeError: a name IDNA cannot encode
                 reason = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
                 raise ListenError(f"spillway route: cannot listen on {host[:80]}:{bind}: {reason}") from None
@@ -652,6 +749,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    metavar="SECONDS", help="for a pod's first byte of an answer (then 504)")
     p.add_argument("--read-timeout", type=float, default=routing.ROUTER_READ_TIMEOUT_S, metavar="SECONDS",
                    help="between two chunks of a pod's answer (then the answer is cut)")
+    p.add_argument("--write-timeout", type=float, default=routing.ROUTER_WRITE_TIMEOUT_S, metavar="SECONDS",
+                   help="for a client to take the next piece of an answer (then its connection is closed)")
     p.set_defaults(func=cmd_route)
 
 
@@ -710,7 +809,8 @@ def limits_from(args: argparse.Namespace) -> Limits:
                   header_timeout_s=_seconds(args.header_timeout, "--header-timeout"),
                   body_timeout_s=_seconds(args.body_timeout, "--body-timeout"),
                   first_byte_timeout_s=_seconds(args.first_byte_timeout, "--first-byte-timeout"),
-                  read_timeout_s=_seconds(args.read_timeout, "--read-timeout"))
+                  read_timeout_s=_seconds(args.read_timeout, "--read-timeout"),
+                  write_timeout_s=_seconds(args.write_timeout, "--write-timeout"))
 
 
 def cmd_route(args: argparse.Namespace) -> int:

@@ -103,8 +103,10 @@ def publish_events(deployment: dict[str, Any]) -> dict[str, Any]:
 # -- kv-aware -----------------------------------------------------------------------------------------------
 
 def _router_probe(path: str, period: int, failures: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": names.PORT_NAME_HTTP}, "periodSeconds": period, "timeoutSeconds": 3,
-            "failureThreshold": failures}
+    # The metrics port, which serves /health too: the API port closes connections beyond its cap as they
+    # open, and a flood of clients there would fail the probe and take the router out of its Service.
+    return {"httpGet": {"path": path, "port": names.PORT_NAME_METRICS}, "periodSeconds": period,
+            "timeoutSeconds": 3, "failureThreshold": failures}
 
 
 def pool_blocks(spec: ModelServerSpec, result: Plan) -> int:

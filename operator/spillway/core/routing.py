@@ -61,6 +61,14 @@ ROUTER_BODY_TIMEOUT_S = 30.0
 ROUTER_CONNECT_TIMEOUT_S = 3.0  # a pod on the cluster network answers a SYN in milliseconds
 ROUTER_FIRST_BYTE_TIMEOUT_S = 300.0  # a long prompt queued behind others: minutes at most
 ROUTER_READ_TIMEOUT_S = 60.0  # between two chunks of an answer (a token is milliseconds)
+ROUTER_WRITE_TIMEOUT_S = 30.0  # for a client to take the next piece of an answer (a slow or stopped reader)
+# What one answer in passage may hold in the router, each way: the kernel send buffer of a client's socket and
+# the receive buffer of a pod's (fixed, where the kernel would grow each to megabytes for a reader that stops),
+# and the bytes queued in the process above each.
+ROUTER_STREAM_BUFFER_BYTES = 16 << 10
+# The kernel receive buffer of a client's socket, fixed too: a request body flows in at this much per round
+# trip (256 KiB per 50 ms is 5 MB/s), where the kernel would grow it to tens of megabytes per connection.
+ROUTER_RECEIVE_BUFFER_BYTES = 256 << 10
 ROUTER_ATTEMPTS = 3  # a request whose connection failed before any byte came back goes on to the next pod
 # The router's memory: its process (46 MiB peak RSS after 200 requests, tests/routing/upstreams.py's
 # RouterProcess.peak_rss_bytes, with room for a body's copy while it is joined and parsed), the request
