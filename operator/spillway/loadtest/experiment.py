@@ -320,7 +320,9 @@ class Experiment:
     def add_parser(self, sub: argparse._SubParsersAction) -> None:
         parser = sub.add_parser(self.name, help=self.help, description=self.help)
         parser.__class__ = _RunUnlessNamed  # add_parser builds the parser itself; this only adds the default
-        actions = parser.add_subparsers(dest=f"{self.name}_command", required=True, parser_class=argparse.ArgumentParser)
+        # run's and report's own parsers take their arguments as given (the default only applies one level up)
+        actions = parser.add_subparsers(dest=f"{self.name}_command", required=True,
+                                        parser_class=argparse.ArgumentParser)
         run = actions.add_parser(RUN, help=self.run_help)
         defaults = self.plan()
         group = run.add_argument_group("plan")
