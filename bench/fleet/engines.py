@@ -72,7 +72,8 @@ async def main(args: argparse.Namespace) -> dict:
         if "restart" in args.scenarios:
             name = "restart-3"
             w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
-            r = await F.restart(servers, 3, w, restarted=0, before_requests=n // 2, after_requests=n, concurrency=c)
+            r = await F.restart(servers, 3, w, restarted=0, before_requests=n // 2,
+                                down_requests=args.down_requests, after_requests=n, concurrency=c)
             down = r["down"]
             record(r, line("restart, 3 pods: before", r["before"]) + "\n"
                    + f"{'  down':<28} {down['requests']} requests over {down['seconds']} s, errors "
@@ -96,6 +97,7 @@ if __name__ == "__main__":
     parser.add_argument("--prefixes", type=int, default=12)
     parser.add_argument("--prefix-blocks", type=int, default=3, help="blocks of 32 tokens per prefix (a pool holds 38)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of the Zipf comparison")
+    parser.add_argument("--down-requests", type=int, default=40, help="requests sent while a replica restarts")
     parser.add_argument("--hot", type=float, default=0.6, help="the hot prefix's share of the requests")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--out", type=Path)

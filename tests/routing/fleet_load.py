@@ -166,17 +166,15 @@ async def _one(session: aiohttp.ClientSession, url: str, ids: list[int]) -> tupl
 
 
 async def drive(routers: Sequence[str], workload: Workload, requests: Iterator[tuple[int, int]], *,
-                concurrency: int, count: int | None = None, stop: asyncio.Event | None = None,
-                load: Load | None = None, pause_s: float = 0.0) -> Load:
-    """Send the next requests, `concurrency` at a time, each to a router chosen at random, until `count` were
-    sent or `stop` is set (then those in flight finish)."""
+                concurrency: int, count: int, load: Load | None = None) -> Load:
+    """Send the next `count` requests, `concurrency` at a time, each to a router pod chosen at random."""
     load = load or Load()
     rng = random.Random(repr((workload.name, workload.seed, "routers", len(routers))))
     sent = 0
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal sent
-        while (count is None or sent < count) and not (stop is not None and stop.is_set()):
+        while sent < count:
             try:
                 p, i = next(requests)
             except StopIteration:
@@ -185,8 +183,6 @@ async def drive(routers: Sequence[str], workload: Workload, requests: Iterator[t
             r = rng.randrange(len(routers))
             ttft, error = await _one(session, routers[r], workload.prompt(p, i))
             load.outcomes.append(Outcome(p, r, not error, ttft, error))
-            if pause_s:
-                await asyncio.sleep(pause_s)
 
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -301,11 +297,16 @@ async def scale_up(servers: Sequence[VllmServer], pods: int, workload: Workload,
 
 
 async def restart(servers: Sequence[VllmServer], pods: int, workload: Workload, *, restarted: int,
-                  before_requests: int, after_requests: int, concurrency: int, down_pause_s: float = 0.5) -> dict:
+                  before_requests: int, down_requests: int, after_requests: int, concurrency: int) -> dict:
     """Requests through `pods` router pods; then, between requests (none in flight), the replica
-    `restarted` is stopped and started again on its port while requests keep coming (one at a time, the
-    replica still listed, as in the seconds before DNS drops a pod); from its Ready on, `after_requests` more.
-    Its share of those, and every client error throughout, are the figures."""
+    `restarted` is stopped and started again on its port, and `down_requests` are sent one at a time while
+    it starts (the replica still listed, as in the seconds before DNS drops a pod: each request its arcs draw
+    meets a refused connection); from its Ready on, `after_requests` more. Its share of those, and every
+    client error throughout, are the figures.
+
+    The requests while it starts are few on purpose: the engines' OpenMP threads spin while they serve, on
+    the cores every engine binds, and on 2 cores an engine starting beside two serving ones took 6-8 minutes
+    instead of about one."""
     target = servers[restarted]
     loop = asyncio.get_running_loop()
     with router_pods(servers, pods) as routers:
@@ -315,15 +316,11 @@ async def restart(servers: Sequence[VllmServer], pods: int, workload: Workload, 
         first = await drive(urls, workload, stream, concurrency=concurrency, count=before_requests)
         mid = await scrape_all(servers)
         await loop.run_in_executor(None, target.stop)
-        down, stop = Load(), asyncio.Event()
-        during = asyncio.ensure_future(drive(urls, workload, stream, concurrency=1, stop=stop, load=down,
-                                             pause_s=down_pause_s))
         stopped_at = time.monotonic()
         target.launch()  # from this thread: the server dies with the thread that launched it
+        down = await drive(urls, workload, stream, concurrency=1, count=down_requests)
         await loop.run_in_executor(None, target.wait_started)
         down_s = time.monotonic() - stopped_at
-        stop.set()
-        await during
         ready = await scrape_all(servers)
         timeline: list[tuple[float, int]] = []
         sampling = asyncio.ensure_future(_sample(target, timeline))

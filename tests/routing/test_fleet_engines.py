@@ -89,11 +89,11 @@ def test_a_hot_prefix_spreads_before_its_owner_queues(replicas, capsys):
 
 def test_a_restarted_replica_takes_its_share_and_no_client_sees_it(replicas, capsys):
     """Requests through 3 router pods; replica 0's vLLM is stopped between requests (none in flight to it) and
-    started again on its port while requests keep coming, the replica still listed as in the seconds before
-    DNS drops a pod. Its refused connections go on along the ring; once it is Ready its arcs are its own
+    started again on its port; requests come while it starts, the replica still listed as in the seconds
+    before DNS drops a pod. Its refused connections go on along the ring; once it is Ready its arcs are its own
     again (its pool empty), so it takes its share of the next requests at once."""
     r = asyncio.run(F.restart(replicas, 3, _workload(replicas, "restart"), restarted=0, before_requests=40,
-                              after_requests=90, concurrency=CONCURRENCY))
+                              down_requests=30, after_requests=90, concurrency=CONCURRENCY))
     _show(capsys, restart=r)
     for phase in (r["before"], r["down"], r["after"]):
         assert phase["client_errors"] == 0, phase["error_samples"]
