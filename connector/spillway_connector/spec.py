@@ -177,9 +177,10 @@ class _Probed:
         if self._spillway_pool is None:
             manager = super().get_manager()  # type: ignore[misc]
             pin, release = batched_prepare_load(manager), batched_complete_load(manager)
+            prepare_load = pin
             for _, tier in guarded_tiers(manager):  # a pool hit makes the disk tier's files young too
-                pin = tier.touching(pin or manager.prepare_load)
-            self._spillway_pool = PoolProbe(manager, pool_capacity_chunks(manager), prepare_load=pin,
+                prepare_load = tier.touching(prepare_load or manager.prepare_load)
+            self._spillway_pool = PoolProbe(manager, pool_capacity_chunks(manager), prepare_load=prepare_load,
                                             complete_load=release)
             logger.info("spillway_connector: %s's manager %s with the pool probe; batched pin %s, release %s",
                         type(self).__name__, type(manager).__name__, "on" if pin else "off",
