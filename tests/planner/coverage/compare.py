@@ -7,6 +7,7 @@ refused: the planner refuses it, saying why; `vllm_offloads` tells whether vLLM 
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,9 @@ class Status:
     vllm_refusal: str = ""  # vllm_offloads False: vLLM's own message, with the settings a plan renders
 
 
+@functools.lru_cache(maxsize=1)
 def load_truth() -> dict:
+    """truth.json, parsed once per process (2.5 MB; every status and row reads it). Callers do not modify it."""
     return json.loads(TRUTH_PATH.read_text())
 
 
