@@ -154,17 +154,18 @@ def recorded_specs(entry: dict) -> dict[str, dict]:
     return specs
 
 
-def add_release(truth: dict, version: str, tree: str, work: Path) -> None:
+def add_release(truth: dict, version: str, tree: str, work: Path, only: set[str] = frozenset()) -> None:
     """Another release's answer as entry["releases"][version], and that release's registry: which architectures it
     serves by name, and in which registry (truth["registries"][version]). Each recorded config is built again with
     that release's own config classes and model code (_overlay of its tree; record_specs.py); its answer is that
     release's grouping, KV-cache config, offloading config and CPU spec (the sources stage) on those specs. Where its
     model code does not build on the CPU engine (a CUDA-only kernel, flashinfer), 0.33's specs stand in, and the
-    entry says so (specs_from, with that release's message)."""
+    entry says so (specs_from, with that release's message). `only`: these architectures; the others keep theirs."""
     entries = truth["architectures"]
     served = registry_architectures(tree)
     truth.setdefault("registries", {})[version] = {arch: kind for arch, (kind, _module) in sorted(served.items())}
-    recorded = {arch: e for arch, e in entries.items() if e.get("layer_specs") and arch in served}
+    recorded = {arch: e for arch, e in entries.items() if e.get("layer_specs") and arch in served
+                and (not only or arch in only)}
     work = work / f"release-{version}"
     work.mkdir(parents=True, exist_ok=True)
     overlay = _overlay(tree, work)
@@ -198,6 +199,8 @@ def add_release(truth: dict, version: str, tree: str, work: Path) -> None:
         releases = entry.setdefault("releases", {})
         if arch not in served:
             releases.pop(version, None)
+            continue
+        if only and arch not in only:
             continue
         answer = answers.get(arch)
         if answer is None:
@@ -391,7 +394,7 @@ def main() -> None:
              "new": json.loads(TRUTH.read_text()).get("new", {}) if only and TRUTH.exists() else {}}
     for version in LATER_RELEASES:
         if _tree(version):
-            add_release(truth, version, _tree(version), work)
+            add_release(truth, version, _tree(version), work, only)
             if not only:
                 record_new(truth, version, _tree(version), work)
     _write(entries, {"registries": truth.get("registries", {}), "new": truth.get("new", {})})
