@@ -262,11 +262,15 @@ async def zipf(servers: Sequence[VllmServer], pods: int, workload: Workload, *, 
                concurrency: int) -> dict:
     """`requests` of the workload through `pods` router pods over every replica."""
     with router_pods(servers, pods) as routers:
+        _LIVE_ROUTERS[:] = routers
         urls = [r.base_url for r in routers]
-        before = await scrape_all(servers)
-        load = await drive(urls, workload, workload.requests(), concurrency=concurrency, count=requests)
-        after = await scrape_all(servers)
-        spilled = overloaded(routers)
+        try:
+            before = await scrape_all(servers)
+            load = await drive(urls, workload, workload.requests(), concurrency=concurrency, count=requests)
+            after = await scrape_all(servers)
+            spilled = overloaded(routers)
+        finally:
+            _LIVE_ROUTERS.clear()
     owners = workload.owners([s.base_url for s in servers])
     return {"scenario": workload.name, "routers": pods, "concurrency": concurrency,
             "best_hit_share": round(workload.best_hit(requests), 4), **figures(before, after, load),
@@ -353,13 +357,35 @@ async def _sample(server: VllmServer, timeline: list[tuple[float, int]]) -> None
         await asyncio.sleep(0.5)
 
 
+# The router pods of the scenario running now, for the sampler below (zipf() starts them).
+_LIVE_ROUTERS: list[SpillwayRouter] = []
+
+
+async def _in_flight_peak(worker: str, peaks: list[float]) -> None:
+    """The requests the router pods together hold in flight to `worker`, read from their gauges every 50 ms."""
+    loop = asyncio.get_running_loop()
+    while True:
+        routers = list(_LIVE_ROUTERS)
+        if routers:
+            texts = await asyncio.gather(*(loop.run_in_executor(None, r.metrics_text) for r in routers))
+            peaks.append(sum(total(t, routing.ROUTER_METRIC_IN_FLIGHT, **{routing.ROUTER_LABEL_WORKER: worker})
+                             for t in texts))
+        await asyncio.sleep(0.05)
+
+
 async def hot(servers: Sequence[VllmServer], pods: int, workload: Workload, *, requests: int,
               concurrency: int) -> dict:
     """The workload with a hot prefix: how many of the requests the hot prefix's owner's arcs draw it passed
     on to other replicas, and each replica's queue wait."""
-    result = await zipf(servers, pods, workload, requests=requests, concurrency=concurrency)
-    owner = result["hot_owner"]
     owners = workload.owners([s.base_url for s in servers])
+    peaks: list[float] = []
+    sampling = asyncio.ensure_future(_in_flight_peak(owners[0], peaks))
+    try:
+        result = await zipf(servers, pods, workload, requests=requests, concurrency=concurrency)
+    finally:
+        sampling.cancel()
+    result["owner_in_flight_peak"] = int(max(peaks, default=0))
+    owner = result["hot_owner"]
     drawn = sum(1 for p, _ in zip_n(workload.requests(), requests) if owners[p] == servers[owner].base_url)
     result["owner_drawn"] = drawn
     result["owner_served"] = result["replica_requests"][owner]

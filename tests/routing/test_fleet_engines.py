@@ -10,8 +10,9 @@ shares from the replicas' own /metrics.
 - a replica stopped and started again on its port, between requests, while requests keep coming: no client
   sees an error (a failed connection goes on to the next replica along the ring), every router pod sees the
   restart, and the replica takes at least half its even share of the requests after its Ready;
-- a prefix with 60% of the requests: its owner passes part of them to the next replica along the ring (the
-  load bound, relative to the mean, acts at 4 in flight), and the hit share stays near the best possible.
+- a prefix with 60% of the requests: its owner never holds more than the load bound (2 at 4 in flight, the
+  requests its engine runs at once) and passes the rest to the next replica along the ring; the hit share
+  stays near the best possible.
 
 Seeds are picked so that every replica's ring arcs draw at least a fifth of the requests
 (fleet_load.balanced_seed): the shares measured here are the router's, not the ring's luck with the ports.
@@ -20,10 +21,12 @@ bench/fleet/engines.py runs the same scenarios with more requests and prints TTF
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 from routing import fleet_load as F
 from routing.replicas import REPLICAS, start_replicas
+from spillway.core import affinity as A
 
 pytestmark = pytest.mark.engine
 
@@ -73,17 +76,18 @@ def test_a_joining_replica_takes_its_share(replicas, capsys):
 
 
 def test_a_hot_prefix_spreads_before_its_owner_queues(replicas, capsys):
-    """60% of the requests share one prefix. With 4 in flight over 3 replicas the bound (1.25 x the mean, at
-    least 2) keeps the owner at 2, the batch its engine runs at once (max_num_seqs), and passes the rest to
-    the next replica along the ring, which then holds the prefix too."""
-    requests = 120
+    """60% of the requests share one prefix. With 4 in flight over 3 replicas, 3 others are in flight at each
+    decision and the bound is ceil(1.25 x 4 / 3) = 2: the owner holds at most 2, the batch its engine runs
+    at once (max_num_seqs), and a request of its arcs beyond that goes to the next replica along the ring,
+    which then holds the prefix too. How often the owner runs 2 depends on how fast its hits are served
+    against the other replicas' misses, so the test asserts that the bound acted and held, not how often."""
     w = _workload(replicas, "hot", hot=0.6)
-    r = asyncio.run(F.hot(replicas, 1, w, requests=requests, concurrency=CONCURRENCY))
+    r = asyncio.run(F.hot(replicas, 1, w, requests=120, concurrency=CONCURRENCY))
     _show(capsys, hot=r)
     assert r["client_errors"] == 0, r["error_samples"]
-    hot_requests = sum(1 for p, _ in F.zip_n(w.requests(), requests) if p == 0)
-    assert r["overloaded"] > 0
-    assert r["owner_passed_on"] >= 0.1 * hot_requests, r
+    bound = max(A.MIN_BOUND, math.ceil(A.DEFAULT_LOAD_FACTOR * CONCURRENCY / REPLICAS))
+    assert r["owner_in_flight_peak"] <= bound, r  # sampled from the router's gauge every 50 ms
+    assert r["overloaded"] > 0 and r["owner_passed_on"] > 0, r
     assert r["cpu_hit_share"] >= 0.8 * r["best_hit_share"], r
 
 
