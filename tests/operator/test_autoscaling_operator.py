@@ -12,9 +12,8 @@ import kmock
 import kubernetes
 import pytest
 from spillway.controller import autoscaling as S
-from spillway.core import k8s_names as names
 from support.ms_api import Api
-from support.ms_cluster import AUTOSCALERS, Apiserver, EmulatedCluster, Operator, eventually
+from support.ms_cluster import AUTOSCALERS, Apiserver, EmulatedCluster, eventually
 from test_ms_operator import wait_planned
 
 KEDA = f"{S.KEDA_GROUP}/{S.KEDA_VERSION}/{S.KEDA_PLURAL}"
@@ -58,19 +57,7 @@ def cluster(request, tmp_path_factory):
         yield emulated
 
 
-@pytest.fixture(scope="module")
-def operator(cluster, tmp_path_factory):
-    running = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "kopf.log",
-                       {names.ENV_RETRY_SECONDS: "1"}).start()
-    yield running
-    alive = running.alive()
-    running.kill()
-    assert alive, "the operator died during the tests:\n" + running.output()[-5000:]
-
-
-@pytest.fixture()
-def api(cluster, operator):
-    return Api(cluster)
+# `operator` and `api` are the shared ones (support/operator_fixtures.py), over this module's `cluster`.
 
 
 def autoscalers(api: Api, cluster: AutoscalingCluster) -> dict[str, list[str]]:

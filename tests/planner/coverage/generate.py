@@ -242,20 +242,24 @@ def record_new(truth: dict, version: str, tree: str, work: Path, only: set[str] 
             new[arch] = entry
             continue
         entry["config"] = configs[arch]
-        entry.update(_entry_specs(arch, specs[arch], answers, f"{version.rsplit('.', 1)[0]} model code"))
+        code = f"{version.rsplit('.', 1)[0]} model code"
+        entry.update(_entry_specs(arch, specs[arch], answers,
+                                  code + (" of the language model" if arch in LANGUAGE_MODELS else "")))
         new[arch] = entry
 
 
-def _entry_specs(arch: str, record: dict, answers: dict, code: str) -> dict:
-    """A recorded architecture's specs and vLLM's answer, or the step that failed with vLLM's message."""
+def _entry_specs(arch: str, record: dict, answers: dict, specs_from: str | None) -> dict:
+    """A recorded architecture's specs and vLLM's answer, or the step that failed with vLLM's message;
+    `specs_from`: whose code built the specs, where it is not the release's own."""
     if "error" in record:
         return {"error": {"step": "model", "message": record["error"]}}
     entry = {"vllm_block_size": record["block_size"],
              "requested_block_size": record.get("requested_block_size", record["block_size"]),
-             "mamba_ssm_cache_dtype": record["mamba_ssm_cache_dtype"], "layer_specs": run_length(record["layer_specs"]),
-             "specs_from": code + (" of the language model" if arch in LANGUAGE_MODELS else "")}
+             "mamba_ssm_cache_dtype": record["mamba_ssm_cache_dtype"], "layer_specs": run_length(record["layer_specs"])}
     if arch in AMX_MLA:
-        entry["specs_from"] += ", as on an AMX host"
+        specs_from = ", ".join(filter(None, [specs_from, "as on an AMX host"]))
+    if specs_from:
+        entry["specs_from"] = specs_from
     if not record["layer_specs"]:
         entry["error"] = {"step": "model", "message": "vLLM builds no layer with a KV cache"}
     elif "error" in answers[arch]:
@@ -367,28 +371,14 @@ def main() -> None:
         else:
             entry["config"] = configs[arch]
             record = specs[arch]
-            if "error" in record:
-                entry["error"] = {"step": "model", "message": record["error"]}
-            else:
-                entry["vllm_block_size"] = record["block_size"]
-                entry["requested_block_size"] = record.get("requested_block_size", record["block_size"])
-                entry["mamba_ssm_cache_dtype"] = record["mamba_ssm_cache_dtype"]
-                entry["layer_specs"] = run_length(record["layer_specs"])
-                if record.get("source"):
-                    entry["specs_from"] = "source"
-                elif record.get("code") == "0.33":
-                    entry["specs_from"] = "0.33 model code" + (" of the language model" if arch in LANGUAGE_MODELS
-                                                               else "")
-                elif arch in LANGUAGE_MODELS:
-                    entry["specs_from"] = "language model"
-                if arch in AMX_MLA:
-                    entry["specs_from"] = ", ".join(filter(None, [entry.get("specs_from"), "as on an AMX host"]))
-                if not record["layer_specs"]:
-                    entry["error"] = {"step": "model", "message": "vLLM builds no layer with a KV cache"}
-                elif "error" in answers[arch]:
-                    entry["error"] = {"step": "offload", "message": answers[arch]["error"][:600]}
-                else:
-                    entry["vllm"] = {k: answers[arch][k] for k in ("groups", "window_chunks", "offload", "tokens_held")}
+            specs_from = None
+            if record.get("source"):
+                specs_from = "source"
+            elif record.get("code") == "0.33":
+                specs_from = "0.33 model code" + (" of the language model" if arch in LANGUAGE_MODELS else "")
+            elif arch in LANGUAGE_MODELS:
+                specs_from = "language model"
+            entry.update(_entry_specs(arch, record, answers, specs_from))
         entries[arch] = entry
     truth = {"architectures": entries,
              "new": json.loads(TRUTH.read_text()).get("new", {}) if only and TRUTH.exists() else {}}
