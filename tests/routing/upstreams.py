@@ -7,6 +7,7 @@ import http.client
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,15 +27,19 @@ BLOCK = 16
 class Upstream(http.server.ThreadingHTTPServer):
     """A stand-in pod. `mode`: "ok" (a JSON answer naming the pod), "hang" (reads the request, never answers),
     "cut" (announces 1,000 bytes, sends 10, closes), "cut-stream" (two chunks, then closes without the last),
-    "stall-stream" (one chunk, then nothing). Its /metrics shows `start_time` as the process start."""
+    "stall-stream" (one chunk, then nothing), "big-stream" (`big_bytes` of events, as fast as they are taken).
+    Its /metrics shows `start_time` as the process start."""
 
     daemon_threads = True
+    request_queue_size = 1024  # a listen backlog for the router's bursts (the stdlib's 5 drops SYNs)
 
     def __init__(self, mode: str = "ok", port: int = 0) -> None:
         self.mode = mode
         self.start_time = 1_000.0
         self.seen: list[tuple[str, str, dict[str, str], int]] = []  # (method, path, headers, body bytes)
         self.answer_headers: dict[str, str] = {}
+        self.big_bytes = 8 << 20
+        self.cut_off = 0  # big-stream answers whose reader went away before the end
         self.release = threading.Event()
         outer = self
 
@@ -64,6 +69,20 @@ class Upstream(http.server.ThreadingHTTPServer):
                     self.end_headers()
                     self.wfile.write(b"x" * 10)
                     self.wfile.flush()
+                    self.close_connection = True
+                    return
+                if mode == "big-stream":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    data = b"data: " + b"x" * 16_370 + b"\n\n"
+                    try:
+                        for _ in range(outer.big_bytes // len(data)):
+                            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.write(b"0\r\n\r\n")
+                    except OSError:
+                        outer.cut_off += 1
                     self.close_connection = True
                     return
                 if mode in ("cut-stream", "stall-stream"):
@@ -188,6 +207,23 @@ def workers_file(path: Path, *upstreams: Upstream | str) -> Path:
 
 def prompt(prefix: int, suffix: int, blocks: int = 4) -> dict:
     return {"model": "m", "max_tokens": 1, "prompt": [prefix] * (blocks * BLOCK) + [suffix] * 5}
+
+
+def socket_buffer_bytes(pid: int) -> int:
+    """What the kernel holds in the process's TCP sockets' buffers (receive, send, queued), from `ss -tmp`."""
+    lines = subprocess.run(["ss", "-tmnpH"], capture_output=True, text=True, check=True).stdout.splitlines()
+    total = 0
+    for line, nxt in zip(lines, lines[1:]):  # noqa: RUF007 (pairs, as itertools.pairwise)
+        if f"pid={pid}," in line:
+            found = re.search(r"skmem:\(r(\d+),rb\d+,t(\d+),tb\d+,f\d+,w(\d+)", nxt)
+            if found:
+                total += sum(int(g) for g in found.groups())
+    return total
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The socket's TCP state (tcp_info.tcpi_state: 1 established), without reading what it holds."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
 
 
 def half_open(port: int, count: int) -> list[socket.socket]:

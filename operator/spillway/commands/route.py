@@ -419,10 +419,11 @@ class Router:
         except TimeoutError:
             self.body_bytes -= reserved
             raise BadRequest(408, f"the body did not arrive within {limits.body_timeout_s:g} s") from None
-        except RuntimeError:
-            # aiohttp's payload says "Connection closed." when the client left before (or while) its body came.
+        except (RuntimeError, ConnectionError) as exc:
+            # The client left before or while its body came: aiohttp's payload raises the reset, or says
+            # "Connection closed." (a RuntimeError) when the connection was gone before the read began.
             self.body_bytes -= reserved
-            if request.protocol is not None and request.protocol.connected:
+            if isinstance(exc, RuntimeError) and request.protocol is not None and request.protocol.connected:
                 raise
             raise BadRequest(400, "the client closed its connection before its body arrived") from None
         except BaseException:
