@@ -7,6 +7,7 @@ traceback or a hang. bench/router-attack/attack.py runs the attacks at once for 
 concurrent streams."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import time
@@ -153,3 +154,92 @@ def test_a_client_that_leaves_mid_body_is_one_log_line_at_most(tmp_path):
         log = router.stop()
         pod.stop()
     assert "Traceback" not in log, log[:2000]
+
+
+# -- HTTP shapes no other test sends -------------------------------------------------------------------------------
+
+def _raw(method: bytes = b"POST", target: bytes = b"/v1/completions", headers: list[bytes] | None = None,
+         body: bytes = STREAM, version: bytes = b"HTTP/1.1") -> bytes:
+    if headers is None:
+        headers = [b"Host: r", b"Content-Type: application/json", b"Content-Length: %d" % len(body)]
+    return b"%s %s %s\r\n" % (method, target, version) + b"\r\n".join(headers) + b"\r\n\r\n" + body
+
+
+def _length(body: bytes) -> bytes:
+    return b"Content-Length: %d" % len(body)
+
+
+HOSTILE_SHAPES = {
+    "odd method": _raw(method=b"BREW"),
+    "CONNECT": b"CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n",
+    "absolute target": _raw(target=b"http://10.0.0.1/v1/completions"),
+    "HTTP/1.0": _raw(version=b"HTTP/1.0"),
+    "HTTP/0.9": b"GET /health\r\n",
+    "HTTP/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    "5,000 headers": _raw(headers=[b"Host: r", _length(STREAM)] + [b"X-%d: a" % i for i in range(5000)]),
+    "a 200 KB header": _raw(headers=[b"Host: r", _length(STREAM), b"X-Big: " + b"a" * 200_000]),
+    "chunked": _raw(headers=[b"Host: r", b"Transfer-Encoding: chunked"],
+                    body=b"%x\r\n%s\r\n0\r\n\r\n" % (len(STREAM), STREAM)),
+    "a chunk size not hex": _raw(headers=[b"Host: r", b"Transfer-Encoding: chunked"], body=b"zz\r\nab\r\n0\r\n\r\n"),
+    "a chunk that never comes": _raw(headers=[b"Host: r", b"Transfer-Encoding: chunked"],
+                                     body=b"ffffffffffffffff\r\nab\r\n"),
+    "chunked and a length": _raw(headers=[b"Host: r", b"Transfer-Encoding: chunked", b"Content-Length: 5"],
+                                 body=b"0\r\n\r\n"),
+    "two lengths": _raw(headers=[b"Host: r", b"Content-Length: 3", _length(STREAM)]),
+    "a length of 10^20": _raw(headers=[b"Host: r", b"Content-Length: 99999999999999999999"], body=b""),
+    "Expect: 100-continue": _raw(headers=[b"Host: r", b"Expect: 100-continue", _length(STREAM)]),
+    "Expect: something else": _raw(headers=[b"Host: r", b"Expect: 999-never", _length(STREAM)]),
+    "50 pipelined": _raw() * 50,
+    "invalid UTF-8 in the body": _raw(body=b'{"prompt": "\xff\xfe\xc3"}'),
+    "invalid UTF-8 in the path": _raw(target=b"/v1/\xff\xfecompletions"),
+    "invalid UTF-8 in a header": _raw(headers=[b"Host: r", b"X-A: \xff\xfe", _length(STREAM)]),
+    "NUL in the path": _raw(target=b"/v1/completions\x00/x"),
+    "bare LF": _raw().replace(b"\r\n", b"\n"),
+    "a folded header": _raw(headers=[b"Host: r", b"X-A: a", b" folded", _length(STREAM)]),
+    "binary garbage": bytes(range(256)) * 100,
+    "a 100 KB path": _raw(target=b"/v1/" + b"a" * 100_000),
+    "1e400 in the JSON": _raw(body=b'{"prompt": [1e308], "max_tokens": 1e400}'),
+    "a 5,000-digit token id": _raw(body=b'{"prompt": [' + b"9" * 5000 + b"]}"),
+    "content parts of every type": _raw(target=b"/v1/chat/completions",
+                                        body=b'{"messages": [{"role": "user", "content": [{"type": "text", '
+                                             b'"text": 5}, null, 7]}]}'),
+}
+
+
+def _answer_or_close(port: int, data: bytes, wait_s: float) -> bytes:
+    """What the router sends back until it closes the connection (or `wait_s` passes: the caller fails it)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(wait_s)
+    got = b""
+    try:
+        with contextlib.suppress(OSError):
+            sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)  # nothing more comes: an answer or a close is due within the timeouts
+        while chunk := sock.recv(65536):
+            got += chunk
+    except TimeoutError:
+        got += b"<no close>"
+    except OSError:
+        pass  # reset: closed
+    finally:
+        sock.close()
+    return got
+
+
+def test_hostile_http_shapes_are_answered_or_closed_with_one_line_each(tmp_path):
+    """Each shape gets an HTTP answer or a closed connection within the header and body timeouts; a request
+    the parser refuses is a 400 and one log line (aiohttp logs its parser's traceback otherwise); the router
+    serves on afterwards."""
+    pod = Upstream()
+    router = RouterProcess(workers_file(tmp_path / "w", pod), "--header-timeout", "2", "--body-timeout", "2")
+    try:
+        for name, data in HOSTILE_SHAPES.items():
+            got = _answer_or_close(router.port, data, wait_s=15)
+            assert not got.endswith(b"<no close>"), (name, got[:200])
+            assert not got or got.startswith(b"HTTP/1."), (name, got[:200])
+        assert router.health() == 200 and router.post(prompt(1, 1))[0] == 200
+    finally:
+        log = router.stop()
+        pod.stop()
+    assert "Traceback" not in log, log[:3000]
+    assert log.count("malformed request, answered 400") >= 10, log[:3000]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 import posixpath
 import re
@@ -46,6 +47,7 @@ import orjson
 import uvloop
 from aiohttp import ClientConnectionError, ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from aiohttp.client_exceptions import ClientConnectorError, ConnectionTimeoutError, ServerDisconnectedError
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from ..core import affinity, routing
@@ -690,6 +692,35 @@ class ListenError(InvalidSpec):
     """The router cannot listen where it was told to."""
 
 
+class _OneLineForMalformed(logging.Handler):
+    """aiohttp answers a request it cannot parse (a bad method, header, chunk size or URL) with a 400 and logs
+    the parser's exception with its traceback (and so a write to a client that left, such as aiohttp's own
+    `100 Continue`): on a public endpoint that is a log flood any client can cause. Those are one line here; any
+    other exception keeps its traceback (it is the router's bug)."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self._log = log
+        self.setFormatter(logging.Formatter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            reason = (exc.message or exc.__class__.__name__).splitlines()[0][:200]
+            self._log(f"{record.getMessage()[:200]}: malformed request, answered {exc.code}: {reason}")
+        elif isinstance(exc, ConnectionResetError):  # e.g. its `100 Continue` to a client already gone
+            self._log(f"{record.getMessage()[:200]}: the client's connection closed before the answer")
+        else:
+            self._log(self.format(record))
+
+
+def _http_logger(log: Callable[[str], None]) -> logging.Logger:
+    logger = logging.getLogger("spillway.route.http")
+    logger.propagate = False
+    logger.handlers = [_OneLineForMalformed(log)]
+    return logger
+
+
 async def serve(router: Router, discover: Callable[[], list[str]], *, host: str = "0.0.0.0",
                 port: int = routing.ROUTER_PORT, metrics_port: int = routing.ROUTER_METRICS_PORT,
                 poll_s: float = POLL_SECONDS, stopped: asyncio.Event | None = None) -> None:
@@ -697,8 +728,9 @@ async def serve(router: Router, discover: Callable[[], list[str]], *, host: str 
     await router.start()
     # keepalive_timeout: aiohttp closes a connection that has not sent a whole request's headers this long
     # after it opened or after its last answer, which is the header timeout (slow or half-sent headers).
-    runners = [web.AppRunner(router.app(), access_log=None, keepalive_timeout=router.limits.header_timeout_s),
-               web.AppRunner(router.metrics_app(), access_log=None, keepalive_timeout=router.limits.header_timeout_s)]
+    logger = _http_logger(router.log)
+    runners = [web.AppRunner(app, access_log=None, keepalive_timeout=router.limits.header_timeout_s, logger=logger)
+               for app in (router.app(), router.metrics_app())]
     try:
         for runner, bind in zip(runners, (port, metrics_port)):
             await runner.setup()
