@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -587,11 +588,48 @@ _START_LINE = re.compile(r"mmap|CPU tensors|[Rr]egister|offload|spillway_connect
                          r"Graph capturing|torch.compile|init engine|KV cache size|Starting vLLM|Application startup")
 
 
+async def run_verify(url: str, spec: dict, out_dir: Path, deadline: float) -> list[dict]:
+    """`spillway loadtest verify run` against this engine, once per argument list of the spec's "verify"."""
+    out = []
+    for i, extra in enumerate(spec["verify"]):
+        path = out_dir / f"verify-{spec['name']}-{i}.json"
+        cmd = [sys.executable, "-m", "spillway.loadtest", "verify", "run", "--endpoint", url, "-o", str(path),
+               "--label", f"engine={spec['name']}", *extra]
+        log(f"  spillway loadtest {' '.join(cmd[3:])}")
+        t0 = time.time()
+        rc, text = await run_subprocess(cmd, out_dir / f"verify-{spec['name']}-{i}.log", deadline)
+        for line in text.splitlines()[-12:]:
+            log("    " + line)
+        out.append({"command": ["spillway", *cmd[3:]], "rc": rc, "seconds": time.time() - t0,
+                    "result": json.loads(path.read_text()) if path.exists() else None})
+    return out
+
+
+def bench_flags(spec: dict) -> list[str]:
+    """Dummy weights, unless the engine asks for seeded random ones (`random_weights`: verify needs weights under
+    which the KV decides the output)."""
+    if spec.get("random_weights"):
+        return [api.FLAG_LOAD_FORMAT, "safetensors", *BENCH_FLAGS[2:]]
+    return list(BENCH_FLAGS)
+
+
+def random_weights_dir(spec: dict, model_dir: str) -> tuple[str, float]:
+    """The model directory with seeded random weights written beside its files (in /dev/shm: 16 GB for
+    Llama-3.1-8B is read back at memory speed), and the seconds the write took."""
+    sys.path.insert(0, str(HERE))
+    from random_weights import write
+
+    t0 = time.time()
+    dest = Path("/dev/shm") / f"spillway-random-{spec['name']}"
+    write(Path(model_dir), dest, int(spec["random_weights"].get("seed", 0)))
+    return str(dest), time.time() - t0
+
+
 async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -> dict:
     result: dict[str, Any] = {"name": spec["name"]}
     RETRIES[0] = 0
     plan, args, result["plan_command"] = engine_argv(common, spec, common["node_memory"], os.cpu_count() or 1,
-                                                     [*BENCH_FLAGS, *knob_flags({**common, **spec})])
+                                                     [*bench_flags(spec), *knob_flags({**common, **spec})])
     if spec.get("eager", common.get("eager", False)):
         args.append(api.FLAG_ENFORCE_EAGER)
     if not common.get("words_model_dir"):
@@ -618,8 +656,12 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
     if spec.get("probe"):
         full_env["SPILLWAY_TRANSFER_LOG"] = str(out_dir / f"transfers-{spec['name']}")
         full_env["PYTHONPATH"] = f"{HERE / 'probe'}:{full_env.get('PYTHONPATH', '')}"
-    server = Server(common.get("words_model_dir") or common["model_dir"], args, full_env, common["port"],
-                    out_dir / f"serve-{spec['name']}.log", common.get("entry", "serve"))
+    model_dir = common.get("words_model_dir") or common["model_dir"]
+    if spec.get("random_weights"):
+        model_dir, result["random_weights_s"] = random_weights_dir(spec, model_dir)
+        log(f"  seeded random weights in {model_dir} ({result['random_weights_s']:.0f} s)")
+    server = Server(model_dir, args, full_env, common["port"], out_dir / f"serve-{spec['name']}.log",
+                    common.get("entry", "serve"))
     result["command"] = server.cmd[1:]
     log(f"engine {spec['name']}: vllm serve {' '.join(args)}")
     log(f"  env {env} (dropped: {list(dropped)})")
@@ -659,6 +701,8 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
                     out = await run_vllm_bench(server.url, common, spec, run, out_dir, deadline)
                     out["metrics"] = delta(await scrape(session, server.url), m0)
                     result.setdefault("vllm_bench", []).append(out)
+            if "verify" in spec and time.time() < deadline:
+                result["verify"] = await run_verify(server.url, spec, out_dir, deadline)
             if "preemption" in spec and time.time() < deadline:
                 m0 = await scrape(session, server.url)
                 result["preemption"] = await run_preemption(server.url, spec, out_dir, deadline)
@@ -671,6 +715,8 @@ async def run_engine(spec: dict, common: dict, out_dir: Path, deadline: float) -
         finally:
             server.stop()
             result["engine_log"] = engine_log_facts(server.log_path)
+            if spec.get("random_weights"):
+                shutil.rmtree(model_dir, ignore_errors=True)
     return result
 
 
