@@ -18,7 +18,7 @@ vLLM's own partial-failure path (OSError.num_succeeded): vLLM frees the slot as 
 request recomputes it. The slot was not yet readable (the promotion had not completed), so no request saw it.
 
 BLAKE3 is vLLM's own dependency (its multimodal hasher). Its cost per GiB is measured by
-bench/connector/checksum_cost.py.
+bench/disk-tier/checksum_cost.py.
 """
 from __future__ import annotations
 

@@ -33,8 +33,9 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +83,15 @@ class DiskTierIndex:
     thread calls these, the evictor thread deletes.
     """
 
-    def __init__(self, root: str, capacity_bytes: int, namespace: str | None = None):
+    def __init__(self, root: str, capacity_bytes: int, namespace: str | None = None,
+                 orphans: Callable[[], Iterable[Any]] | None = None):
         if capacity_bytes <= 0:
             raise ValueError(f"disk tier bound must be a positive number of bytes, got {capacity_bytes}")
         self.root = os.path.realpath(root)
         self.namespace = namespace  # the base name of our namespace; None: every namespace in root is ours
+        # the other slots of a shared root that no engine holds (disk_namespace.orphaned_slots), emptied first
+        # when the volume runs short: a replica scaled away leaves its chunks outside every running one's bound
+        self._orphans = orphans
         self.capacity_bytes = int(capacity_bytes)
         self.used_bytes = 0
         self.block = self._block_size()
@@ -451,12 +456,41 @@ class DiskTierIndex:
             self.full = True
             logger.error("disk tier %s: the volume is full (%d bytes free of %d, floor %d): deleting the oldest "
                          "chunks", self.root, self.free_bytes, size, floor)
+        if self._reclaim_orphans():
+            info = os.statvfs(self.root)
+            self.free_bytes = info.f_bavail * info.f_frsize
         while self.free_bytes < 2 * floor and not self._stop.is_set():
             with self._lock:
                 if not self._evict_locked(2 * floor - self.free_bytes, BATCH_FILES):
                     return  # nothing idle left to delete: the space is someone else's
             info = os.statvfs(self.root)
             self.free_bytes = info.f_bavail * info.f_frsize
+
+    def _reclaim_orphans(self) -> int:
+        """Empty the slots no running engine holds, each through an index of its own over that slot (every
+        namespace in it counted, the same checks on each file deleted); the chunks deleted."""
+        if self._orphans is None:
+            return 0
+        deleted = 0
+        for slot in self._orphans():
+            try:
+                orphan = DiskTierIndex(slot.path, 1 << 62)
+                orphan.scan()
+                with orphan._lock:
+                    orphan._evict_locked(orphan.used_bytes)
+                counts = orphan.take_counts()
+                with self._lock:
+                    self._counts.evicted_bytes += counts.evicted_bytes
+                    self._counts.evicted_chunks += counts.evicted_chunks
+                    self._counts.delete_errors += counts.delete_errors
+                if counts.evicted_chunks:
+                    logger.warning("disk tier %s: the volume is full; deleted %d chunks (%d bytes) of %s, a slot no "
+                                   "running engine holds", self.root, counts.evicted_chunks, counts.evicted_bytes,
+                                   slot.path)
+                deleted += counts.evicted_chunks
+            finally:
+                slot.release()
+        return deleted
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import blake3
@@ -107,8 +108,38 @@ def claim_slot(root: str) -> Slot:
         except BlockingIOError:
             os.close(fd)
             continue
+        except OSError as exc:  # ENOLCK, EOPNOTSUPP: some network file systems keep no flock
+            os.close(fd)
+            raise TierRootError(f"disk tier root {root}: its volume cannot lock files ({exc.strerror}), so "
+                                "replicas could not keep off each other's chunks: give each replica a directory "
+                                "of its own (a claim per replica, or a node-local directory)") from exc
         return Slot(os.path.realpath(path), fd)
     raise TierRootError(f"disk tier root {root}: all {MAX_SLOTS} replica slots are held by running engines")
+
+
+def orphaned_slots(root: str, own: str) -> Iterator[Slot]:
+    """The root's slots that no running engine holds (a replica scaled away, or one restarting right now), each
+    yielded locked, so no engine starting meanwhile takes the slot while it is emptied (it takes another one).
+    The caller releases each."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        if not (name.startswith(SLOT_PREFIX) and name[len(SLOT_PREFIX):].isdigit()) or os.path.islink(path) \
+                or os.path.realpath(path) == os.path.realpath(own):
+            continue
+        try:
+            fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        yield Slot(os.path.realpath(path), fd)
 
 
 def weights_fingerprint(model_dir: str) -> str | None:

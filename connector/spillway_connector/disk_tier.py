@@ -208,8 +208,9 @@ if FileSystemTierManager is not None:
             base = disk_namespace.rebase(self.file_mapper, self.spillway_slot.path, fields)
             logger.info("disk tier: chunks under %s (namespace fields %s), checksum %s", base, fields,
                         "on" if self.checksums else "off")
-            self.spillway_index = DiskTierIndex(self.spillway_slot.path, self.spillway_bound,
-                                                namespace=os.path.basename(base))
+            own = self.spillway_slot.path
+            self.spillway_index = DiskTierIndex(own, self.spillway_bound, namespace=os.path.basename(base),
+                                                orphans=lambda: disk_namespace.orphaned_slots(root_dir, own))
             self.spillway_index.scan()
             self.spillway_index._check_volume()
             self.spillway_index.start()

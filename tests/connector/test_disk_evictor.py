@@ -274,3 +274,58 @@ def test_replicas_on_one_root_never_delete_each_other_s_chunks(tmp_path: Path):
     finally:
         first.release()
         second.release()
+
+
+def test_a_full_volume_empties_slots_no_engine_holds_before_its_own_chunks(tmp_path: Path, monkeypatch):
+    """A replica scaled away leaves its slot's chunks outside every running replica's bound: under a full volume
+    they go first; a slot another running engine holds, and this engine's own chunks, stay."""
+    from spillway_connector.disk_namespace import claim_slot, orphaned_slots
+
+    ours, held, gone = (claim_slot(str(tmp_path)) for _ in range(3))
+    try:
+        index = DiskTierIndex(ours.path, 8 * per_chunk(DiskTierIndex(ours.path, 1)), namespace=NS,
+                              orphans=lambda: orphaned_slots(str(tmp_path), ours.path))
+        mine = [chunk_path(Path(ours.path), n) for n in range(4)]
+        theirs = [chunk_path(Path(held.path), n) for n in range(4)]
+        left = [chunk_path(Path(gone.path), n, ns=OLD_NS) for n in range(6)]
+        for path in mine:
+            store(index, path)
+        for path in theirs + left:
+            write(path)
+        gone.release()  # its engine stopped: nobody holds the slot now
+        real = os.statvfs
+
+        class Full:  # what statvfs says of a volume with next to nothing free, until the orphan is emptied
+            def __init__(self, path):
+                info = real(path)
+                self.f_flag, self.f_blocks, self.f_frsize, self.f_bsize = 0, info.f_blocks, info.f_frsize, info.f_bsize
+                self.f_bavail = info.f_blocks if not any(os.path.exists(p) for p in left) else 0
+
+        monkeypatch.setattr(disk_evictor.os, "statvfs", Full)
+        index._check_volume()
+        assert not any(os.path.exists(p) for p in left), "the unheld slot's chunks are deleted"
+        assert all(os.path.exists(p) for p in theirs), "a slot a running engine holds is never touched"
+        assert all(os.path.exists(p) for p in mine), "the orphan freed enough: none of our chunks went"
+        assert index.take_counts().evicted_chunks == len(left)
+        assert os.path.exists(os.path.join(gone.path, ".owner.lock")), "the slot stays, free for the next engine"
+        again = claim_slot(str(tmp_path))  # the emptied slot is free again: a new replica takes it
+        assert again.path == gone.path
+        again.release()
+    finally:
+        for slot in (ours, held):
+            slot.release()
+
+
+def test_a_volume_without_file_locks_is_refused_in_one_line(tmp_path: Path, monkeypatch):
+    """Some network file systems keep no flock: without it two replicas could share a slot and delete each
+    other's chunks, so the tier is refused with a line that says what to do."""
+    import errno
+
+    from spillway_connector import disk_namespace
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(disk_namespace.fcntl, "flock", no_locks)
+    with pytest.raises(disk_namespace.TierRootError, match="cannot lock files .*directory of its own"):
+        disk_namespace.claim_slot(str(tmp_path))

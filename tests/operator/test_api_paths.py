@@ -32,12 +32,6 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmulatedCluster(tmp_path_factory.mktemp("kmock")) as emulated:
-        yield emulated
-
-
-@pytest.fixture(scope="module")
 def operator(cluster, tmp_path_factory):
     """Hub fetches on: a hfTokenSecretRef is read (and its token sent to the hub) only then."""
     running = Operator(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "kopf.log",

@@ -10,7 +10,7 @@ import os
 from collections import Counter
 
 import pytest
-from harness import Api, EmulatedCluster, Operator, eventually, names
+from harness import Api, Operator, eventually, names
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
@@ -121,12 +121,6 @@ def catalog_specs(pool: str) -> list[dict]:
         specs.append({**spec, **_model_source(("inline" if inline else "catalog", model_id)),
                       "nodeSelector": {"pool": pool}})
     return specs
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with EmulatedCluster(tmp_path_factory.mktemp("kmock")) as emulated:
-        yield emulated
 
 
 def _unsafe(deployment: dict, allocatable: int) -> list[str]:
