@@ -14,7 +14,8 @@ import pytest
 from spillway.core import vllm_api as V
 from spillway_connector import transfer_config as tc
 from spillway_connector.host_backend import kv_transfer_config
-from support import TinyLlama, VllmServer, require_vllm
+from support import VllmServer, require_vllm
+from support.kv_weights import KvSensitiveLlama
 from support.ms_cluster import eventually
 from support.offload_workload import complete
 from support.promtext import total
@@ -22,7 +23,7 @@ from support.promtext import total
 pytestmark = pytest.mark.engine
 
 BLOCK = 32
-MODEL = TinyLlama()
+MODEL = KvSensitiveLlama()  # weights under which KV decides the output (support/kv_weights.py)
 ENGINE_BLOCKS = 40  # 39 usable: the 6 stored prompts (52 blocks) do not all stay in the engine's cache
 PROMPTS = [(seed, blocks * BLOCK + tail) for seed, (blocks, tail) in enumerate([(8, 1), (9, 7), (8, 0), (10, 13),
                                                                                   (8, 5), (7, 31)])]

@@ -4,7 +4,9 @@ A small engine KV cache (prefix caching off, so every cache hit comes from the C
 concurrent requests that outgrow it force preemptions. Phase "alone" runs each prompt by itself: nothing
 is in the pool for it and its blocks fit, so no KV is loaded from the pool (checked on /metrics) and its
 greedy output is the output without offloading. Phase "pressure" runs the same prompts together: they
-are served from the pool, preempted and reloaded; their greedy outputs must not change.
+are served from the pool, preempted and reloaded; their greedy outputs must not change. The model has seeded
+random weights of ordinary scale (kv_weights.py), under which wrong KV changes the greedy output: with vLLM's
+dummy weights a reload of zeroed or misplaced blocks gave the same tokens, so the comparison proved nothing.
 
 A test module defines the fixture `server` (a VllmServer serving its Workload) and subclasses
 OffloadChecks, setting `workload`.
@@ -21,6 +23,7 @@ from spillway.core import vllm_api as V
 from spillway_connector import names
 
 from support import SERVED_MODEL_NAME, TinyLlama, VllmServer
+from support.kv_weights import KvSensitiveLlama
 from support.promtext import samples, total
 
 
@@ -33,7 +36,7 @@ class Workload:
     prompts: int = 6
     concurrency: int = 4
     pool_chunks: int = 64  # holds every prompt: no evictions
-    model: TinyLlama = field(default_factory=TinyLlama)
+    model: TinyLlama = field(default_factory=KvSensitiveLlama)
 
     @property
     def prompt_tokens(self) -> int:
