@@ -616,12 +616,12 @@ def bench_flags(spec: dict) -> list[str]:
 def random_weights_dir(spec: dict, model_dir: str) -> tuple[str, float]:
     """The model directory with seeded random weights written beside its files (in /dev/shm: 16 GB for
     Llama-3.1-8B is read back at memory speed), and the seconds the write took."""
-    sys.path.insert(0, str(HERE))
-    from random_weights import write
-
     t0 = time.time()
     dest = Path("/dev/shm") / f"spillway-random-{spec['name']}"
-    write(Path(model_dir), dest, int(spec["random_weights"].get("seed", 0)))
+    # its own process: the CUDA context and the allocator's cache that drew the weights leave with it, before
+    # vLLM sizes its KV cache from the GPU's free memory
+    subprocess.run([sys.executable, str(HERE / "random_weights.py"), model_dir, str(dest),
+                    "--seed", str(int(spec["random_weights"].get("seed", 0)))], check=True)
     return str(dest), time.time() - t0
 
 
