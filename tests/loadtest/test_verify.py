@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from spillway.loadtest.verify import compare, parse_answer
+from spillway.loadtest.verify import compare, parse_answer, rejudge
 
 
 def reply(ids: list[int], chosen: list[float], top: list[dict[int, float]]) -> bytes:
@@ -57,3 +58,26 @@ def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
                            "http://127.0.0.1:9", "-o", str(tmp_path / "v.json"), *args], capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+H200_512 = Path(__file__).resolve().parents[2] / "bench/vllm-0.34/results/verify-spillway-b-0.json"
+
+
+def test_report_judges_a_stored_result_again_at_another_tolerance(tmp_path):
+    """The H200's 512-token run: 11 answers parted at 1-3 bf16 logit units at the default tolerance; judged
+    again at 0.125 nats none differs, and a tolerance below a unit brings them back."""
+    def report(*extra):
+        return subprocess.run([sys.executable, "-m", "spillway.cli", "loadtest", "verify", "report", str(H200_512),
+                               *extra], capture_output=True, text=True, timeout=60, check=False)
+
+    stored = json.loads(H200_512.read_text())
+    assert stored["summary"]["differing"] == 11
+    wide = rejudge(stored, 0.125)
+    assert wide["summary"]["differing"] == 0 and wide["summary"]["near_ties"] == 13
+    assert wide["summary"]["same"] == stored["summary"]["same"] and wide["plan"]["tolerance_nats"] == 0.125
+    assert rejudge(stored, 0.05)["summary"]["differing"] == 4  # the partings at 2 and 3 units (0.0625, 0.094)
+    assert " 16     3         13          0" in report("--tolerance-nats", "0.125").stdout
+    assert " 16     3          2         11" in report().stdout
+    bad = report("--tolerance-nats", "-1")
+    assert bad.returncode == 2 and "tolerance must be a number of nats >= 0" in bad.stderr, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr

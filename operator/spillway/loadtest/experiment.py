@@ -316,6 +316,9 @@ class Experiment:
     progress: bool = False  # takes --progress (a bar or log lines while a phase runs)
     run_help: str = "run it against a server"
     exit_code: Callable[[dict[str, Any]], int] = _zero  # of a complete run (a failed one exits 2)
+    # report's own flags, and the result as they read it (verify: judged again at another tolerance)
+    report_flags: Callable[[argparse.ArgumentParser], None] | None = None
+    reread: Callable[[dict[str, Any], argparse.Namespace], dict[str, Any]] | None = None
 
     def add_parser(self, sub: argparse._SubParsersAction) -> None:
         parser = sub.add_parser(self.name, help=self.help, description=self.help)
@@ -356,6 +359,8 @@ class Experiment:
         report.add_argument("result", type=Path)
         if self.plot is not None:
             report.add_argument("--plot", type=Path, help="write the PNG here")
+        if self.report_flags is not None:
+            self.report_flags(report)
         report.set_defaults(func=self.cmd_report)
 
     def plan_from_args(self, args: argparse.Namespace) -> ExperimentPlan:
@@ -381,6 +386,8 @@ class Experiment:
 
     def cmd_report(self, args: argparse.Namespace) -> int:
         result = self.load(args.result)
+        if self.reread is not None:
+            result = self.reread(result, args)
         print(self.table(result))
         if self.plot is not None and args.plot:
             self._draw(result, args.plot)
