@@ -21,7 +21,9 @@ thread that died (disk_tier.SpillwayFsTier).
 
 Only files whose names vLLM's file mapper gives are deleted (<namespace>_r<rank>/<hhh>/<hh>_g<g>/<hash>.bin, its
 temporary files, a namespace's config.json), and each only after checking that it is a regular file (not a
-link) whose real directory lies inside this engine's slot: nothing outside the tier is ever touched.
+link) whose real directory lies inside this engine's slot: nothing outside the tier is ever touched. The one
+exception is the tier's own: on a full volume, a slot of the same root that no running engine holds (its replica
+scaled away) is emptied first, by an index over that slot under the same rules, while its lock is held.
 """
 from __future__ import annotations
 
