@@ -86,6 +86,9 @@ def write_kv_sensitive_model(directory: Path, model: KvSensitiveLlama = KvSensit
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(model.config(), indent=2))
     save_file(model.tensors(), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    # safetensors writes the file owner-only (0600); a checkpoint is read by the image's own user, as a
+    # mounted model volume is (tests/images/test_vllm_cpu_image.py)
+    (directory / WEIGHTS_FILE).chmod(0o644)
     return directory
 
 
