@@ -30,7 +30,7 @@ from spillway.core import vllm_api as api
 from spillway.core.vllm_api import Metric
 
 HERE = Path(__file__).resolve().parent
-BENCH_FLAGS = [api.FLAG_LOAD_FORMAT, "dummy", api.FLAG_NO_ENABLE_PREFIX_CACHING]  # + eager / tokenizer per spec
+BENCH_FLAGS = [api.FLAG_NO_ENABLE_PREFIX_CACHING]  # + the load format, eager and tokenizer per spec
 MODEL_NAME = "llama"
 NUDGE = 32  # tokens of the request that makes an idle engine take a step
 RETRIES = [0]  # requests sent a second time after a dropped connection
@@ -608,9 +608,7 @@ async def run_verify(url: str, spec: dict, out_dir: Path, deadline: float) -> li
 def bench_flags(spec: dict) -> list[str]:
     """Dummy weights, unless the engine asks for seeded random ones (`random_weights`: verify needs weights under
     which the KV decides the output)."""
-    if spec.get("random_weights"):
-        return [api.FLAG_LOAD_FORMAT, "safetensors", *BENCH_FLAGS[2:]]
-    return list(BENCH_FLAGS)
+    return [api.FLAG_LOAD_FORMAT, "safetensors" if spec.get("random_weights") else "dummy", *BENCH_FLAGS]
 
 
 def random_weights_dir(spec: dict, model_dir: str) -> tuple[str, float]:
