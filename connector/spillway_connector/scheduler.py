@@ -9,7 +9,7 @@ What it fixes. Before admitting a request whose KV arrives asynchronously (a CPU
 scheduler sums the blocks every other in-flight prefill still needs (`Scheduler._inflight_prefill_reserved_blocks`,
 added for vLLM issue #39734's deadlock), recomputing each term through the KV-cache coordinator for every
 admitted load: N loads cost N^2/2 coordinator calls, 14% of the engine core's samples at 100% CPU hit on the H200
-(bench/results/h200-2026-12-01-r3), where remembering them gave 1.32x prompt throughput. vLLM 0.34 caches the
+(bench/api-servers), where remembering them gave 1.32x prompt throughput. vLLM 0.34 caches the
 reservation of a parked load itself (`_reserve_parked`), so this class is not needed there and turns itself off.
 
 Why remembering is exact. A request waiting for its load (status WAITING_FOR_REMOTE_KVS) keeps its allocated

@@ -553,7 +553,7 @@ def prefault_env(engine: EnginePlan, pool: PoolPlan | None, request: ServingRequ
 def scheduler_args(pool: PoolPlan | None, request: ServingRequest) -> list[str]:
     """Spillway's scheduler, which remembers a loading request's reservation (spillway_connector/scheduler.py), on the
     releases whose own scheduler recomputes it per admitted load (1.32x prompt throughput at 100% CPU hit on the
-    H200 with vLLM 0.33: bench/results/h200-2026-12-01-r3); 0.34 remembers it itself."""
+    H200 with vLLM 0.33: bench/api-servers); 0.34 remembers it itself."""
     if pool is None or request.offload.connector != Connector.SPILLWAY:
         return []
     if _version_tuple(request.vllm_version) >= api.SCHEDULER_CLS_BEFORE:
