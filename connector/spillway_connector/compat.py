@@ -29,9 +29,11 @@ try:
         CanonicalKVCaches,
         GPULoadStoreSpec,
         LoadStoreSpec,
+        LookupResult,
         OffloadingSpec,
         OffloadingWorker,
         TransferResult,
+        make_offload_key,
     )
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 except ImportError as error:  # a patched or partial vLLM build of a supported number
@@ -39,6 +41,9 @@ except ImportError as error:  # a patched or partial vLLM build of a supported n
         f"spillway_connector cannot load vLLM {VLLM_VERSION}'s offloading classes ({error}); "
         "install a supported vLLM release or use vLLM's own OffloadingConnector"
     ) from error
+
+# A pool lookup that says the chunk will load: ready, or still being stored (the load waits for the store).
+HELD_LOOKUPS = frozenset({LookupResult.HIT, LookupResult.HIT_PENDING})
 
 # vLLM's tiered offloading (a CPU primary tier over secondary tiers such as "fs", the node-disk tier): 0.32+.
 try:
@@ -125,6 +130,7 @@ def is_vllms_lru_manager(manager: Any) -> bool:
 
 __all__ = [
     "FAST_HIT_SOURCES",
+    "HELD_LOOKUPS",
     "VLLM_EXPORTS_TRANSFER_COUNTERS",
     "VLLM_MINOR",
     "VLLM_VERSION",
@@ -136,6 +142,7 @@ __all__ = [
     "GPULoadStoreSpec",
     "KVConnectorRole",
     "LoadStoreSpec",
+    "LookupResult",
     "OffloadPromMetrics",
     "OffloadingConnector",
     "OffloadingConnectorStats",
@@ -145,6 +152,7 @@ __all__ = [
     "TieringOffloadingSpec",
     "TransferResult",
     "is_vllms_lru_manager",
+    "make_offload_key",
     "pool_capacity_chunks",
     "spec_pool_chunks",
     "split_stats_payload",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from spillway_connector import names
+from spillway_connector.async_loads import first_chunk_held
 from spillway_connector.compat import (
     FAST_HIT_SOURCES,
     KVConnectorRole,
@@ -158,6 +159,15 @@ class SpillwayOffloadingConnector(OffloadingConnector):
         if matched[0] is not None:
             self._reloads.looked_up(request, num_computed_tokens)
         return self._floor.apply(matched)
+
+    def may_load_async(self, request: Any) -> bool:
+        # vLLM 0.34 asks this of every waiting request; with --max-num-inflight-kv-loads a pool hit then loads while
+        # the batch is full instead of after a slot frees (spillway_connector/async_loads.py)
+        scheduler = self.connector_scheduler
+        if scheduler is not None and first_chunk_held(scheduler, request):
+            return True
+        base = getattr(super(), "may_load_async", None)  # 0.34+: P/D remote prefills; older vLLM never asks
+        return base(request) if base is not None else False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> Any:
         result = super().update_state_after_alloc(request, blocks, num_external_tokens)

@@ -18,7 +18,7 @@ from support.vllm_trees import vllm_trees
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 UNIT_MODULES = ["test_host_backend.py", "test_probes.py", "test_prom_metrics.py", "test_hit_sources.py", "test_source_guard.py",
-                "test_batched_release.py", "test_fs_tier.py", "test_kv_event_order_releases.py"]
+                "test_batched_release.py", "test_fs_tier.py", "test_kv_event_order_releases.py", "test_async_loads.py"]
 TREES = [str(tree) for tree in vllm_trees()]
 
 
