@@ -3,6 +3,8 @@ the load bound relative to the mean, what a new or restarted replica takes, the 
 circuit breaker."""
 from __future__ import annotations
 
+import json
+import os
 import random
 import subprocess
 import sys
@@ -65,10 +67,23 @@ def test_text_batches_and_chats_have_blocks(body):
 
 
 @pytest.mark.parametrize("body", [{}, {"prompt": []}, {"prompt": [1, 2]}, {"prompt": [{"a": 1}] * 9},
-                                  {"prompt": [True] * 9}, {"messages": "hi"}, {"messages": [1, 2]},
-                                  {"prompt": {"a": 1}}])
+                                  {"prompt": ["a"] * 9}, {"prompt": [None] * 9}, {"prompt": ["a"] + [1] * 8},
+                                  {"prompt": [[1]] * 9}, {"messages": "hi"},
+                                  {"messages": [1, 2]}, {"prompt": {"a": 1}}])
 def test_requests_without_a_usable_prompt_have_no_blocks(body):
+    """Ids that would hash differently in each process (a str, None) or not at all: no blocks, so router pods
+    never disagree on them (vLLM refuses the prompt anyway)."""
     assert A.prompt_blocks(body, BLOCK) == []
+
+
+def test_token_ids_hash_alike_in_every_process():
+    """Router pods agree only if every process hashes a prompt alike: no per-process seed in the hashes."""
+    body = {"prompt": list(range(40))}
+    code = ("import json, sys; from spillway.core import affinity as A; "
+            f"print(json.dumps(A.prompt_blocks({body!r}, {BLOCK})))")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert runs == {json.dumps(A.prompt_blocks(body, BLOCK)) + "\n"}
 
 
 def test_deep_content_is_not_recursed_into():

@@ -526,12 +526,33 @@ class Router:
     async def _relay(self, request: web.Request, upstream, worker: str, series: _WorkerSeries) -> web.StreamResponse:
         """The pod's answer passed on as it comes; an answer the pod cuts (or that stalls past the read
         timeout) is cut for the client too, so a client never takes a truncated answer for a whole one."""
+        read, write = self.limits.read_timeout_s, self.limits.write_timeout_s
+        length = upstream.content_length
+        if length is not None and length <= self.limits.stream_buffer_bytes and request.method != "HEAD" \
+                and upstream.status not in (204, 304):
+            # A whole answer of known, small length (every non-streamed completion): read it, then send headers
+            # and body in one write. Streamed, it cost a write for the headers, one per chunk and one for the
+            # chunked encoding's end, each waking the client (bench/router-overhead/README.md).
+            try:
+                async with asyncio.timeout(read):
+                    body = await upstream.read()
+            except (TimeoutError, ClientError, OSError) as exc:
+                series.upstream_errors.inc()
+                self.log(f"spillway route: the answer from {worker} was cut ({exc.__class__.__name__}); cutting "
+                         f"the client's too")
+                _reset(request.transport)
+                return web.StreamResponse()  # never sent: the connection is gone
+            finally:
+                upstream.release()
+            answer = web.Response(status=upstream.status, reason=upstream.reason, body=body)
+            for key, value in end_to_end(upstream.headers).items():
+                answer.headers.add(key, value)
+            return answer  # a client that stopped reading: the connection's write buffer is fixed (_cap_connections)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         try:
             for key, value in end_to_end(upstream.headers).items():
                 response.headers.add(key, value)
             await response.prepare(request)
-            read, write = self.limits.read_timeout_s, self.limits.write_timeout_s
             while True:
                 async with asyncio.timeout(read):
                     chunk = await upstream.content.readany()
@@ -652,12 +673,14 @@ async def follow_workers(router: Router, discover: Callable[[], list[str]], poll
 
 
 def _pod_socket(info, buffer: int) -> socket.socket:
-    """A socket to a pod whose kernel buffers are fixed at `buffer` each way (set before connecting, so the
-    window the pod is offered is that small from the start); the body sent is held above them anyway."""
+    """A socket to a pod whose kernel receive buffer is fixed at `buffer` (set before connecting, so the window
+    the pod is offered is that small from the start): an answer whose client stopped reading holds that much
+    here. The send buffer is the kernel's own: the body sent is held in the process anyway (within the body
+    budget), and a fixed 16 KiB one cost 45 ms of a 32K-token prompt's 60 ms through the router, a write and a
+    wake-up per 16 KiB (bench/router-overhead/README.md)."""
     family, kind, proto, _, _ = info
     sock = socket.socket(family=family, type=kind, proto=proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
     return sock
 
 
