@@ -1,5 +1,6 @@
 """`spillway route` as a fleet's front door on three real vLLM CPU replicas: hit share, per-replica share and
-TTFT with 1 and 3 router pods on a Zipf workload, a replica added, a replica restarted, a hot prefix.
+TTFT with 1 and 3 router pods on a Zipf workload, a replica added, a replica restarted, a hot prefix, a replica
+that dies for good.
 
 The replicas are the routing tests' (tests/routing/replicas.py: tiny random-weight Llama, CPU offloading
 through the Spillway connector, 38 pool blocks of 32 tokens each, 2 sequences at a time, no GPU prefix
@@ -26,7 +27,7 @@ sys.path[:0] = [str(REPO / "connector"), str(REPO / "operator"), str(REPO / "tes
 from routing import fleet_load as F
 from routing.replicas import start_replicas
 
-SCENARIOS = ("zipf", "scale", "restart", "hot")
+SCENARIOS = ("zipf", "scale", "restart", "hot", "die")
 
 
 def _pct(x: float | None) -> str:
@@ -68,14 +69,15 @@ async def main(args: argparse.Namespace) -> dict:
             w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
             r = await F.scale_up(servers, pods, w, requests=n, concurrency=c)
             record(r, line(f"2 -> 3 replicas, {pods} pod{'s' * (pods > 1)}", r,
-                           f"  (joined replica {100 * r['joined_share']:.0f}% in {r['window_s']} s)"))
-        if "restart" in args.scenarios:
-            name = "restart-3"
+                           f"  (joined replica {100 * r['joined_share']:.0f}% in {r['window_s']} s, its arcs drew "
+                           f"{100 * r['joined_drawn_share']:.0f}%, overloaded to {r['overloaded_to']})"))
+        for pods in (1, 3) if "restart" in args.scenarios else ():
+            name = f"restart-{pods}"
             w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
-            r = await F.restart(servers, 3, w, restarted=0, before_requests=n // 2,
+            r = await F.restart(servers, pods, w, restarted=0, before_requests=n // 2,
                                 down_requests=args.down_requests, after_requests=n, concurrency=c)
             down = r["down"]
-            record(r, line("restart, 3 pods: before", r["before"]) + "\n"
+            record(r, line(f"restart, {pods} pod{'s' * (pods > 1)}: before", r["before"]) + "\n"
                    + f"{'  down':<28} {down['requests']} requests over {down['seconds']} s, errors "
                      f"{down['client_errors']}, retries {r['retries']}, restarts seen {r['restarts_seen']}\n"
                    + line("  after Ready", r["after"], f"  (restarted replica first served at "
@@ -87,6 +89,17 @@ async def main(args: argparse.Namespace) -> dict:
             record(r, line(f"hot prefix {args.hot:.0%}, {pods} pod{'s' * (pods > 1)}", r,
                            f"  (owner {r['hot_owner']}: drawn {r['owner_drawn']}, served {r['owner_served']}, "
                            f"passed on {r['owner_passed_on']})"))
+        if "die" in args.scenarios:
+            name = "die-3"
+            w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
+            try:
+                r = await F.die(servers, 3, w, died=2, listed_requests=n // 2, after_requests=n // 2,
+                                concurrency=c)
+            finally:
+                servers[2].launch()
+                servers[2].wait_started()
+            record(r, line("replica 2 dies, 3 pods: listed", r["listed"], f"  (retries {r['retries']})") + "\n"
+                   + line("  after DNS drops it", r["after"], f"  (forgotten: {r['forgotten']})"))
     return out
 
 

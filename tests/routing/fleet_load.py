@@ -256,6 +256,13 @@ def overloaded(routers: Sequence[SpillwayRouter]) -> int:
                                                                          A.DECISION_OVERLOADED}))
 
 
+def _overloaded_to(routers: Sequence[SpillwayRouter], servers: Sequence[VllmServer]) -> dict[str, int]:
+    """Per replica, requests it took because the bound (or a failure) passed them over from their owner."""
+    return {s.base_url: int(router_count(routers, routing.ROUTER_METRIC_REQUESTS, **{
+        routing.ROUTER_LABEL_WORKER: s.base_url, routing.ROUTER_LABEL_DECISION: A.DECISION_OVERLOADED}))
+        for s in servers}
+
+
 # -- the scenarios -------------------------------------------------------------------------------------------
 
 async def zipf(servers: Sequence[VllmServer], pods: int, workload: Workload, *, requests: int,
@@ -290,13 +297,24 @@ async def scale_up(servers: Sequence[VllmServer], pods: int, workload: Workload,
             router.set_workers([s.base_url for s in servers])
         await asyncio.sleep(POLL_WAIT_S)
         before = await scrape_all(servers)
+        spilled_before = _overloaded_to(routers, servers)
         started = time.monotonic()
         second = await drive(urls, workload, stream, concurrency=concurrency, count=requests - requests // 2)
         elapsed = time.monotonic() - started
         after = await scrape_all(servers)
+        spilled = _overloaded_to(routers, servers)
+        spilled = {url: n - spilled_before.get(url, 0) for url, n in spilled.items()}
+    owners = workload.owners([s.base_url for s in servers])
+    joined = servers[-1].base_url
+    # The requests of the window whose prefix the joined replica owns on the ring: its share before the load
+    # bound moves any (the ring's draw in this window, not the weights' expectation).
+    drawn = [owners[o.prefix] == joined for o in second.outcomes]
+    result = figures(before, after, second)
     return {"scenario": workload.name, "routers": pods, "concurrency": concurrency,
-            "first_half_errors": len(first.errors), **figures(before, after, second),
-            "joined_share": figures(before, after)["replica_shares"][-1], "window_s": round(elapsed, 1),
+            "first_half_errors": len(first.errors), **result,
+            "joined_share": result["replica_shares"][-1], "window_s": round(elapsed, 1),
+            "joined_drawn_share": round(sum(drawn) / max(1, len(drawn)), 3),
+            "overloaded_to": [spilled[s.base_url] for s in servers],
             "ring_shares": [round(x, 3) for x in workload.owned_shares([s.base_url for s in servers])]}
 
 
@@ -344,6 +362,35 @@ async def restart(servers: Sequence[VllmServer], pods: int, workload: Workload, 
             "restarted_first_request_s": next((t for t, n in timeline if n > 0), None),
             "restarts_seen": restarts, "retries": retries,
             "ring_shares": [round(x, 3) for x in workload.owned_shares([s.base_url for s in servers])]}
+
+
+async def die(servers: Sequence[VllmServer], pods: int, workload: Workload, *, died: int, listed_requests: int,
+              after_requests: int, concurrency: int) -> dict:
+    """Requests through `pods` router pods; between requests (none in flight) the replica `died` is stopped
+    for good. `listed_requests` are sent while it is still listed (as in the seconds before DNS drops a pod
+    that is gone: each request its arcs draw meets a refused connection until its circuit opens), then it
+    leaves every router pod's worker set and `after_requests` more are sent. The caller starts it again."""
+    target = servers[died]
+    loop = asyncio.get_running_loop()
+    alive = [s for s in servers if s is not target]
+    with router_pods(servers, pods) as routers:
+        urls = [r.base_url for r in routers]
+        stream = workload.requests()
+        await drive(urls, workload, stream, concurrency=concurrency, count=listed_requests // 2)
+        await loop.run_in_executor(None, target.stop)
+        start = await scrape_all(alive)
+        listed = await drive(urls, workload, stream, concurrency=concurrency, count=listed_requests)
+        mid = await scrape_all(alive)
+        retries = int(router_count(routers, routing.ROUTER_METRIC_RETRIES))
+        for router in routers:
+            router.set_workers([s.base_url for s in alive])
+        await asyncio.sleep(POLL_WAIT_S)
+        after = await drive(urls, workload, stream, concurrency=concurrency, count=after_requests)
+        end = await scrape_all(alive)
+        dropped = all(target.base_url not in r.metrics_text() for r in routers)
+    return {"scenario": workload.name, "routers": pods, "concurrency": concurrency, "died": died,
+            "listed": figures(start, mid, listed), "after": figures(mid, end, after), "retries": retries,
+            "forgotten": dropped}
 
 
 async def _sample(server: VllmServer, timeline: list[tuple[float, int]]) -> None:
