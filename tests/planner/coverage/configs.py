@@ -83,6 +83,12 @@ PATCHES: dict[str, dict] = {
                                                "moe_layer_end_index": [27, 27]},
 }
 
+# BAAI/Emu3-Chat-hf's config.json carries its tokenizer's whole vocabulary_map, which Emu3's model
+# reads while it builds (Emu3ImageVocabularyMapping: the image placeholder's and the end-of-line token's ids);
+# Emu3Config leaves it None. The two entries it reads, at ids past the text vocabulary (no KV-cache spec reads them).
+PATCHES["Emu3ForConditionalGeneration"] = {"vocabulary_map": {"<image>": 151646, "<|extra_200|>": 151846}}
+PATCHES["Emu3ForCausalLM"] = PATCHES["Emu3ForConditionalGeneration"]
+
 # Gemma 3n's first layers use a sparse GELU whose threshold vLLM computes with a tensor's .item() (GeluAndMulSparse,
 # vllm/model_executor/layers/activation.py), which meta tensors refuse; dense activations everywhere (an MLP choice,
 # no KV-cache spec reads it) let it build on the meta device.
@@ -273,6 +279,11 @@ TEXT_PATCHES["InternS2MobiusForConditionalGeneration"] = {"text_config": {"num_b
 for _arch in ("NemotronH_Nano_VL_V2", "NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Super_Omni_Reasoning_V3",
               "NemotronH_Omni_Reasoning_V3", "Nemotron3_5TranscribeForConditionalGeneration"):
     TEXT_PATCHES[_arch] = {"text_config": _NEMOTRON_H_BUILDABLE}
+
+# transformers' HunYuanVLTextConfig leaves head_dim None, which its attention raises to a power while the
+# Transformers backend builds it; HunYuan-VL's published config.json carries it (hidden_size / heads, as vLLM's
+# ModelConfig.get_head_size derives it where it is absent)
+TEXT_PATCHES["HunYuanVLForConditionalGeneration"] = {"text_config": {"head_dim": 4096 // 32}}  # the class's defaults
 
 # Checkpoints whose config.json keeps the language model's fields on the top level, as ernie45_vl.py reads them
 # (baidu/ERNIE-4.5-VL-28B-A3B), where transformers' class nests them under text_config.

@@ -55,6 +55,56 @@ class _Inert:
         return lambda *args, **kwargs: None
 
 
+# The tokens multimodal processors read off their tokenizer (transformers' processing_*.py: Emu3's, HunYuan-VL's),
+# each a special token of its own in the stand-in tokenizer below
+PROCESSOR_TOKENS = ("image_token", "boi_token", "eoi_token", "image_wrapper_token", "eof_token", "image_start_token",
+                    "image_end_token", "audio_token", "audio_bos_token", "audio_eos_token", "video_token",
+                    "vision_start_token", "vision_end_token")
+
+
+def _processor_files(config: dict, directory: Path) -> bool:
+    """The processor files a published multimodal checkpoint ships beside its config.json, for a model type whose
+    processor transformers knows: preprocessor_config.json from its image processor's or feature extractor's own
+    defaults, and a word-level tokenizer of the special tokens its processor reads. vLLM's Transformers backend
+    builds the model's processor from the model directory while it builds the model (its multimodal wrappers ask
+    the processor for their placeholder tokens) and cannot without them; no KV-cache spec reads a processor
+    setting or a token. Nothing is written for a model type transformers gives no processor (nothing is
+    downloaded). True: written, and vLLM is to load that tokenizer (the processor is built around it)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers.models.auto.feature_extraction_auto import FEATURE_EXTRACTOR_MAPPING_NAMES
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    images = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    # the PIL processor where transformers has one: the torchvision one needs torchvision, which the venv lacks
+    name = (images.get("pil") or next(iter(images.values()), None)) if isinstance(images, dict) else images
+    name = name or FEATURE_EXTRACTOR_MAPPING_NAMES.get(model_type)
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None:
+        return False
+    try:
+        fields = cls().to_dict()
+    except ImportError:  # a processor that needs a library the venv lacks: its class name alone
+        fields = {}
+    key = "feature_extractor_type" if name.endswith("FeatureExtractor") else "image_processor_type"
+    fields.setdefault(key, name)
+    (directory / "preprocessor_config.json").write_text(json.dumps(fields, default=str))
+    # Fuyu's processor looks its placeholders up in the vocabulary by their text (processing_fuyu.py)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "|SPEAKER|": 4, "|NEWLINE|": 5}
+    extra = {}
+    for token in PROCESSOR_TOKENS:
+        extra[token] = f"<|{token}|>"
+        vocab[extra[token]] = len(vocab)
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>",
+        "pad_token": "<pad>", "extra_special_tokens": extra}))
+    return True
+
+
 class CaseTimeout(Exception):
     pass
 
@@ -63,13 +113,13 @@ def _on_alarm(signum, frame):
     raise CaseTimeout(f"model construction took over {CASE_SECONDS} s")
 
 
-def _engine_config(engine_args, directory: Path):
+def _engine_config(engine_args, directory: Path, tokenizer: bool = False):
     # the --block-size a plan renders (generate.py RENDERED_BLOCK: recurrent models, whose state block vLLM aligns
     # to the block given before the CPU platform picks its own)
     block = int(os.environ["SPILLWAY_RECORD_BLOCK_SIZE"]) if os.environ.get("SPILLWAY_RECORD_BLOCK_SIZE") else None
 
     def build(max_model_len):
-        return engine_args(model=str(directory), load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+        return engine_args(model=str(directory), load_format="dummy", skip_tokenizer_init=not tokenizer, enforce_eager=True,
                            max_model_len=max_model_len, dtype="bfloat16", block_size=block,
                            enable_prefix_caching=True,  # as the planner asks of hybrids
                            trust_remote_code=False).create_engine_config()
@@ -157,6 +207,7 @@ def main() -> None:
         for arch, config in cases.items():
             directory = Path(tempfile.mkdtemp(prefix="spillway-coverage-case-"))
             (directory / "config.json").write_text(json.dumps(config))
+            tokenizer = _processor_files(config, directory)
             print(f"== {arch}", file=sys.stderr, flush=True)
             begin = time.monotonic()
             signal.alarm(CASE_SECONDS)
@@ -172,7 +223,7 @@ def main() -> None:
             else:
                 os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
             try:
-                vllm_config = _engine_config(EngineArgs, directory)
+                vllm_config = _engine_config(EngineArgs, directory, tokenizer)
                 with set_current_vllm_config(vllm_config):
                     if not started:
                         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
