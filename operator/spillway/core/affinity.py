@@ -167,8 +167,8 @@ def prompt_blocks(body: Mapping[str, Any], block_tokens: int, max_blocks: int = 
             chunk = source[start:start + size]
             if isinstance(chunk, list):
                 # A number hashes alike in every process; a str or None (the other hashable values JSON
-                # gives) does not, and sum() refuses both, in C: a Python check of each id's type cost
-                # 1 ms of a 32K-token prompt. A float or a bool is hashed as the number it is.
+                # gives) does not, and sum() refuses both, in C: a Python check of each id's type was the
+                # costliest step of hashing a long prompt. A float or a bool is hashed as the number it is.
                 sum(chunk)
                 parent = hash((parent, tuple(chunk)))
             else:
