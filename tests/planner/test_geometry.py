@@ -137,6 +137,16 @@ def test_block_size_scales_block_bytes():
     ({"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "num_hidden_layers": 4,
       "num_attention_heads": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
       "linear_attn_config": {"num_heads": 4, "head_dim": 64}}, "kda_layers"),
+    # DeciLM (nemotron_nas.py): each layer's attention from block_configs; vLLM asserts the head ratio per layer
+    ({"architectures": ["DeciLMForCausalLM"], "model_type": "nemotron_nas", "num_hidden_layers": 2,
+      "num_attention_heads": 4, "hidden_size": 64, "block_configs": [{"attention": {"n_heads_in_group": 2}}]},
+     "block_configs must hold an entry for each of 2 layers"),
+    ({"architectures": ["DeciLMForCausalLM"], "model_type": "nemotron_nas", "num_hidden_layers": 1,
+      "num_attention_heads": 10, "hidden_size": 160, "block_configs": [{"attention": {"n_heads_in_group": 3}}]},
+     r"num_heads \(10\) is not divisible by num_kv_heads \(3\)"),
+    ({"architectures": ["DeciLMForCausalLM"], "model_type": "nemotron_nas", "num_hidden_layers": 1,
+      "num_attention_heads": 4, "hidden_size": 64, "block_configs": [{"attention": {"no_op": True}}]},
+     "attention is a no-op"),
 ])
 def test_models_it_cannot_size_get_a_clear_message(cfg, message):
     with pytest.raises(ModelGeometryUnknown, match=message):

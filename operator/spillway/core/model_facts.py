@@ -367,6 +367,11 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
     if model_type == "hy_v4":
         return [(FULL,)] * num_layers
+    if model_type == "nemotron_nas":
+        groups = _deci_groups(config, num_layers, name)
+        if all(group is None for group in groups):
+            raise ModelGeometryUnknown(f"{name}: every DeciLM layer's attention is a no-op: no KV cache to offload")
+        return [() if group is None else (FULL,) for group in groups]
     if model_type == "kimi_linear":
         # vllm/transformers_utils/configs/kimi_linear.py is_kda_layer: the layers linear_attn_config's kda_layers
         # lists (counting from 1) are Kimi delta attention, the others MLA
@@ -538,6 +543,37 @@ def _layer_heads(config: Mapping[str, Any], kinds: list[tuple[str, ...]], kv_hea
     return tuple(out) if len(set(out)) > 1 else None
 
 
+def _deci_groups(config: Mapping[str, Any], num_layers: int, name: str) -> list[int | None]:
+    """nemotron_nas.py DeciLMDecoderLayer: each layer's block_configs entry; None where its attention is a no-op
+    (no attention, no cache), else its n_heads_in_group (its KV heads: num_attention_heads // that)."""
+    blocks = config.get("block_configs")
+    if not isinstance(blocks, list) or len(blocks) < num_layers:
+        raise ModelGeometryUnknown(f"{name}: DeciLM's block_configs must hold an entry for each of {num_layers} layers")
+    out: list[int | None] = []
+    for block in blocks[:num_layers]:
+        attention = block.get("attention") if isinstance(block, Mapping) else None
+        if not isinstance(attention, Mapping):
+            raise ModelGeometryUnknown(f"{name}: a block_configs entry without its attention block")
+        out.append(None if attention.get("no_op") else _int(attention, "n_heads_in_group", name))
+    return out
+
+
+def _deci_heads(config: Mapping[str, Any], kinds: list[tuple[str, ...]], heads: int, head_dim: int,
+                name: str) -> tuple[int, tuple[tuple[int, int, int], ...] | None]:
+    """DeciLM's KV heads: vLLM's NemotronNasModelArchConfigConvertor takes the first attention layer's as the
+    model's, and each attention layer builds its own (heads // n_heads_in_group); Attention asserts the ratio."""
+    per_layer = []
+    for group in _deci_groups(config, len(kinds), name):
+        kv_heads = heads // group if group is not None else 0
+        if group is not None and (kv_heads == 0 or heads % kv_heads):
+            raise ModelGeometryUnknown(f"{name}: vLLM refuses it: num_heads ({heads}) is not divisible by "
+                                       f"num_kv_heads ({kv_heads}) (n_heads_in_group {group})")
+        per_layer.append((kv_heads or 1, head_dim, head_dim))
+    attention = [h for h, layer in zip(per_layer, kinds, strict=True) if layer]  # one at least (_layer_kinds)
+    out = tuple(per_layer)
+    return attention[0][0], out if len({h for h in attention}) > 1 else None
+
+
 def _swa_heads(config: Mapping[str, Any], kinds: list[tuple[str, ...]], full: tuple[int, int, int],
                name: str) -> tuple[tuple[int, int, int], ...] | None:
     """mimo_v2.py: the sliding layers' own KV heads, K and V head sizes (swa_*; V absent: K's size)."""
@@ -646,6 +682,10 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         # padded to that head size
         kv_heads, head_dim = heads, _int(text, "qk_nope_head_dim", name) + _int(text, "qk_rope_head_dim", name)
         v_head_dim = head_dim
+    elif attention and model_type == "nemotron_nas":
+        _, head_dim = _attention_geometry(text, heads, name)  # llama.py LlamaAttention's: the KV heads are DeciLM's
+        v_head_dim = head_dim
+        kv_heads, deci_heads = _deci_heads(text, kinds, heads, head_dim, name)
     elif attention:
         kv_heads, head_dim = _attention_geometry(text, heads, name)
         if heads % kv_heads:
@@ -687,7 +727,9 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     max_len = _max_model_len(text, str(config.get("model_type") or model_type))
     chunk = int(text.get("mamba_chunk_size") or text.get("chunk_size") or 2048)
     layer_heads = None
-    if model_type in PER_LAYER_HEADS:
+    if model_type == "nemotron_nas" and attention:
+        layer_heads = deci_heads
+    elif model_type in PER_LAYER_HEADS:
         layer_heads = _layer_heads(text, kinds, kv_heads, head_dim, name)
     elif model_type in SWA_HEADS and SLIDING in flat:
         layer_heads = _swa_heads(text, kinds, (kv_heads, head_dim, v_head_dim), name)

@@ -89,6 +89,41 @@ PATCHES: dict[str, dict] = {
 PATCHES["Emu3ForConditionalGeneration"] = {"vocabulary_map": {"<image>": 151646, "<|extra_200|>": 151846}}
 PATCHES["Emu3ForCausalLM"] = PATCHES["Emu3ForConditionalGeneration"]
 
+# allenai/Molmo2 (remote code): molmo2.py reads its text, vision and adapter configs field by field into its own
+# dataclasses (TextConfig, VitConfig, AdapterConfig); here those dataclasses' defaults, and the image tokens'
+# ids its __init__ reads, past the text vocabulary (no KV-cache spec reads them)
+_MOLMO2_TEXT = {"hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4, "head_dim": 128,
+                "vocab_size": 152064, "additional_vocab_size": 128, "qkv_bias": True, "num_hidden_layers": 48,
+                "intermediate_size": 18944, "hidden_act": "silu", "max_position_embeddings": 4096,
+                "rope_theta": 1000000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+                "use_qk_norm": False, "qk_norm_type": "olmo", "layer_norm_eps": 1e-6, "norm_after": False,
+                "rope_scaling_layers": None}
+PATCHES["Molmo2ForConditionalGeneration"] = {
+    **{key: _MOLMO2_TEXT[key] for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                          "vocab_size", "num_hidden_layers", "intermediate_size",
+                                          "max_position_embeddings")},
+    "text_config": _MOLMO2_TEXT,
+    "vit_config": {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16,
+                   "num_key_value_heads": 16, "head_dim": 72, "hidden_act": "gelu_pytorch_tanh",
+                   "layer_norm_eps": 1e-6, "image_default_input_size": [378, 378], "image_patch_size": 14,
+                   "image_num_pos": 577},
+    "adapter_config": {"vit_layers": [-3, -9], "pooling_attention_mask": False, "hidden_size": 1152,
+                       "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 72, "hidden_act": "silu",
+                       "intermediate_size": 18944, "text_hidden_size": 3584},
+    **{name: 152064 + i for i, name in enumerate((
+        "image_patch_id", "image_start_token_id", "low_res_image_start_token_id", "image_end_token_id",
+        "image_col_id", "frame_start_token_id", "frame_end_token_id"))},
+}
+
+# DeciLM / Nemotron-NAS (nvidia/Llama-3_1-Nemotron-51B-Instruct, remote code): a Llama whose layers each take
+# their own attention from block_configs: a no-op (no attention, no KV cache) or n_heads_in_group query heads per
+# KV head (nemotron_nas.py). Here the generic config's 32 layers in a mix of all three kinds the checkpoints ship:
+# 8 query heads per KV head, 4 per KV head, and no-op attention (the FFN's width is no KV-cache spec's).
+_DECI_ATTENTION = [8, 8, 8, 4, None, 8, 8, None] * 4
+PATCHES["DeciLMForCausalLM"] = {"block_configs": [
+    {"attention": {"no_op": group is None, "replace_with_linear": False, "n_heads_in_group": group},
+     "ffn": {"no_op": False, "replace_with_linear": False, "ffn_mult": 2.625}} for group in _DECI_ATTENTION]}
+
 # Gemma 3n's first layers use a sparse GELU whose threshold vLLM computes with a tensor's .item() (GeluAndMulSparse,
 # vllm/model_executor/layers/activation.py), which meta tensors refuse; dense activations everywhere (an MLP choice,
 # no KV-cache spec reads it) let it build on the meta device.

@@ -105,6 +105,45 @@ def _processor_files(config: dict, directory: Path) -> bool:
     return True
 
 
+# Fields a remote-code config class builds as configs of their own (Molmo2's text, vision and adapter configs,
+# Nemotron-Parse's encoder and decoder), which vLLM's model code reads by attribute; every other mapping (RoPE
+# parameters, quantization) stays a mapping, as those classes keep it.
+SUB_CONFIGS = frozenset({"text_config", "vit_config", "adapter_config", "encoder", "decoder"})
+
+
+# Lists of per-layer entries a remote-code config class builds as objects (DeciLMConfig's block_configs: each
+# layer's attention and ffn blocks), which vLLM's model code reads by attribute
+ENTRY_LISTS = frozenset({"block_configs"})
+
+
+class _Entry(dict):
+    """A per-layer entry read by attribute, as the remote class's dataclasses are; still a mapping, so the config
+    serializes as its config.json does."""
+
+    def __getattr__(self, key):
+        try:
+            value = self[key]
+        except KeyError:
+            raise AttributeError(key) from None  # hasattr(entry.ffn, "ffn_mult") is how nemotron_nas.py asks
+        return _Entry(value) if isinstance(value, dict) else value
+
+
+def _generic_config(model_type: str, base: type) -> type:
+    """A plain config class of a remote-code model type (configs.GENERIC_TEXT), its SUB_CONFIGS built as configs and
+    its ENTRY_LISTS' entries read by attribute."""
+
+    def __init__(self, **kwargs):
+        for key in SUB_CONFIGS & kwargs.keys():
+            if isinstance(kwargs[key], dict):
+                kwargs[key] = base(**kwargs[key])
+        for key in ENTRY_LISTS & kwargs.keys():
+            if isinstance(kwargs[key], list):
+                kwargs[key] = [_Entry(entry) if isinstance(entry, dict) else entry for entry in kwargs[key]]
+        base.__init__(self, **kwargs)
+
+    return type(f"Generic_{model_type}", (base,), {"model_type": model_type, "__init__": __init__})
+
+
 class CaseTimeout(Exception):
     pass
 
@@ -188,8 +227,7 @@ def main() -> None:
     for config in cases.values():  # remote-code model types: a plain config of that name (configs.GENERIC_TEXT)
         model_type = config.get("model_type")
         if model_type and model_type not in known:
-            AutoConfig.register(model_type, type(f"Generic_{model_type}", (PretrainedConfig,),
-                                                 {"model_type": model_type}))
+            AutoConfig.register(model_type, _generic_config(model_type, PretrainedConfig))
             known.add(model_type)
     from vllm.model_executor.models import registry
 
