@@ -67,7 +67,7 @@ async def main(args: argparse.Namespace) -> dict:
         for pods in (1, 3) if "scale" in args.scenarios else ():
             name = f"scale-{pods}"
             w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
-            r = await F.scale_up(servers, pods, w, requests=n, concurrency=c)
+            r = await F.scale_up(servers, pods, w, requests=2 * n, concurrency=c)  # n after the join
             record(r, line(f"2 -> 3 replicas, {pods} pod{'s' * (pods > 1)}", r,
                            f"  (joined replica {100 * r['joined_share']:.0f}% in {r['window_s']} s, its arcs drew "
                            f"{100 * r['joined_drawn_share']:.0f}%, overloaded to {r['overloaded_to']})"))
@@ -105,7 +105,8 @@ async def main(args: argparse.Namespace) -> dict:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=240, help="requests per scenario (per phase of a restart)")
+    parser.add_argument("--requests", type=int, default=240, help="requests per scenario (per phase of a restart; "
+                        "after the join of a scale-up)")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--prefixes", type=int, default=12)
     parser.add_argument("--prefix-blocks", type=int, default=3, help="blocks of 32 tokens per prefix (a pool holds 38)")
