@@ -83,12 +83,18 @@ connector-wheel: $(STAMP)
 TEST_ENV := PATH=$(CURDIR)/$(BIN):$$PATH SPILLWAY_VLLM_TREES=$${SPILLWAY_VLLM_TREES:-$(SPILLWAY_VLLM_TREES)}
 # The 30 slowest tests and fixtures, so the suite's cost is read off every run (CI's budget is 30 min).
 PYTEST_DURATIONS := --durations=30
+# Test files run on PYTEST_WORKERS processes (pytest-xdist). Most tests spend their time waiting on a
+# subprocess (kopf against kmock, a vLLM engine, podman, helm), so more workers than the two cores of a CI
+# machine still pay. loadfile keeps a file on one worker: module fixtures (a cluster, an engine, an image)
+# are built once, as without workers. PYTEST_WORKERS=0 runs in this process (a debugger, -x, -s).
+PYTEST_WORKERS ?= 4
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: setup vllm-src
-	$(TEST_ENV) $(BIN)/python -m pytest tests $(PYTEST_DURATIONS)
+	$(TEST_ENV) $(BIN)/python -m pytest tests $(PYTEST_PARALLEL) $(PYTEST_DURATIONS)
 
 test-fast: setup vllm-src
-	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not engine" $(PYTEST_DURATIONS)
+	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not engine" $(PYTEST_PARALLEL) $(PYTEST_DURATIONS)
 
 # The questions in bench/ that run on any machine (the GPU questions run through bench/gpu/run_engines.sh).
 BENCH := bench/planner/plan.py bench/fleet/fleet.py bench/connector-overhead/connector_overhead.py \

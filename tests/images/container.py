@@ -8,10 +8,12 @@ build of unchanged sources a matter of seconds), so the tests run what `make ima
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,8 +48,13 @@ def engine() -> str:
 @functools.cache
 def _build(image: str) -> tuple[int, str]:
     builder = os.environ.get("CONTAINER_ENGINE") or _engine() or ""
-    proc = subprocess.run(["bash", str(BUILD), image], cwd=REPO, capture_output=True, text=True,
-                          timeout=BUILD_TIMEOUT_S, check=False, env={**os.environ, "CONTAINER_ENGINE": builder})
+    # One build of an image at a time across processes (the suite's xdist workers, another run beside it):
+    # two builds of one tag race on its layers and tag, and the second one, after the first, is the layer
+    # cache's. Keyed by image, so the operator and the CPU vLLM image still build side by side.
+    with open(Path(tempfile.gettempdir()) / f"spillway-image-build-{image}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["bash", str(BUILD), image], cwd=REPO, capture_output=True, text=True,
+                              timeout=BUILD_TIMEOUT_S, check=False, env={**os.environ, "CONTAINER_ENGINE": builder})
     return proc.returncode, proc.stdout + proc.stderr
 
 
