@@ -550,18 +550,27 @@ async def run_vllm_bench(url: str, common: dict, spec: dict, run: dict, out_dir:
     return out
 
 
-async def run_preemption(url: str, spec: dict, out_dir: Path, deadline: float) -> dict:
-    """`spillway loadtest preemption` against this engine."""
-    path = out_dir / f"preemption-{spec['name']}.json"
-    cmd = [sys.executable, "-m", "spillway.loadtest", "preemption", "--endpoint", url, "-o", str(path),
-           "--progress", "log", "--label", f"engine={spec['name']}", *spec["preemption"]]
+async def run_loadtest_command(url: str, subcommand: list[str], stem: str, extra: list[str], out_dir: Path,
+                               deadline: float, tail: int, label: str) -> dict:
+    """`spillway loadtest <subcommand>` against this engine, its result file `<stem>.json` and log `<stem>.log`:
+    the command as a user types it, its exit, its time and its result (None when it wrote none)."""
+    path = out_dir / f"{stem}.json"
+    cmd = [sys.executable, "-m", "spillway.loadtest", *subcommand, "--endpoint", url, "-o", str(path),
+           "--label", label, *extra]
     log(f"  spillway loadtest {' '.join(cmd[3:])}")
     t0 = time.time()
-    rc, text = await run_subprocess(cmd, out_dir / f"preemption-{spec['name']}.log", deadline)
-    for line in text.splitlines()[-6:]:
+    rc, text = await run_subprocess(cmd, out_dir / f"{stem}.log", deadline)
+    for line in text.splitlines()[-tail:]:
         log("    " + line)
     return {"command": ["spillway", *cmd[3:]], "rc": rc, "seconds": time.time() - t0,
             "result": json.loads(path.read_text()) if path.exists() else None}
+
+
+async def run_preemption(url: str, spec: dict, out_dir: Path, deadline: float) -> dict:
+    """`spillway loadtest preemption` against this engine."""
+    return await run_loadtest_command(url, ["preemption"], f"preemption-{spec['name']}",
+                                      ["--progress", "log", *spec["preemption"]], out_dir, deadline, tail=6,
+                                      label=f"engine={spec['name']}")
 
 
 _PREEMPT_LOG = re.compile(r"Preemptions: (\d+)")
@@ -590,19 +599,9 @@ _START_LINE = re.compile(r"mmap|CPU tensors|[Rr]egister|offload|spillway_connect
 
 async def run_verify(url: str, spec: dict, out_dir: Path, deadline: float) -> list[dict]:
     """`spillway loadtest verify run` against this engine, once per argument list of the spec's "verify"."""
-    out = []
-    for i, extra in enumerate(spec["verify"]):
-        path = out_dir / f"verify-{spec['name']}-{i}.json"
-        cmd = [sys.executable, "-m", "spillway.loadtest", "verify", "run", "--endpoint", url, "-o", str(path),
-               "--label", f"engine={spec['name']}", *extra]
-        log(f"  spillway loadtest {' '.join(cmd[3:])}")
-        t0 = time.time()
-        rc, text = await run_subprocess(cmd, out_dir / f"verify-{spec['name']}-{i}.log", deadline)
-        for line in text.splitlines()[-12:]:
-            log("    " + line)
-        out.append({"command": ["spillway", *cmd[3:]], "rc": rc, "seconds": time.time() - t0,
-                    "result": json.loads(path.read_text()) if path.exists() else None})
-    return out
+    return [await run_loadtest_command(url, ["verify", "run"], f"verify-{spec['name']}-{i}", extra, out_dir, deadline,
+                                       tail=12, label=f"engine={spec['name']}")
+            for i, extra in enumerate(spec["verify"])]
 
 
 def bench_flags(spec: dict) -> list[str]:
