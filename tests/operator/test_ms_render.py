@@ -3,21 +3,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import yaml
 from spillway.controller.facts import summarize_node, synthetic_node
 from spillway.controller.manifests import desired
 from spillway.core import k8s_names as names
 from support.crd_schema import REPO
+from support.forked import spillway_cli
 from support.ms_examples import gpu_node, modelserver
 
 EXAMPLE = REPO / "docs" / "examples" / "modelserver.yaml"
 
 
 def spillway(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spillway.cli", "render", *args], input=stdin,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return spillway_cli("render", *args, stdin=stdin, timeout=120)
 
 
 def test_renders_the_example_like_the_operator():

@@ -21,14 +21,14 @@ from spillway.core.errors import ModelGeometryUnknown
 from spillway.core.geometry import geometry_from_config, kv_layout
 from spillway.core.groups import FULL, SLIDING
 from spillway.core.model_facts import read_facts
+from support.forked import spillway_cli
 
 PUBLISHED = Path(__file__).resolve().parent / "published"
 GEMMA3_27B = PUBLISHED / "google--gemma-3-27b-it.json"  # as google publishes it: no layer_types, no pattern
 
 
 def _spillway(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spillway.cli", *args], capture_output=True, text=True,
-                          timeout=60, check=False)
+    return spillway_cli(*args, timeout=60)
 
 
 def test_the_transformers_in_use_is_the_one_the_reader_names():

@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 from spillway.adapters.model_config import catalog_config
 from spillway.core import vllm_api as api
 from spillway.core.options import Connector, EvictionPolicy, Layout, choices
+from support.forked import spillway_cli
 
 
 def spillway(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spillway.cli", *args], capture_output=True, text=True, timeout=60, check=False)
+    return spillway_cli(*args, timeout=60)
 
 
 def test_json_output_holds_the_plan_sections():

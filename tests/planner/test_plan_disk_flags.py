@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired
 from spillway.core import disk_tier as dt
 from spillway.core import vllm_api as api
+from support.forked import spillway_cli
 from support.ms_examples import gpu_node, modelserver
 
 LLAMA = ["--model", "meta-llama/Llama-3.1-8B-Instruct"]
@@ -18,8 +18,7 @@ NODE = ["--node-memory", "2Ti", "--gpus-per-node", "8"]
 
 
 def spillway(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spillway.cli", "plan", *args], capture_output=True, text=True,
-                          timeout=60, check=False)
+    return spillway_cli("plan", *args, timeout=60)
 
 
 def planned(*args: str) -> dict:

@@ -9,6 +9,7 @@ argument parsers, environment) that dies with it, so a call sees nothing of the 
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import math
 import os
@@ -113,3 +114,20 @@ class Forked:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+
+
+# What `python -m spillway.cli` imports for its commands, and transformers' config registry (the planner reads a
+# --model-config through it): a fresh interpreter pays about a second for the first and several for the second.
+CLI_IMPORTS = ["spillway.cli", "spillway.commands.plan", "spillway.commands.render", "spillway.loadtest.cli",
+               "spillway.adapters.model_config", "transformers.models.auto.configuration_auto"]
+
+
+@functools.cache
+def _cli_server() -> Forked:
+    return Forked(CLI_IMPORTS)
+
+
+def spillway_cli(*args: str, stdin: str | None = None, timeout: float = 120, env: dict | None = None,
+                 rlimits: dict[str, int] | None = None) -> subprocess.CompletedProcess:
+    """`python -m spillway.cli ARGS` in a process of its own, forked from one server per test process."""
+    return _cli_server().run("spillway.cli", *args, stdin=stdin, env=env, timeout=timeout, rlimits=rlimits)
