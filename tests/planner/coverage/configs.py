@@ -134,6 +134,24 @@ for _arch in ("BertGenerationDecoder", "BertLMHeadModel", "CamembertForCausalLM"
               "RobertaPreLayerNormForCausalLM", "XLMRobertaForCausalLM", "XLMRobertaXLForCausalLM", "XmodForCausalLM"):
     PATCHES[_arch] = {"is_decoder": True}
 
+# CohereLabs' Cohere ASR checkpoints ship a NeMo-format config.json beside transformers' fields, which is what
+# cohere_asr.py reads: the Conformer encoder's, the transformer decoder's (transf_decoder.config_dict), the head's
+# and the preprocessor's sections. Here those sections written from CohereAsrConfig's own defaults (its parakeet
+# encoder: 48 layers of 1280, 8 heads; its decoder: 8 layers of 1024, 8 heads; a 16,384-token vocabulary) and NeMo's
+# Conformer defaults where the class has none (relative positions, depthwise-striding subsampling).
+PATCHES["CohereAsrForConditionalGeneration"] = {
+    "encoder": {"feat_in": 128, "n_layers": 48, "d_model": 1280, "feat_out": -1, "causal_downsampling": False,
+                "subsampling": "dw_striding", "subsampling_factor": 8, "subsampling_conv_channels": 256,
+                "ff_expansion_factor": 4, "self_attention_model": "rel_pos", "n_heads": 8,
+                "att_context_size": [-1, -1], "xscaling": False, "untie_biases": True, "pos_emb_max_len": 5000,
+                "conv_kernel_size": 9, "conv_norm_type": "batch_norm", "conv_context_size": None},
+    "transf_decoder": {"config_dict": {"hidden_size": 1024, "inner_size": 4096, "hidden_act": "relu",
+                                       "num_attention_heads": 8, "num_layers": 8, "max_sequence_length": 1024}},
+    "head": {"num_classes": 16384, "hidden_size": 1024},
+    "preprocessor": {"sample_rate": 16000, "window_size": 0.025, "window_stride": 0.01, "features": 128},
+    "sample_rate": 16000, "max_audio_clip_s": 35, "overlap_chunk_second": 5,
+}
+
 # Gemma 3n's first layers use a sparse GELU whose threshold vLLM computes with a tensor's .item() (GeluAndMulSparse,
 # vllm/model_executor/layers/activation.py), which meta tensors refuse; dense activations everywhere (an MLP choice,
 # no KV-cache spec reads it) let it build on the meta device.
@@ -476,6 +494,10 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "NemotronH_Nano_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
     "NemotronH_Super_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
     "NemotronH_Omni_Reasoning_V3": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
+    # vLLM 0.34 nemotron3_5_transcribe.py: init_vllm_registered_model(hf_config=config.text_config), a Nemotron-H
+    # config; its audio tower reads the NeMo preprocessor and encoder sections of audio_config, which the config
+    # class leaves empty
+    "Nemotron3_5TranscribeForConditionalGeneration": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
 }
 
 
