@@ -47,7 +47,7 @@ class Api:
         return next((c for c in conditions if c["type"] == type_), None)
 
     def planned(self, name: str = "llama", status: str | None = None, reason: str | None = None,
-                timeout: float = 30) -> dict:
+                timeout: float = 60) -> dict:  # eventually's bound (support/ms_cluster.py says why)
         def check():
             found = self.condition("Planned", name)
             if found and (status is None or found["status"] == status) and (reason is None or found["reason"] == reason):

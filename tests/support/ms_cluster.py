@@ -136,8 +136,12 @@ class Operator:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def eventually(check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2, what: str = "") -> Any:
-    """Poll check() until it returns a truthy value; fail with the last value or exception."""
+def eventually(check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2, what: str = "") -> Any:
+    """Poll check() until it returns a truthy value; fail with the last value or exception.
+
+    The timeout bounds a wait, it measures nothing: a passing check returns as soon as it holds. 60 s, since
+    the suite runs on four workers on two cores (the Makefile), where an operator's reconcile can take ten
+    times what it takes alone."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
