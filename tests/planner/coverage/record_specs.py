@@ -236,7 +236,11 @@ def main() -> None:
     registry._run_in_subprocess = lambda fn: fn()
     from vllm.v1.attention import selector
 
-    amx_probe, amx_on = torch.cpu._is_amx_tile_supported, False
+    # Every other architecture is recorded as on a CPU without AMX tiles, whatever the recording host has: the
+    # reference CPU_MLA then takes an MLA model's 16-token blocks, so truth.json does not depend on the host (on an
+    # AMX host vLLM picks AMX_MLA and its 128-token blocks for every MLA model)
+    amx_on = False
+    torch.cpu._is_amx_tile_supported = lambda: False
     cuda_stream, cuda_event = torch.cuda.Stream, torch.cuda.Event
     os.environ.setdefault("VLLM_KIMI_K3_GEMM_AR", "0")  # configs.CUDA_STREAMS
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -253,7 +257,7 @@ def main() -> None:
                 # configs.AMX_MLA: vLLM's CPU platform asks torch whether the host has AMX tiles; the backend it
                 # chose under the other answer is cached per layer signature, so the cache goes too
                 amx_on = arch in AMX_MLA
-                torch.cpu._is_amx_tile_supported = (lambda: True) if amx_on else amx_probe
+                torch.cpu._is_amx_tile_supported = (lambda: True) if amx_on else (lambda: False)
                 selector._cached_get_attn_backend.cache_clear()
             torch.cuda.Stream, torch.cuda.Event = (_Inert, _Inert) if arch in CUDA_STREAMS else (cuda_stream, cuda_event)
             if arch in V2_RUNNER:
