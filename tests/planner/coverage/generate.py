@@ -1,6 +1,6 @@
 """Regenerate truth.json: vLLM's own KV-cache answer for every generative architecture of vLLM 0.33's registry.
 
-    make coverage-truth        # PYTHONPATH/SPILLWAY_VLLM_TREES as for the tests; 6 minutes on 2 shared cores
+    make coverage-truth        # PYTHONPATH/SPILLWAY_VLLM_TREES as for the tests; 17 minutes on 2 shared cores
     generate.py ARCH ...       # only these architectures, merged into truth.json (while iterating)
     generate.py --releases     # only the later releases' sizing on the recorded specs, and their new architectures
     generate.py --new [ARCH]   # only the later releases' new architectures (these), with their own code
