@@ -48,20 +48,26 @@ def _serve_workers(ports: list[int]) -> None:
         await request.read()
         return web.Response(body=ANSWER, content_type="application/json")
 
-    async def health(request: web.Request) -> web.Response:  # vllm-router waits for every worker's /health
-        return web.Response(text="ok")
-
     async def main() -> None:
         for port in ports:
-            app = web.Application(client_max_size=64 << 20)
-            app.router.add_post("/v1/completions", completion)
-            app.router.add_get("/health", health)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await _start_completions_app(port, completion)
         await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+async def _health(request: web.Request) -> web.Response:  # vllm-router waits for every worker's /health
+    return web.Response(text="ok")
+
+
+async def _start_completions_app(port: int, completion) -> None:
+    """An aiohttp server on 127.0.0.1:port answering /v1/completions with `completion` and /health."""
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/v1/completions", completion)
+    app.router.add_get("/health", _health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
 
 
 def _serve_bare_proxy(port: int, worker: str) -> None:
@@ -79,15 +85,7 @@ def _serve_bare_proxy(port: int, worker: str) -> None:
                                     headers={"Content-Type": "application/json"}) as answer:
                 return web.Response(body=await answer.read(), status=answer.status, content_type="application/json")
 
-        async def health(request: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        app = web.Application(client_max_size=64 << 20)
-        app.router.add_post("/v1/completions", completion)
-        app.router.add_get("/health", health)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await _start_completions_app(port, completion)
         await asyncio.Event().wait()
 
     uvloop.run(main())
