@@ -78,7 +78,7 @@ def region_functions(region_cls: Any = None) -> dict[str, Any]:
 
 def prefault_threads() -> int:
     """SPILLWAY_PREFAULT_THREADS (the operator sets the replica's cores), else the CPUs this process may run on,
-    at most 16 (bench/results/h200-2026-12-02: 16 threads fault 64 GiB in 7.2-7.8 s, one in 41-68 s)."""
+    at most 16 (bench/pool-setup/results/pool_setup*.json: 16 threads fault 64 GiB in 7.2-7.8 s, one in 41-68 s)."""
     raw = os.environ.get(PREFAULT_THREADS_ENV, "").strip()
     if raw.isdigit() and int(raw) > 0:
         return min(int(raw), MAX_PREFAULT_THREADS)

@@ -77,7 +77,7 @@ POOL_SETUP_BYTES_PER_S_PER_THREAD = 0.84 * GiB
 POOL_SETUP_BYTES_PER_S_MAX = 4.0 * GiB
 # Threads that pre-fault the pool, at most: 16 took a 64 GiB pool from 41 s to 7.2-7.8 s on the H200's 16 cores
 # (bench/pool-setup/results/pool_setup.json), and from 39 s to 5.5-8.9 s in an engine
-# (h200-2026-12-02-pool/); more were not measured.
+# (bench/pool-setup/); more were not measured.
 MAX_PREFAULT_THREADS = 16
 
 
