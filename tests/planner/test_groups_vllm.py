@@ -159,8 +159,10 @@ def test_the_coverage_recorder_builds_the_specs_a_real_engine_builds(engine_trut
     cases = {config["architectures"][0]: config for config in FAMILIES.values()}
     source, target = tmp_path / "cases.json", tmp_path / "specs.jsonl"
     source.write_text(json.dumps(cases))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE / "coverage" / "absent"), str(REPO / "connector"),
-                                                       str(REPO / "operator")]))
+    # the engines above ran on this host, whose AMX tiles (or their absence) decide an MLA model's block size
+    env = dict(os.environ, SPILLWAY_RECORD_AS_THIS_HOST="1",
+               PYTHONPATH=os.pathsep.join([str(HERE / "coverage" / "absent"), str(REPO / "connector"),
+                                           str(REPO / "operator")]))
     result = subprocess.run([sys.executable, str(HERE / "coverage" / "record_specs.py"), str(source), str(target)],
                             env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]

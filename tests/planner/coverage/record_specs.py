@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_truth import _spec_fields
 
 CASE_SECONDS = 120
+# "1": answer vLLM's AMX probe as this host does instead of as a host without AMX (the coverage truth's rule)
+AS_THIS_HOST = "SPILLWAY_RECORD_AS_THIS_HOST"
 
 
 CPU_BUILD_BYTES = 2 << 30
@@ -238,9 +240,12 @@ def main() -> None:
 
     # Every other architecture is recorded as on a CPU without AMX tiles, whatever the recording host has: the
     # reference CPU_MLA then takes an MLA model's 16-token blocks, so truth.json does not depend on the host (on an
-    # AMX host vLLM picks AMX_MLA and its 128-token blocks for every MLA model)
+    # AMX host vLLM picks AMX_MLA and its 128-token blocks for every MLA model). AS_THIS_HOST keeps the host's own
+    # answer, for a comparison with a real engine on this host (tests/planner/test_groups_vllm.py).
+    as_this_host = os.environ.get(AS_THIS_HOST) == "1"
     amx_on = False
-    torch.cpu._is_amx_tile_supported = lambda: False
+    if not as_this_host:
+        torch.cpu._is_amx_tile_supported = lambda: False
     cuda_stream, cuda_event = torch.cuda.Stream, torch.cuda.Event
     os.environ.setdefault("VLLM_KIMI_K3_GEMM_AR", "0")  # configs.CUDA_STREAMS
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -253,7 +258,7 @@ def main() -> None:
             print(f"== {arch}", file=sys.stderr, flush=True)
             begin = time.monotonic()
             signal.alarm(CASE_SECONDS)
-            if (arch in AMX_MLA) != amx_on:
+            if not as_this_host and (arch in AMX_MLA) != amx_on:
                 # configs.AMX_MLA: vLLM's CPU platform asks torch whether the host has AMX tiles; the backend it
                 # chose under the other answer is cached per layer signature, so the cache goes too
                 amx_on = arch in AMX_MLA
