@@ -19,6 +19,7 @@ answer is compared with the prompt's first answer, which was computed: a reload 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import random
 import shutil
@@ -172,6 +173,20 @@ def gauge_after_a_step(s: VllmServer, name: str) -> float:
     return metric(s.metrics_text(), name)
 
 
+def slots_released(root: Path) -> bool:
+    """No process holds a replica slot's lock: a stopped engine's last process has exited (under load its engine
+    core can outlive the server's process group by seconds, and a restart would then take another slot)."""
+    for lock in root.glob("replica-*/.owner.lock"):
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+    return True
+
+
 def new_files(root: Path, before: set[Path]) -> list[Path]:
     """Chunk files written since `before`, oldest first."""
     return sorted(set(chunk_files(root)) - before, key=lambda p: p.stat().st_mtime_ns)
@@ -295,6 +310,7 @@ def test_disk_tier_serves_only_right_kv_stays_bounded_and_survives_its_faults(tm
             wait_for(lambda: gauge_after_a_step(s, names.TIER_WRITABLE) == 1, "writable again")
             assert s.running
 
+        wait_for(lambda: slots_released(root), "the stopped engine's slot released", timeout_s=60)
         with server(root, model_dir) as restarted:
             assert disk_hits(restarted.metrics_text()) == 0
             assert complete(restarted, hot, OUT) == computed[6]
@@ -314,6 +330,7 @@ def test_disk_tier_serves_only_right_kv_stays_bounded_and_survives_its_faults(tm
         old_namespace = {path.parent.parent.parent for path in chunk_files(root)}
         assert len(old_namespace) == 1
         write_kv_sensitive_model(model_dir, NEW_REVISION)  # new weights under the same name and path
+        wait_for(lambda: slots_released(root), "the restarted engine's slot released", timeout_s=60)
         with server(root, model_dir, NEW_REVISION) as revised:
             answer = complete(revised, hot, OUT)
             assert answer != computed[6], "another revision: another model"
