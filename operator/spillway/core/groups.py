@@ -54,8 +54,8 @@ HOST_PAGE_BYTES = 4096  # 0.32/0.33 CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT = mma
 GPU_KERNEL_BLOCK = 16
 GDN_CHECKPOINT_ALIGNMENT = 64  # vllm/v1/attention/backends/gdn_attn.py FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
 # Model types whose recurrent layers are vLLM's GatedDeltaNet (qwen_gdn_linear_attn.py): qwen3_next.py, qwen3_5.py,
-# olmo_hybrid.py
-GDN_CHECKPOINTED = ("qwen3_next", "qwen3_5", "olmo_hybrid")
+# olmo_hybrid.py, and vllm/models/qwen4_exp (QwenGatedDeltaNetAttention)
+GDN_CHECKPOINTED = ("qwen3_next", "qwen3_5", "qwen4_exp", "olmo_hybrid")
 MLA_HYBRID_BLOCK = 128
 # Model types whose own vLLM model code arrived in a release (vllm/model_executor/models/zaya.py: 0.34); earlier
 # releases serve them through the Transformers backend

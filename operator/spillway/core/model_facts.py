@@ -119,7 +119,7 @@ BOUNDED_FIELDS = {
 # filled as vLLM fills it, and its layers' kinds are not in it.
 FILLED_LAYER_TYPES = frozenset({
     "gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
-    "qwen3_5_moe_text", "olmo3",
+    "qwen3_5_moe_text", "olmo3", "qwen4_exp", "qwen4_exp_text",
 })
 
 
@@ -367,6 +367,10 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
     if model_type == "hy_v4":
         return [(FULL,)] * num_layers
+    if model_type == "domyn_edge":
+        # vllm/model_executor/models/domyn_edge.py: a layer's window is the first of its window_sizes pair, 0 for
+        # global attention
+        return [(SLIDING,) if window else (FULL,) for window in _domyn_windows(config, num_layers, name)]
     if model_type == "nemotron_nas":
         groups = _deci_groups(config, num_layers, name)
         if all(group is None for group in groups):
@@ -414,7 +418,17 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
             raise ModelGeometryUnknown(f"{name}: no_rope_layers needs an entry for each of {num_layers} layers")
         return [(CHUNKED,) if no_rope[i] else (FULL,) for i in range(num_layers)]
     types = config.get("layer_types")
-    if isinstance(types, list) and "indexed_attention" in types:
+    if isinstance(types, list) and "indexed_attention" in types and model_type.startswith("qwen4_exp"):
+        # vllm/models/qwen4_exp/nvidia/model.py: an indexed layer without the QSA indexer (indexer_n_heads unset) is
+        # Qwen3-Next's full attention; with it, QSA keeps a compressed-key and a ring cache beside its KV, and a
+        # PLE layer a short-convolution state beside its gated delta-net
+        if config.get("indexer_n_heads") is not None:
+            raise ModelGeometryUnknown(f"{name}: Qwen4-Exp's QSA indexer (indexer_n_heads) keeps compressed-key and "
+                                       "ring caches Spillway does not model")
+        if config.get("ple_layer_ids"):
+            raise ModelGeometryUnknown(f"{name}: Qwen4-Exp's per-layer embeddings (ple_layer_ids) keep a "
+                                       "convolution state Spillway does not model")
+    elif isinstance(types, list) and "indexed_attention" in types:
         # vllm/models/deepseek_v32/attention.py: every layer's indexer keeps keys unless index_topk_freq or
         # index_topk_pattern skips it; indexed attention elsewhere (Qwen4-Exp's) is not this cache
         if not (model_type in MLA_MODEL_TYPES and config.get("kv_lora_rank") is not None
@@ -453,13 +467,23 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
     return [(FULL,)] * num_layers
 
 
+def _domyn_windows(config: Mapping[str, Any], num_layers: int, name: str) -> list[int]:
+    pairs = config.get("window_sizes")
+    if not isinstance(pairs, list) or len(pairs) < num_layers or not all(
+            isinstance(p, list) and p and isinstance(p[0], int) and not isinstance(p[0], bool) and p[0] >= 0
+            for p in pairs[:num_layers]):
+        raise ModelGeometryUnknown(f"{name}: DomynEdge's window_sizes needs a (window, 0) pair for each of "
+                                   f"{num_layers} layers")
+    return [p[0] for p in pairs[:num_layers]]
+
+
 def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> MambaShape:
     def get(*keys: str, default: int | None = None) -> int:
         return _int(config, next((k for k in keys if config.get(k) is not None), keys[0]), name, default)
 
     hidden = config.get("hidden_size") or 0
-    # olmo_hybrid.py sizes its gated delta-net state with the same calculator and fields as Qwen3-Next
-    if model_type.startswith(("qwen3_next", "qwen3_5", "olmo_hybrid")):
+    # olmo_hybrid.py and Qwen4-Exp size their gated delta-net state with the same calculator and fields as Qwen3-Next
+    if model_type.startswith(("qwen3_next", "qwen3_5", "qwen4_exp", "olmo_hybrid")):
         return MambaShape("gdn", conv_kernel=get("linear_conv_kernel_dim", default=4),
                           k_heads=get("linear_num_key_heads"), v_heads=get("linear_num_value_heads"),
                           k_dim=get("linear_key_head_dim"), v_dim=get("linear_value_head_dim"))
@@ -698,6 +722,13 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         window = _int(text, "loop_window_size", name, 64)
     elif SLIDING in flat and model_type in SWA_HEADS:
         window = _int(text, "sliding_window_size", name)
+    elif SLIDING in flat and model_type == "domyn_edge":
+        # "HF window (w, 0) attends to w+1 keys; vLLM's window counts all keys"
+        distinct = {w + 1 for w in _domyn_windows(text, num_layers, name) if w}
+        if len(distinct) != 1:
+            raise ModelGeometryUnknown(f"{name}: sliding layers of different windows {sorted(distinct)} are not "
+                                       "modelled")
+        window = distinct.pop()
     elif SLIDING in flat and model_type in INTERLEAVED_WINDOWS:
         distinct = {w for w in _interleaved_windows(text, num_layers, name) or () if w is not None}
         if len(distinct) != 1:
@@ -731,6 +762,14 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         layer_heads = deci_heads
     elif model_type in PER_LAYER_HEADS:
         layer_heads = _layer_heads(text, kinds, kv_heads, head_dim, name)
+    elif model_type == "domyn_edge" and text.get("per_layer_config"):
+        # domyn_edge.py takes each layer's head_dim from transformers' per_layer_config overrides; layers of
+        # different head sizes (different pages within a kind) are not modelled
+        if not isinstance(text["per_layer_config"], Mapping) or any(
+                not isinstance(o, Mapping) or set(o) & {"head_dim", "num_key_value_heads"}
+                for o in text["per_layer_config"].values()):
+            raise ModelGeometryUnknown(f"{name}: DomynEdge layers with their own head_dim or KV heads "
+                                       "(per_layer_config) are not modelled")
     elif model_type in SWA_HEADS and SLIDING in flat:
         layer_heads = _swa_heads(text, kinds, (kv_heads, head_dim, v_head_dim), name)
     return ModelFacts(name, architecture, model_type, dtype, num_layers, heads, kv_heads, head_dim, v_head_dim,

@@ -83,6 +83,20 @@ PATCHES: dict[str, dict] = {
                                                "moe_layer_end_index": [27, 27]},
 }
 
+# qwen_gdn_linear_attn.py reads output_gate_type with "silu" as its fallback, but Qwen4ExpTextConfig always sets the
+# attribute (None unless given), which vLLM asserts against; transformers documents hidden_act ("silu") as the gate's
+# activation when unset, which is what a checkpoint states
+# DomynEdge (domyn/Domyn-Edge-Base, remote code) on the generic config: domyn_edge.py reads each layer's position
+# encoding (position_layers), its window as the (w, 0) pair of the reference code (window_sizes: w + 1 keys, 0 for
+# global attention) and its head size from transformers' per_layer_config (without overrides, every layer's is the
+# global head_dim). Not a published config's values: a NoPE global layer after every three RoPE layers of a
+# 1024-key window, every layer with the generic config's 128-wide heads.
+_DOMYN_POSITIONS = ["rope", "rope", "rope", "nope"] * 8
+PATCHES["DomynEdgeForCausalLM"] = {
+    "position_layers": _DOMYN_POSITIONS,
+    "window_sizes": [[1023, 0] if position == "rope" else [0, 0] for position in _DOMYN_POSITIONS],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
 # BAAI/Emu3-Chat-hf's config.json carries its tokenizer's whole vocabulary_map, which Emu3's model
 # reads while it builds (Emu3ImageVocabularyMapping: the image placeholder's and the end-of-line token's ids);
 # Emu3Config leaves it None. The two entries it reads, at ids past the text vocabulary (no KV-cache spec reads them).
@@ -297,7 +311,11 @@ MODEL_TYPES["BailingMoeV2_5ForCausalLM"] = "bailing_hybrid"
 # Ling 3's language model is the text config of vLLM's own BailingMoeV3VLConfig (model type bailing_hybrid,
 # architecture BailingMoeV3ForCausalLM: TEXT_OF), with the low-rank-free KDA gate bailing_moe_v3.py requires
 # (no_kda_lora; a projection's shape, no KV-cache spec reads it)
-TEXT_OF = {"BailingMoeV3ForCausalLM": "bailing_moe_v3_vl"}
+TEXT_OF = {"BailingMoeV3ForCausalLM": "bailing_moe_v3_vl",
+           # vllm/transformers_utils/configs/minimax_m3.py registers the VL wrapper (minimax_m3_vl), whose text config
+           # (MiniMaxM3TextConfig: "defaults mirror the text_config of the MiniMax-M3-preview checkpoint") is the one
+           # MiniMaxM3SparseForCausalLM reads
+           "MiniMaxM3SparseForCausalLM": "minimax_m3_vl"}
 PATCHES["BailingMoeV3ForCausalLM"] = {"no_kda_lora": True}
 
 # Architectures whose checkpoints vLLM reads as another model type, that class's defaults: Mistral Large 3's
@@ -347,6 +365,14 @@ for _arch in ("NemotronH_Nano_VL_V2", "NemotronH_Nano_Omni_Reasoning_V3", "Nemot
 # Transformers backend builds it; HunYuan-VL's published config.json carries it (hidden_size / heads, as vLLM's
 # ModelConfig.get_head_size derives it where it is absent)
 TEXT_PATCHES["HunYuanVLForConditionalGeneration"] = {"text_config": {"head_dim": 4096 // 32}}  # the class's defaults
+
+# qwen_gdn_linear_attn.py reads output_gate_type with "silu" as its fallback, but Qwen4ExpTextConfig always sets the
+# attribute (None unless given), which vLLM asserts against; transformers documents hidden_act ("silu") as the gate's
+# activation when unset, the value a checkpoint states. Its vision config (Qwen3.5-MoE's, a Qwen3-VL tower) names
+# no deepstack layers, which qwen4_exp's wrapper reads unguarded; Qwen3-VL's tower reads its absence as none.
+for _arch in ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"):
+    TEXT_PATCHES[_arch] = {"text_config": {"output_gate_type": "silu"}}
+TEXT_PATCHES["Qwen4ExpForConditionalGeneration"]["vision_config"] = {"deepstack_visual_indexes": []}
 
 # Checkpoints whose config.json keeps the language model's fields on the top level, as ernie45_vl.py reads them
 # (baidu/ERNIE-4.5-VL-28B-A3B), where transformers' class nests them under text_config.
