@@ -260,3 +260,81 @@ def test_router_pods_keep_a_spilled_prefix_on_its_successor():
     # Beyond the slack the walk goes on: 5 in flight make the bound ceil(1.25 x 16 / 4) = 5, the owner at 2
     # reads 7 and the successor at 3 reads 10, above 5 + 2.
     assert one_of_three.choose(blocks, {owner: 2, successor: 3}).replica not in (owner, successor)
+
+
+def test_router_pods_see_the_others_requests_in_the_replicas_reports():
+    """One of 3 router pods holds none of a hot prefix's requests on its owner, the other pods hold 2 there:
+    on its own estimate (0 x 3) the owner is empty and would take one more, 3 in all against a bound of 2
+    (bench/fleet/README.md: it reached 4). The owner's report (its engine's running and waiting, less this
+    pod's own then) says 2, so the prompt goes on to the successor, as it would through one router pod."""
+    index = _index(peers=3)
+    blocks = A.prompt_blocks(_prompt(7, 1), BLOCK)
+    owner, successor, *_ = index._ring.walk(blocks[3])
+    assert index.choose(blocks, {}).replica == owner  # no report: the estimate alone
+    reports = {owner: A.Report.read(2, own_then=0, at=10.0)}
+    spill = index.choose(blocks, {}, reports=reports, now=10.5)
+    assert (spill.replica, spill.reason) == (successor, A.DECISION_OVERLOADED)
+    # This pod's own requests count at once, the others' as of the read: one own request sent since makes 3.
+    assert index.choose(blocks, {owner: 1}, reports={owner: A.Report.read(1, 0, 10.0)}, now=10.1).replica != owner
+
+
+def test_a_stale_report_is_not_used():
+    """A replica whose /metrics stopped answering says nothing of its load now: past the report's time to
+    live the pod bounds on its own estimate again."""
+    index = _index(peers=3)
+    blocks = A.prompt_blocks(_prompt(7, 1), BLOCK)
+    owner = index.choose(blocks, {}).replica
+    reports = {owner: A.Report.read(5, 0, at=10.0)}
+    assert index.choose(blocks, {}, reports=reports, now=10.0 + A.DEFAULT_REPORT_TTL_S).replica != owner
+    assert index.choose(blocks, {}, reports=reports, now=10.1 + A.DEFAULT_REPORT_TTL_S).replica == owner
+
+
+def test_the_mean_comes_from_the_reports_where_fresh():
+    """One of 3 router pods happens to hold 3 of the fleet's 4 requests in flight: its estimate (x 3) makes
+    the bound ceil(1.25 x (9 + 1) / 4) = 4, and a hot prefix's owner holding the other pods' 2 would take a
+    third. The replicas' reports say the fleet holds 4, so the bound is ceil(1.25 x 5 / 4) = 2, the bound
+    one router pod would have."""
+    index = _index(peers=3)
+    blocks = A.prompt_blocks(_prompt(7, 1), BLOCK)
+    owner, successor, third, fourth = index._ring.walk(blocks[3])
+    own = {third: 2, fourth: 1}  # this pod's: none on the owner
+    assert index.choose(blocks, own).replica == owner  # 0 x 3 + 1 <= ceil(1.25 x 10 / 4) = 4
+    reports = {owner: A.Report.read(1, 0, 0.0), successor: A.Report.read(0, 0, 0.0),
+               third: A.Report.read(2, 2, 0.0), fourth: A.Report.read(1, 1, 0.0)}
+    # 4 in the fleet: bound 2, the owner at 1 takes one more; at 2 it does not
+    assert index.choose(blocks, own, reports=reports, now=0.1).replica == owner
+    reports[owner] = A.Report.read(2, 0, 0.0)
+    spill = index.choose(blocks, own, reports=reports, now=0.1)
+    assert (spill.replica, spill.reason) == (successor, A.DECISION_OVERLOADED)
+
+
+def test_a_report_counts_the_pods_own_requests_once():
+    """The replica's count holds this pod's requests of the moment it was read: they are taken out, and this
+    pod's count now put in, so a pod alone reads what it holds, whatever the replica showed of it."""
+    assert A.Report.read(3, own_then=2, at=0.0).others == 1
+    assert A.Report.read(1, own_then=2, at=0.0).others == 0  # not yet in the engine, or already answered
+    index = _index()
+    blocks = A.prompt_blocks(_prompt(7, 1), BLOCK)
+    owner = index.choose(blocks, {}).replica
+    reports = {owner: A.Report.read(1, own_then=1, at=0.0)}
+    assert index.choose(blocks, {owner: 1}, reports=reports, now=0.1).replica == owner  # 1 + 1 <= 2
+
+
+def test_when_every_replica_reads_over_the_bound_the_least_loaded_takes_it():
+    """In a burst between two reads a pod's estimate (its own x peers) can put every replica over a bound
+    taken from the reports: the least loaded takes the prompt, the same one for every pod."""
+    index = _index(peers=3)
+    blocks = A.prompt_blocks(_prompt(7, 1), BLOCK)
+    walk = list(index._ring.walk(blocks[3]))
+    own = {walk[0]: 3, walk[1]: 3, walk[2]: 2, walk[3]: 3}
+    reports = {r: A.Report.read(0, 0, 0.0) for r in walk}  # read before the burst: the fleet was empty
+    # The fleet holds 11 (this pod's, the others' none), so the bound is ceil(1.25 x 12 / 4) = 4; this pod's
+    # estimate reads 9, 9, 6 and 9, less the slack of 2 after the owner: all above it.
+    decision = index.choose(blocks, own, reports=reports, now=0.1)
+    assert (decision.replica, decision.reason) == (walk[2], A.DECISION_OVERLOADED)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), True, "2"])
+def test_a_report_time_to_live_must_be_seconds(value):
+    with pytest.raises(ValueError, match="report_ttl_s"):
+        A.AffinitySettings(block_tokens=BLOCK, index_blocks=10, report_ttl_s=value)

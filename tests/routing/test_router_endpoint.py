@@ -12,12 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import pytest
 from routing.upstreams import BLOCK, RouterProcess, Upstream, closed, half_open, prompt, workers_file
 from spillway.commands import route as R
 from spillway.core import routing
+from spillway.core import vllm_api as api
 from support.vllm_server import free_port
 
 
@@ -55,7 +57,7 @@ def test_only_the_openai_routes_pass(upstream, tmp_path, method, target, status)
     try:
         got, _, body = router.request(method, target, json.dumps(prompt(1, 1)).encode())
         assert got == status, body
-        assert [s for s in upstream.seen if s[1] != "/metrics"] == []  # nothing reached the pod
+        assert [s for s in upstream.seen if not s[1].startswith("/metrics")] == []  # nothing reached the pod
     finally:
         log = router.stop()
     assert len(_log_lines(log, "refused")) == 1 and "Traceback" not in log
@@ -72,7 +74,7 @@ def test_the_pod_gets_the_normalised_path(upstream, tmp_path, target, forwarded)
     router = RouterProcess(workers_file(tmp_path / "w", upstream))
     try:
         assert router.post(prompt(1, 1), target)[0] == 200
-        assert [s[1] for s in upstream.seen if s[1] != "/metrics"] == [forwarded]
+        assert [s[1] for s in upstream.seen if not s[1].startswith("/metrics")] == [forwarded]
     finally:
         router.stop()
 
@@ -282,6 +284,99 @@ def test_a_restarted_pod_is_noticed_and_its_record_forgotten(upstream, tmp_path)
     finally:
         log = router.stop()
     assert len(_log_lines(log, "restarted")) == 1
+
+
+class _BusyPod:
+    """A stand-in vLLM pod whose /metrics shows `running` and `waiting` requests in its engine (what other router
+    pods, or clients past the router, have sent it), and records each read of its /metrics; a completion is
+    answered at once with the pod's URL."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        self.running = self.waiting = 0
+        self.reads: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.startswith(api.METRICS_PATH):
+                    outer.reads.append(self.path)
+                    data = (f'{api.Metric.PROCESS_START_TIME} 1000.0\n'
+                            f'{api.Metric.REQUESTS_RUNNING}{{engine="0",model_name="m"}} {outer.running}.0\n'
+                            f'{api.Metric.REQUESTS_WAITING}{{engine="0",model_name="m"}} {outer.waiting}.0\n').encode()
+                else:
+                    data = json.dumps({"worker": outer.url}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def read_again(self) -> None:
+        """Until the router has taken a read made after now: a pod's next read starts only when its last one
+        is done, so the second read from now means the first was."""
+        seen, deadline = len(self.reads), time.monotonic() + 30
+        while len(self.reads) < seen + 2:
+            assert time.monotonic() < deadline, self.reads[-3:]
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("pods", [1, 3])
+def test_a_pods_own_queue_moves_a_prefix_on_until_it_drains(tmp_path, pods):
+    """A prefix's pod shows 2 running and 1 waiting that this router pod did not send (another router pod's,
+    which it cannot count): its next prompt goes on to the next pod along the ring, as an overloaded decision;
+    once the pod's queue drains, the prefix comes back. The router asks the pods' /metrics for the series it
+    reads, by name."""
+    busy = [_BusyPod(), _BusyPod()]
+    router = RouterProcess(workers_file(tmp_path / "w", *(b.url for b in busy)), "--load-poll-seconds", "0.05",
+                           "--router-pods", str(pods))
+    try:
+        status, _, body = router.post(prompt(1, 0))
+        assert status == 200
+        owner = next(b for b in busy if b.url == json.loads(body)["worker"])
+        other = next(b for b in busy if b is not owner)
+        owner.running, owner.waiting = 2, 1
+        owner.read_again()
+        status, _, body = router.post(prompt(1, 1))
+        assert (status, json.loads(body)["worker"]) == (200, other.url)
+        overloaded = f'{routing.ROUTER_METRIC_REQUESTS}{{decision="overloaded",worker="{other.url}"}} 1.0'
+        assert overloaded in router.metrics()
+        owner.running = owner.waiting = 0
+        owner.read_again()
+        status, _, body = router.post(prompt(1, 2))
+        assert (status, json.loads(body)["worker"]) == (200, owner.url)
+    finally:
+        router.stop()
+        for b in busy:
+            b.stop()
+    asked = [r for r in owner.reads if "?" in r]
+    assert asked and all(parse_qs(urlsplit(r).query)["name[]"] == list(routing.ROUTER_LOAD_SAMPLES) for r in asked)
+    assert len(asked) == len(owner.reads)  # the names asked for were served: never read whole
+
+
+def test_load_report_sums_every_engine():
+    text = (f'{api.Metric.REQUESTS_RUNNING}{{engine="0"}} 2.0\n{api.Metric.REQUESTS_RUNNING}{{engine="1"}} 1.0\n'
+            f'{api.Metric.REQUESTS_WAITING}{{engine="0"}} 4.0\n{api.Metric.REQUESTS_WAITING}_other 9.0\n').encode()
+    assert R.load_report(text) == 7.0
+    assert R.load_report(b"process_start_time_seconds 1.0\n") is None
+    assert R.load_report(f"{api.Metric.REQUESTS_RUNNING} NaN\n".encode()) is None
 
 
 # -- the command line -------------------------------------------------------------------------------------------------

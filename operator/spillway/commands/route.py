@@ -6,8 +6,10 @@ of the requests in flight (then the next pod along the ring). Placement depends 
 only, so several router pods agree without talking, and a pod that joins takes its share at once.
 
 Pods are found without Kubernetes API access: the ModelServer's headless Service <name>-replicas answers DNS
-with the IPs of its ready pods, resolved every few seconds; each pod's /metrics is read at the same pace, and a
-pod whose process started again (or whose prompt-token counter went back) has its record forgotten. Without
+with the IPs of its ready pods, resolved every few seconds. Each pod's /metrics is read four times a second
+(the few series the router needs, by name): a pod whose process started again (or whose prompt-token counter
+went back) has its record forgotten, and the requests running and waiting in its engine tell every router pod
+what the others have sent it, so that a hot prefix leaves its pod before the pod queues. Without
 a ready pod /health answers 503, so the router pod is not ready (the truth) and nothing crash-loops.
 
 As a public endpoint: only the OpenAI routes pass (paths normalised first); a body's leading bytes only are
@@ -41,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlencode
 
 import orjson
 import uvloop
@@ -316,6 +318,21 @@ def restart_marks(exposition: bytes) -> tuple[float | None, float | None]:
     return (float(start.group(1)) if start else None), (sum(tokens) if tokens else None)
 
 
+_LOAD = re.compile(rb"^(?:" + re.escape(api.Metric.REQUESTS_RUNNING.encode()) + rb"|"
+                   + re.escape(api.Metric.REQUESTS_WAITING.encode()) + rb")(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
+# The series the router reads of a pod's /metrics, asked for by name (prometheus_client's `name[]`, which vLLM's
+# /metrics serves): a few hundred bytes where the whole exposition is tens of kilobytes, rendered by the pod's
+# API server at every read.
+LOAD_QUERY = urlencode([("name[]", name) for name in routing.ROUTER_LOAD_SAMPLES])
+
+
+def load_report(exposition: bytes) -> float | None:
+    """The requests running and waiting in a vLLM pod's engine (all its engines), from its /metrics; None when
+    it shows neither."""
+    values = [float(m.group(1)) for m in _LOAD.finditer(exposition)]
+    return sum(values) if values and all(math.isfinite(v) and v >= 0 for v in values) else None
+
+
 def restarted(before: tuple[float | None, float | None], now: tuple[float | None, float | None]) -> bool:
     """A new process (another start time), or a counter that went back (a process with no start time shown)."""
     if before[0] is not None and now[0] is not None and before[0] != now[0]:
@@ -337,6 +354,11 @@ class Router:
         self.session: ClientSession | None = None
         self.body_bytes = 0  # request bodies held now
         self.marks: dict[str, tuple[float | None, float | None]] = {}
+        self.reports: dict[str, affinity.Report] = {}  # the pods' own counts, as last read
+        # Pods whose /metrics did not serve the series asked for by name (a multiprocess registry serves none
+        # that way): they are read whole.
+        self.unfiltered: set[str] = set()
+        self._probing: set[str] = set()
 
     def set_workers(self, urls: list[str]) -> None:
         added, removed = self.index.sync(urls)
@@ -344,6 +366,8 @@ class Router:
             self.router_metrics.forget(worker)
             self.breaker.forget(worker)
             self.marks.pop(worker, None)
+            self.reports.pop(worker, None)
+            self.unfiltered.discard(worker)
         for worker in added:
             self.router_metrics.worker(worker).in_flight.set(self.in_flight[worker])  # 0 unless it came back
         if added or removed:
@@ -469,9 +493,10 @@ class Router:
         limits = self.limits
         tried: list[str] = []
         for attempt in range(limits.attempts):
-            exclude = [*tried, *self.breaker.open(time.monotonic())]
+            now = time.monotonic()
+            exclude = [*tried, *self.breaker.open(now)]
             try:
-                decision = self.index.choose(blocks, self.in_flight, exclude)
+                decision = self.index.choose(blocks, self.in_flight, exclude, self.reports, now)
             except LookupError:
                 return _error(503, "no ready vLLM pod to route to")
             worker = decision.replica
@@ -636,24 +661,72 @@ def _error(status: int, message: str) -> web.Response:
                              status=status)
 
 
-async def probe(router: Router, worker: str) -> None:
-    """Read a worker's /metrics for the marks of a restart; a worker that does not answer is left as it is."""
+async def _read_metrics(router: Router, worker: str, whole: bool) -> bytes | None:
     assert router.session is not None
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_S):
-            async with router.session.get(f"{worker}{api.METRICS_PATH}") as response:
-                if response.status != 200:
-                    return
-                text = await response.read()
+            # identity: the router's session passes bodies through undecoded, and vLLM's /metrics gzips for
+            # any client that accepts it.
+            async with router.session.get(f"{worker}{api.METRICS_PATH}{'' if whole else '?' + LOAD_QUERY}",
+                                          headers={"Accept-Encoding": "identity"}) as response:
+                return await response.read() if response.status == 200 else None
     except (TimeoutError, ClientError, OSError):
+        return None
+
+
+async def probe(router: Router, worker: str) -> None:
+    """Read a worker's /metrics for the marks of a restart and its engine's load; a worker that does not
+    answer is left as it is (its last report ages out)."""
+    own = router.in_flight[worker]
+    whole = worker in router.unfiltered
+    text = await _read_metrics(router, worker, whole)
+    if text is None:
         return
-    router.saw_marks(worker, restart_marks(text))
+    marks, load = restart_marks(text), load_report(text)
+    if not whole and load is None and marks == (None, None):
+        router.unfiltered.add(worker)  # read whole from now on
+        text = await _read_metrics(router, worker, True)
+        if text is None:
+            return
+        marks, load = restart_marks(text), load_report(text)
+    router.saw_marks(worker, marks)
+    if load is not None and worker in router.index.replicas:
+        # The requests of this pod's that the count may hold: those in flight when the read began or ended.
+        router.reports[worker] = affinity.Report.read(load, max(own, router.in_flight[worker]), time.monotonic())
+
+
+def _start_probes(router: Router, tasks: set[asyncio.Task], workers) -> None:
+    """A read of each worker's /metrics, but of none whose last read is still under way (a slow pod, up to
+    PROBE_TIMEOUT_S): it delays no other worker's read."""
+    async def read(worker: str) -> None:
+        try:
+            await probe(router, worker)
+        finally:
+            router._probing.discard(worker)
+
+    for worker in workers:
+        if worker not in router._probing:
+            router._probing.add(worker)
+            task = asyncio.ensure_future(read(worker))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+
+async def follow_loads(router: Router, poll_s: float, stopped: asyncio.Event, tasks: set[asyncio.Task]) -> None:
+    """Read every worker's /metrics every poll_s."""
+    while not stopped.is_set():
+        if router.session is not None:
+            _start_probes(router, tasks, router.index.replicas)
+        try:
+            await asyncio.wait_for(stopped.wait(), poll_s)
+        except TimeoutError:
+            pass
 
 
 async def follow_workers(router: Router, discover: Callable[[], list[str]], poll_s: float,
-                         stopped: asyncio.Event) -> None:
+                         stopped: asyncio.Event, tasks: set[asyncio.Task]) -> None:
     """Resolve the ready pods every poll_s and hand them to the router (the resolver's trouble keeps the set);
-    read each one's /metrics at the same pace."""
+    a new pod's /metrics is read at once, so that its restart marks are known before its first request."""
     loop = asyncio.get_running_loop()
     while not stopped.is_set():
         try:
@@ -664,8 +737,8 @@ async def follow_workers(router: Router, discover: Callable[[], list[str]], poll
             if not urls and router.index.replicas:
                 router.log("spillway route: no ready vLLM pod; answering 503 until one is ready")
             router.set_workers(urls)
-        if router.session is not None and router.index.replicas:
-            await asyncio.gather(*(probe(router, w) for w in router.index.replicas))
+            if router.session is not None:
+                _start_probes(router, tasks, [w for w in router.index.replicas if w not in router.marks])
         try:
             await asyncio.wait_for(stopped.wait(), poll_s)
         except TimeoutError:
@@ -746,7 +819,8 @@ def _http_logger(log: Callable[[str], None]) -> logging.Logger:
 
 async def serve(router: Router, discover: Callable[[], list[str]], *, host: str = "0.0.0.0",
                 port: int = routing.ROUTER_PORT, metrics_port: int = routing.ROUTER_METRICS_PORT,
-                poll_s: float = POLL_SECONDS, stopped: asyncio.Event | None = None) -> None:
+                poll_s: float = POLL_SECONDS, load_poll_s: float = routing.ROUTER_LOAD_POLL_S,
+                stopped: asyncio.Event | None = None) -> None:
     stopped = stopped or asyncio.Event()
     await router.start()
     # keepalive_timeout: aiohttp closes a connection that has not sent a whole request's headers this long
@@ -766,7 +840,15 @@ async def serve(router: Router, discover: Callable[[], list[str]], *, host: str 
             except (OSError, UnicodeError, ValueError) as exc:  # UnicodeError: a name IDNA cannot encode
                 reason = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
                 raise ListenError(f"spillway route: cannot listen on {host[:80]}:{bind}: {reason}") from None
-        await follow_workers(router, discover, poll_s, stopped)
+        probes: set[asyncio.Task] = set()
+        loads = asyncio.ensure_future(follow_loads(router, load_poll_s, stopped, probes))
+        try:
+            await follow_workers(router, discover, poll_s, stopped, probes)
+        finally:
+            stopped.set()
+            await loads
+            for task in list(probes):
+                task.cancel()
     finally:
         for runner in runners:
             await runner.cleanup()
@@ -796,7 +878,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=routing.ROUTER_PORT)
     p.add_argument("--metrics-port", type=int, default=routing.ROUTER_METRICS_PORT)
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--poll-seconds", type=float, default=POLL_SECONDS)
+    p.add_argument("--poll-seconds", type=float, default=POLL_SECONDS, help="how often the pods are resolved")
+    p.add_argument("--load-poll-seconds", type=float, default=routing.ROUTER_LOAD_POLL_S,
+                   help="how often each pod's /metrics is read (its restarts; the requests in its engine, which "
+                        "the load bound counts for the router pods it cannot see)")
     p.add_argument("--max-connections", type=int, default=routing.ROUTER_MAX_CONNECTIONS)
     p.add_argument("--max-body-bytes", type=int, default=routing.ROUTER_MAX_BODY_BYTES)
     p.add_argument("--header-timeout", type=float, default=routing.ROUTER_HEADER_TIMEOUT_S, metavar="SECONDS")
@@ -839,7 +924,9 @@ def settings_from(args: argparse.Namespace) -> affinity.AffinitySettings:
     try:
         return affinity.AffinitySettings(block_tokens=args.block_size, index_blocks=args.index_blocks,
                                          index_bytes=args.index_bytes, key_blocks=args.key_blocks,
-                                         load_factor=args.load_factor, peers=args.router_pods)
+                                         load_factor=args.load_factor, peers=args.router_pods,
+                                         # A few reads' worth: one slow or lost read keeps the last report
+                                         report_ttl_s=max(affinity.DEFAULT_REPORT_TTL_S, 4 * args.load_poll_seconds))
     except ValueError as exc:
         raise InvalidSpec(f"spillway route: {exc}") from None
 
@@ -860,6 +947,7 @@ def limits_from(args: argparse.Namespace) -> Limits:
     for flag in ("port", "metrics_port"):
         _count(getattr(args, flag), f"--{flag.replace('_', '-')}", 1, 65535)
     _seconds(args.poll_seconds, "--poll-seconds", 3600.0)
+    _seconds(args.load_poll_seconds, "--load-poll-seconds", 3600.0)
     return Limits(max_body_bytes=_count(args.max_body_bytes, "--max-body-bytes", 1024, 1 << 30),
                   max_connections=_count(args.max_connections, "--max-connections", 1, 1 << 20),
                   header_timeout_s=_seconds(args.header_timeout, "--header-timeout"),
@@ -875,7 +963,7 @@ def cmd_route(args: argparse.Namespace) -> int:
         discover = lambda: [worker_url(ip) for ip in resolve_ips(args.replicas)]
     else:
         discover = lambda: read_workers_file(args.workers_file)
-    settings, limits = settings_from(args), limits_from(args)
+    limits, settings = limits_from(args), settings_from(args)
     router = Router(settings, log=lambda m: print(m, file=sys.stderr, flush=True), limits=limits)
 
     async def main() -> None:
@@ -884,7 +972,8 @@ def cmd_route(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopped.set)
         await serve(router, discover, host=args.host,
-                    port=args.port, metrics_port=args.metrics_port, poll_s=args.poll_seconds, stopped=stopped)
+                    port=args.port, metrics_port=args.metrics_port, poll_s=args.poll_seconds,
+                    load_poll_s=args.load_poll_seconds, stopped=stopped)
 
     uvloop.run(main())  # the proxy's event loop is its cost per request (bench/router-overhead/router_overhead.py)
     return 0

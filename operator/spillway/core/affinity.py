@@ -11,10 +11,27 @@ with Bounded Loads", 2018):
 - the key and `VNODES` points per replica lie on one hash ring; the key's owner is the first replica clockwise;
 - a replica is passed over while it would hold more than `load_factor` x the mean requests in flight (the
   mean counting this one; never less than MIN_BOUND): the next replica clockwise under the bound takes the
-  request. A router pod that is one of `peers` estimates loads as its own x peers, and gives the replicas
-  after the owner one request of its own more (peers - 1) before it walks on. The bound is relative
-  to the mean, so it acts at any concurrency: a hot prefix spills to its successors, always the same ones,
-  before its owner queues. A replica under the bound always exists (the least loaded one is).
+  request. The bound is relative to the mean, so it acts at any concurrency: a hot prefix spills to its
+  successors, always the same ones, before its owner queues. Where every replica reads as over it (a
+  burst between two reads of the replicas' loads), the least loaded takes the request.
+
+What a router pod counts on a replica. Its own requests in flight it knows at once; the other router pods'
+it cannot see. Two estimates, each wrong in its own way, and the larger is taken:
+
+- its own x `peers` (it sees about 1/peers of the traffic): right on average, but a pod that happens to hold
+  none on a hot prefix's owner reads 0 there whatever the others hold, so with this estimate alone three
+  pods each sent it one more and it reached 4 in flight against a bound of 2 (bench/fleet/README.md). This estimate steps in
+  peers, so a replica after the owner takes one request of this pod's own more (peers - 1) before the walk
+  goes on: without that slack a prefix whose owner and successor each ran one of its requests was copied to
+  a third replica;
+- the replica's own count (running and waiting in its engine, read from its /metrics every few hundred
+  milliseconds: a `Report`), less this pod's requests to it then, plus this pod's now: every pod's requests,
+  this pod's fresh and the others' as of the last read. A report older than `report_ttl_s` is not used (a
+  replica that stopped answering its /metrics says nothing of its load now).
+
+The mean the bound is taken from sums the replicas' reports where fresh, and the estimates only where not:
+the x peers estimate of a pod that holds most of the requests in flight at one moment would raise the mean,
+and the bound, for all. Every pod reads the same replicas, so pods agree on the bound within a read's age.
 
 A prompt without blocks (no prompt, or shorter than a block) goes to the least loaded replica.
 
@@ -49,6 +66,10 @@ MIN_BOUND = 2
 # Blocks of a prompt hashed at most: the key's and, beyond it, those the record counts (routing never needs
 # more, and a 128K-token prompt then costs what a short one does).
 DEFAULT_MAX_BLOCKS = 64
+# A replica's report of its load is used this long after it was read, then dropped: a few reads at the
+# router's pace (commands/route.py reads every routing.ROUTER_LOAD_POLL_S), so one slow or lost read keeps the
+# last one, and a replica whose /metrics stops answering falls back to the router's own estimate.
+DEFAULT_REPORT_TTL_S = 2.0
 # What one record entry costs in memory: an OrderedDict entry of a 64-bit hash measured 141 bytes with
 # tracemalloc (200,000 entries, CPython 3.11), and 224 bytes in a record under eviction churn (deleted slots
 # wait for the table's next resize); tests/routing/test_affinity.py checks a full record against its budget.
@@ -78,10 +99,14 @@ class AffinitySettings:
     # so it bounds loads estimated as its own x peers (without, 3 router pods at 5 in flight never saw a
     # hot prefix's owner above the bound: bench/routing/fleet.py).
     peers: int = 1
+    report_ttl_s: float = DEFAULT_REPORT_TTL_S
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "index_blocks", "index_bytes", "key_blocks", "max_blocks", "peers"):
             _whole(name, getattr(self, name))
+        ttl = self.report_ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
+            raise ValueError(f"report_ttl_s must be a number of seconds > 0; got {ttl!r}")
         factor = self.load_factor
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
                 or not 1.0 <= factor <= 100.0:
@@ -93,6 +118,22 @@ class AffinitySettings:
     def index_entries(self) -> int:
         """Record entries the memory budget holds, over all replicas."""
         return max(1, self.index_bytes // INDEX_ENTRY_BYTES)
+
+
+@dataclass(frozen=True)
+class Report:
+    """A replica's own count of the requests in its engine (running and waiting) as one router pod read it,
+    less that pod's requests in flight to it then: the other router pods' requests (and any that reach the
+    replica past the routers), which this pod sees no other way."""
+
+    others: int
+    at: float  # when it was read, on the reading pod's monotonic clock
+
+    @classmethod
+    def read(cls, running_and_waiting: float, own_then: int, at: float) -> Report:
+        # A request this pod counts may not have reached the engine yet (or has left it and is still being
+        # answered): the replica then shows fewer than this pod holds, which says the others hold none.
+        return cls(max(0, round(running_and_waiting) - own_then), at)
 
 
 @dataclass(frozen=True)
@@ -264,32 +305,59 @@ class AffinityIndex:
         wanted = set(live)
         return (r for r in self._ring.walk(key) if r in wanted)
 
-    def choose(self, blocks: Sequence[int], in_flight: Mapping[str, int], exclude: Iterable[str] = ()) -> Decision:
-        """The replica for a prompt of these blocks; `exclude`: replicas not to use now (a failed attempt, an
-        open circuit), unless no other is left."""
+    def loads(self, live: Sequence[str], in_flight: Mapping[str, int], reports: Mapping[str, Report] | None,
+              now: float) -> tuple[dict[str, int], dict[str, int], int]:
+        """(per replica, this pod's own x peers; per replica with a fresh report, every pod's requests as
+        seen; the fleet's requests in flight, from the reports where fresh and the estimate elsewhere)."""
+        peers, ttl = self.settings.peers, self.settings.report_ttl_s
+        estimated, seen, total = {}, {}, 0
+        for replica in live:
+            own = in_flight.get(replica, 0)
+            estimated[replica] = peers * own
+            report = reports.get(replica) if reports else None
+            if report is not None and now - report.at <= ttl:
+                seen[replica] = own + report.others
+                total += own + report.others
+            else:
+                total += peers * own
+        return estimated, seen, total
+
+    def choose(self, blocks: Sequence[int], in_flight: Mapping[str, int], exclude: Iterable[str] = (),
+               reports: Mapping[str, Report] | None = None, now: float = 0.0) -> Decision:
+        """The replica for a prompt of these blocks; `in_flight`: this pod's own requests per replica;
+        `reports`: the replicas' own counts (read at `now`'s clock), where this pod has them; `exclude`:
+        replicas not to use now (a failed attempt, an open circuit), unless no other is left."""
         if not self._blocks:
             raise LookupError("no replica to route to")
         skip = set(exclude)
         live = [r for r in self._blocks if r not in skip] or list(self._blocks) if skip else list(self._blocks)
         peers = self.settings.peers
-        total = sum(in_flight.get(r, 0) for r in live)
-        bound = max(MIN_BOUND, math.ceil(self.settings.load_factor * (peers * total + 1) / len(live)))
+        estimated, seen, total = self.loads(live, in_flight, reports, now)
+        bound = max(MIN_BOUND, math.ceil(self.settings.load_factor * (total + 1) / len(live)))
         if blocks:
             # Most requests go to their key's owner: it is found without walking the ring.
             owner = self._ring.owner(blocks[min(len(blocks), self.settings.key_blocks) - 1])
-            if owner not in skip and peers * in_flight.get(owner, 0) + 1 <= bound:
+            if owner not in skip and max(estimated[owner], seen.get(owner, 0)) + 1 <= bound:
                 matched = self.matched(owner, blocks)
                 return Decision(owner, DECISION_PREFIX if matched else DECISION_NEW, matched, len(blocks))
-        load = {r: in_flight.get(r, 0) for r in live}
+        load = {r: max(estimated[r], seen.get(r, 0)) for r in live}
         for position, replica in enumerate(self.order(blocks, live, load)):
             # A replica passed a request over (position > 0) takes one more of this pod's own: its own count
             # x peers steps in peers, so one own request there already reads as over a bound of 2, and without
             # the slack a prefix whose owner and successor each run one of this pod's would be copied to a third
             # replica. With 3 router pods that cost 2.4-5.7 points of CPU-pool hit share where the pools hold a
             # prefix on two replicas but not on three (bench/fleet/README.md); the owner's bound is unchanged,
-            # so a hot prefix still leaves its owner as early.
-            if peers * load[replica] + 1 <= bound + (peers - 1 if position else 0):
+            # so a hot prefix still leaves its owner as early. A replica's own count is exact, so it gets none.
+            slack = peers - 1 if position else 0
+            if max(estimated[replica] - slack, seen.get(replica, 0)) + 1 <= bound:
                 break
+        else:
+            # Every replica reads as over the bound: the mean is taken from the reports, a replica's load from
+            # the larger of its report and this pod's estimate, so in a burst between two reads all can. The
+            # least loaded takes it, the first along the ring among equals, as every pod would choose.
+            ranked = list(self.order(blocks, live, load))
+            replica = min(ranked, key=load.__getitem__)
+            position = ranked.index(replica)
         matched = self.matched(replica, blocks)
         if position > 0:
             reason = DECISION_OVERLOADED
