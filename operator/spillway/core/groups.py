@@ -280,6 +280,8 @@ def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts
             out.append(LayerCache(kind, token, facts.window))
         elif kind == MAMBA:
             out.append(LayerCache(MAMBA, 0, None, state))
+        elif kind == INDEXER:  # MiniMax-M3: the indexer keys beside a sparse layer's own KV (listed in its kinds)
+            out.append(LayerCache(INDEXER, facts.indexer_bytes))
         else:
             out.append(LayerCache(kind, token))
         if kind == MLA and facts.indexer_bytes:
@@ -426,7 +428,9 @@ def _packed_groups(runs: Mapping[LayerCache, int], block_size: int, name: str) -
 
 
 def _type_key(layer: LayerCache) -> tuple[str, int | None]:
-    kind = MLA if layer.kind == INDEXER else layer.kind  # the indexer's spec is an MLAAttentionSpec
+    # vllm/v1/core/single_type_kv_cache_manager.py register_all_kvcache_specs: MLAAttentionSpec (an MLA latent, an
+    # indexer's keys) groups with FullAttentionSpec (uniform_type_base_spec)
+    kind = FULL if layer.kind in (MLA, INDEXER) else layer.kind
     return kind, layer.window
 
 

@@ -367,6 +367,17 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
     if model_type == "hy_v4":
         return [(FULL,)] * num_layers
+    if model_type.startswith("minimax_m3"):
+        # vllm/models/minimax_m3/nvidia/model.py: a layer sparse_attention_freq marks is MiniMaxM3SparseAttention, its
+        # KV and its indexer's keys (read_facts: indexer_bytes); every other layer plain attention
+        sparse = config.get("sparse_attention_config")
+        freq = sparse.get("sparse_attention_freq") if isinstance(sparse, Mapping) else None
+        if freq is None:
+            return [(FULL,)] * num_layers
+        if not isinstance(freq, list) or len(freq) < num_layers:
+            raise ModelGeometryUnknown(f"{name}: sparse_attention_config's sparse_attention_freq needs an entry for "
+                                       f"each of {num_layers} layers")
+        return [(FULL, INDEXER) if freq[i] else (FULL,) for i in range(num_layers)]
     if model_type == "domyn_edge":
         # vllm/model_executor/models/domyn_edge.py: a layer's window is the first of its window_sizes pair, 0 for
         # global attention
@@ -745,6 +756,10 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         # 128-element quantization block, stored as uint8
         index_dim = _int(text, "index_head_dim", name)
         indexer = index_dim + index_dim // 128 * 4
+    if INDEXER in flat and model_type.startswith("minimax_m3"):
+        # vllm/models/minimax_m3/common/indexer.py MiniMaxM3IndexerCache: one sparse_index_dim key per token, bf16
+        # (the indexer's dtype under --attention-config's "auto"), on every rank
+        indexer = _int(text["sparse_attention_config"], "sparse_index_dim", name) * DTYPE_BYTES["bfloat16"]
     mamba = _mamba_shape(text, model_type, name) if MAMBA in flat else None
     ssm_dtype = text.get("mamba_ssm_dtype") or text.get("mamba_ssm_cache_dtype")
     if ssm_dtype is None and model_type == "nemotron_h":

