@@ -6,9 +6,8 @@ of the requests in flight (then the next pod along the ring). Placement depends 
 only, so several router pods agree without talking, and a pod that joins takes its share at once.
 
 Pods are found without Kubernetes API access: the ModelServer's headless Service <name>-replicas answers DNS
-with the IPs of its ready pods, resolved every few seconds. Each pod's /metrics is read four times a second
-(the few series the router needs, by name): a pod whose process started again (or whose prompt-token counter
-went back) has its record forgotten, and the requests running and waiting in its engine tell every router pod
+with the IPs of its ready pods, resolved every few seconds. Each pod's /metrics is read four times a second: a
+pod whose process started again (or whose prompt-token counter went back) has its record forgotten, and the requests running and waiting in its engine tell every router pod
 what the others have sent it, so that a hot prefix leaves its pod before the pod queues. Without
 a ready pod /health answers 503, so the router pod is not ready (the truth) and nothing crash-loops.
 
@@ -43,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlencode
+from urllib.parse import unquote
 
 import orjson
 import uvloop
@@ -320,10 +319,6 @@ def restart_marks(exposition: bytes) -> tuple[float | None, float | None]:
 
 _LOAD = re.compile(rb"^(?:" + re.escape(api.Metric.REQUESTS_RUNNING.encode()) + rb"|"
                    + re.escape(api.Metric.REQUESTS_WAITING.encode()) + rb")(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
-# The series the router reads of a pod's /metrics, asked for by name (prometheus_client's `name[]`, which vLLM's
-# /metrics serves): a few hundred bytes where the whole exposition is tens of kilobytes, rendered by the pod's
-# API server at every read.
-LOAD_QUERY = urlencode([("name[]", name) for name in routing.ROUTER_LOAD_SAMPLES])
 
 
 def load_report(exposition: bytes) -> float | None:
@@ -355,9 +350,6 @@ class Router:
         self.body_bytes = 0  # request bodies held now
         self.marks: dict[str, tuple[float | None, float | None]] = {}
         self.reports: dict[str, affinity.Report] = {}  # the pods' own counts, as last read
-        # Pods whose /metrics did not serve the series asked for by name (a multiprocess registry serves none
-        # that way): they are read whole.
-        self.unfiltered: set[str] = set()
         self._probing: set[str] = set()
 
     def set_workers(self, urls: list[str]) -> None:
@@ -367,7 +359,6 @@ class Router:
             self.breaker.forget(worker)
             self.marks.pop(worker, None)
             self.reports.pop(worker, None)
-            self.unfiltered.discard(worker)
         for worker in added:
             self.router_metrics.worker(worker).in_flight.set(self.in_flight[worker])  # 0 unless it came back
         if added or removed:
@@ -661,35 +652,22 @@ def _error(status: int, message: str) -> web.Response:
                              status=status)
 
 
-async def _read_metrics(router: Router, worker: str, whole: bool) -> bytes | None:
-    assert router.session is not None
-    try:
-        async with asyncio.timeout(PROBE_TIMEOUT_S):
-            # identity: the router's session passes bodies through undecoded, and vLLM's /metrics gzips for
-            # any client that accepts it.
-            async with router.session.get(f"{worker}{api.METRICS_PATH}{'' if whole else '?' + LOAD_QUERY}",
-                                          headers={"Accept-Encoding": "identity"}) as response:
-                return await response.read() if response.status == 200 else None
-    except (TimeoutError, ClientError, OSError):
-        return None
-
-
 async def probe(router: Router, worker: str) -> None:
     """Read a worker's /metrics for the marks of a restart and its engine's load; a worker that does not
-    answer is left as it is (its last report ages out)."""
+    answer is left as it is (its last report ages out). vLLM's /metrics is read whole: its instrumentator's
+    route serves it before prometheus_client's app, which alone would serve series by name (`name[]`)."""
+    assert router.session is not None
     own = router.in_flight[worker]
-    whole = worker in router.unfiltered
-    text = await _read_metrics(router, worker, whole)
-    if text is None:
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            async with router.session.get(f"{worker}{api.METRICS_PATH}") as response:
+                if response.status != 200:
+                    return
+                text = await response.read()
+    except (TimeoutError, ClientError, OSError):
         return
-    marks, load = restart_marks(text), load_report(text)
-    if not whole and load is None and marks == (None, None):
-        router.unfiltered.add(worker)  # read whole from now on
-        text = await _read_metrics(router, worker, True)
-        if text is None:
-            return
-        marks, load = restart_marks(text), load_report(text)
-    router.saw_marks(worker, marks)
+    router.saw_marks(worker, restart_marks(text))
+    load = load_report(text)
     if load is not None and worker in router.index.replicas:
         # The requests of this pod's that the count may hold: those in flight when the read began or ended.
         router.reports[worker] = affinity.Report.read(load, max(own, router.in_flight[worker]), time.monotonic())

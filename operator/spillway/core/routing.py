@@ -71,11 +71,9 @@ ROUTER_STREAM_BUFFER_BYTES = 16 << 10
 ROUTER_RECEIVE_BUFFER_BYTES = 256 << 10
 # How often the router reads each pod's /metrics: its restart marks, and the requests running and waiting in its
 # engine, which bound a hot prefix's pod for every router pod (core/affinity.py Report). llm-d's endpoint picker
-# reads the same gauges every 50 ms; a quarter second is a fraction of a request's life on a GPU and, through the
-# names the router asks for alone (ROUTER_LOAD_SAMPLES), a few hundred bytes per read.
+# reads the same gauges every 50 ms; a quarter second is a fraction of a request's life on a GPU. vLLM renders
+# its whole /metrics for each read (79 KB for one model, bench/fleet/README.md).
 ROUTER_LOAD_POLL_S = 0.25
-ROUTER_LOAD_SAMPLES = (api.Metric.REQUESTS_RUNNING, api.Metric.REQUESTS_WAITING, api.Metric.PROCESS_START_TIME,
-                       f"{api.Metric.PROMPT_TOKENS}_total")
 ROUTER_ATTEMPTS = 3  # a request whose connection failed before any byte came back goes on to the next pod
 # The router's memory: its process (46 MiB peak RSS after 200 requests, tests/routing/upstreams.py's
 # RouterProcess.peak_rss_bytes, with room for a body's copy while it is joined and parsed), the request
