@@ -39,7 +39,9 @@ from .model_facts import (
     INDEXER,
     MAMBA,
     MLA,
+    RING,
     SLIDING,
+    STEP5_REGION,
     MambaShape,
     ModelFacts,
     cached_hash,
@@ -60,6 +62,10 @@ MLA_HYBRID_BLOCK = 128
 # Model types whose own vLLM model code arrived in a release (vllm/model_executor/models/zaya.py: 0.34); earlier
 # releases serve them through the Transformers backend
 NATIVE_SINCE = {"zaya": (0, 34)}
+# Kernel pages smaller than a block that a model's attention backend reads (customize_spec's block_stride_alignment
+# MultipleOf(n)): every block stride keeps whole n-token pages (vllm/models/step5/nvidia/sparse_attention.py)
+KERNEL_PAGE_TOKENS = {"step5": STEP5_REGION}
+RING_ROW_BYTES = 1024  # step5/nvidia/csa_tail_ring.py: the ring's rows are 1 KiB, its block stride a multiple
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,16 @@ class LayerCache:
     token_bytes: int = 0  # attention: bytes per token (K and V, or the MLA latent)
     window: int | None = None  # sliding window / attention chunk, in tokens
     state_bytes: int = 0  # Mamba / linear attention: one sequence's state
+    # vLLM's block_stride_alignment: a MultipleOf(n) kernel page of n tokens, or a fixed number of bytes
+    stride_tokens: int = 0
+    stride_bytes: int = 0
+
+    def stride_alignment(self, block_size: int) -> int:
+        """KVCacheSpec.get_block_stride_alignment: the bytes every block stride is a multiple of."""
+        if self.stride_bytes:
+            return self.stride_bytes
+        kernel = math.gcd(self.stride_tokens, block_size) if self.stride_tokens else block_size
+        return 1 if kernel == block_size else kernel * self.token_bytes
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,7 @@ class CacheGroup:
     # vLLM's UniformTypeKVCacheSpecs: layers of one kind but different pages in one group; page_bytes is then the
     # whole group's (the sum of its layers' pages), as vLLM's spec reports it
     uniform_type: bool = False
+    alignment: int = 1  # the lcm of its layers' block stride alignments, in bytes
 
     @property
     def block_bytes(self) -> int:
@@ -105,16 +122,22 @@ class KVGroups:
         return min(g.block_size for g in self.groups)
 
     @property
+    def offloaded(self) -> tuple[CacheGroup, ...]:
+        """The groups vLLM offloads: its prefix-cacheable ones (a ring, CircularBufferSpec, is not)."""
+        return tuple(g for g in self.groups if g.kind != RING)
+
+    @property
     def row_bytes(self) -> int:
-        """worker_kv_bytes_per_block: one block of the GPU cache on one rank (the largest group's)."""
-        return max(g.block_bytes for g in self.groups)
+        """worker_kv_bytes_per_block: one block of the GPU cache on one rank (the largest group's), its stride a
+        multiple of every layer's alignment (kv_cache_planning.py _get_kv_cache_bytes_per_block, block-outermost)."""
+        return _round_up(max(g.block_bytes for g in self.groups), math.lcm(*(g.alignment for g in self.groups)))
 
     @property
     def prefix_rows(self) -> int:
         """Rows each block of a long prefix takes: one per group that keeps the whole prefix (full attention, MLA).
         A window or Mamba group keeps only its last chunks, so past them it adds no bytes a token; a model of
         windows only (Mistral v0.1) still takes one row a block up to its window."""
-        return max(1, sum(1 for g in self.groups if self.window_chunks(g) is None))
+        return max(1, sum(1 for g in self.offloaded if self.window_chunks(g) is None))
 
     @property
     def row_layers(self) -> int:
@@ -160,7 +183,7 @@ class KVGroups:
 
     def chunks_per_request(self, tokens: int, blocks_per_chunk: int = 1) -> int:
         total = 0
-        for group in self.groups:
+        for group in self.offloaded:
             chunks = _cdiv(tokens, group.block_size * blocks_per_chunk)
             window = self.window_chunks(group, blocks_per_chunk)
             total += chunks if window is None else min(chunks, window)
@@ -280,10 +303,12 @@ def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts
             out.append(LayerCache(kind, token, facts.window))
         elif kind == MAMBA:
             out.append(LayerCache(MAMBA, 0, None, state))
-        elif kind == INDEXER:  # MiniMax-M3: the indexer keys beside a sparse layer's own KV (listed in its kinds)
+        elif kind == INDEXER:  # MiniMax-M3, Step5: the indexer keys beside a sparse layer's own KV (in its kinds)
             out.append(LayerCache(INDEXER, facts.indexer_bytes))
+        elif kind == RING:  # Step5's CSA tail ring: the main page's bytes at the main block, in 1 KiB rows
+            out.append(LayerCache(RING, token, stride_bytes=RING_ROW_BYTES))
         else:
-            out.append(LayerCache(kind, token))
+            out.append(LayerCache(kind, token, stride_tokens=KERNEL_PAGE_TOKENS.get(facts.model_type, 0)))
         if kind == MLA and facts.indexer_bytes:
             out.append(LayerCache(INDEXER, facts.indexer_bytes))  # uint8 keys: the cache dtype does not apply
     return tuple(out)
@@ -349,6 +374,18 @@ def _group_runs(runs: Mapping[LayerCache, int], block_size: int, kernel_block: i
     runs = {layer: count for layer, count in runs.items() if layer.kind}
     if not runs:
         raise ModelGeometryUnknown(f"{name}: the model has no layer with a KV cache")
+    rings = {layer: count for layer, count in runs.items() if layer.kind == RING}
+    if rings:
+        # CircularBufferSpec is a type of its own (one UniformTypeKVCacheSpecs group of them), after the others
+        others = _group_runs({layer: count for layer, count in runs.items() if layer.kind != RING}, block_size,
+                             kernel_block, state_chunk, name, packed, min_align)
+        if len({layer.token_bytes for layer in rings}) > 1 or len(rings) > 1:
+            raise ModelGeometryUnknown(f"{name}: rings of different pages are not modelled")
+        ring, count = next(iter(rings.items()))
+        if any(g.block_size != block_size for g in others):
+            raise ModelGeometryUnknown(f"{name}: a ring beside blocks grown for recurrent state is not modelled")
+        return (*others, CacheGroup(RING, count, count * block_size * ring.token_bytes, block_size, None, True,
+                                    ring.stride_alignment(block_size)))
     attention = [layer for layer in runs if layer.kind in ATTENTION_KINDS]
     if not attention:
         # a model of recurrent layers only (Mamba, Mamba2, FalconMamba): no attention page to align to, so the state
@@ -366,7 +403,8 @@ def _group_runs(runs: Mapping[LayerCache, int], block_size: int, kernel_block: i
         if len(runs) == len(attention) and len({_type_key(layer) for layer in runs}) == 1:
             first = next(iter(runs))
             page = sum(block_size * layer.token_bytes * count for layer, count in runs.items())
-            return (CacheGroup(first.kind, sum(runs.values()), page, block_size, first.window, True),)
+            alignment = math.lcm(*(layer.stride_alignment(block_size) for layer in runs))
+            return (CacheGroup(first.kind, sum(runs.values()), page, block_size, first.window, True, alignment),)
         if packed and len(runs) == len(attention):
             return _packed_groups(runs, block_size, name)
         raise ModelGeometryUnknown(f"{name}: attention layers of different page sizes per token "

@@ -22,6 +22,9 @@ CHUNKED = "chunked_local"
 MAMBA = "mamba"
 MLA = "mla"
 INDEXER = "indexer"  # DeepSeek-V3.2's sparse-attention indexer keys: an MLA-shaped cache of uint8
+# vLLM's CircularBufferSpec: one block a request for the keys of a compression group still open (Step5's CSA tail
+# ring), outside prefix caching, so never offloaded
+RING = "ring"
 NONE = ""  # a layer without a cache (an MLP-only layer)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1, "fp8_e4m3": 1,
@@ -367,6 +370,8 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,) + (SLIDING,) * (_int(config, "loop_num", name, 2) - 1)] * num_layers
     if model_type == "hy_v4":
         return [(FULL,)] * num_layers
+    if model_type == "step5":
+        return _step5_kinds(config, num_layers, name)
     if model_type.startswith("minimax_m3"):
         # vllm/models/minimax_m3/nvidia/model.py: a layer sparse_attention_freq marks is MiniMaxM3SparseAttention, its
         # KV and its indexer's keys (read_facts: indexer_bytes); every other layer plain attention
@@ -476,6 +481,27 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
     if window and config.get("use_sliding_window", True) is not False:
         return [(SLIDING,)] * num_layers  # Mistral v0.1-style: every layer keeps a window
     return [(FULL,)] * num_layers
+
+
+# vllm/models/step5/nvidia: the CSA summary keeps one 256-byte state per eight-token region (Step5SparseSummaryCache),
+# and the DSA backend's pages tile eight-token kernel blocks (block_stride_alignment MultipleOf(8))
+STEP5_SUMMARY_BYTES, STEP5_REGION = 256, 8
+
+
+def _step5_kinds(config: Mapping[str, Any], num_layers: int, name: str) -> list[tuple[str, ...]]:
+    """step5/nvidia/config.py, model.py: with a sparse_config every full-attention layer is DSA: its KV, the CSA
+    summary (an indexer-like cache) and the CSA tail ring. Without one vLLM refuses the checkpoint."""
+    sparse = config.get("sparse_config")
+    if sparse is None:
+        raise ModelGeometryUnknown(f"{name}: vLLM refuses it: Step5 requires a checkpoint with a sparse_config "
+                                   "section; dense-only checkpoints are not supported (vllm/models/step5/nvidia)")
+    if not isinstance(sparse, Mapping) or sparse.get("enabled") is False:
+        raise ModelGeometryUnknown(f"{name}: Step5 with its sparse_config disabled is not modelled")
+    types = config.get("layer_types") or ["full_attention"] * num_layers
+    applied = sparse.get("apply_to_layer_types") or ["full_attention"]
+    if len(types) < num_layers or any(t != "full_attention" or t not in applied for t in types[:num_layers]):
+        raise ModelGeometryUnknown(f"{name}: Step5 layers other than DSA full attention are not modelled")
+    return [(FULL, INDEXER, RING)] * num_layers
 
 
 def _domyn_windows(config: Mapping[str, Any], num_layers: int, name: str) -> list[int]:
@@ -756,6 +782,8 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         # 128-element quantization block, stored as uint8
         index_dim = _int(text, "index_head_dim", name)
         indexer = index_dim + index_dim // 128 * 4
+    if INDEXER in flat and model_type == "step5":
+        indexer = STEP5_SUMMARY_BYTES // STEP5_REGION  # uint8 summaries: the KV cache dtype does not apply
     if INDEXER in flat and model_type.startswith("minimax_m3"):
         # vllm/models/minimax_m3/common/indexer.py MiniMaxM3IndexerCache: one sparse_index_dim key per token, bf16
         # (the indexer's dtype under --attention-config's "auto"), on every rank

@@ -92,7 +92,8 @@ def planner_answer(entry: dict, arch: str, pool_bytes: int, max_model_len: int,
     # windows in chunks below still compare it
     return {"groups": [(g.kind, g.layers, g.page_bytes, g.block_size, g.window) if not g.uniform_type else
                        ("uniform", g.layers, g.page_bytes, g.block_size, None) for g in groups.groups],
-            "windows": [groups.window_chunks(g) for g in groups.groups], "row": groups.row_bytes, "chunk": chunk,
+            # vLLM lists the windows of the groups it offloads (a ring is not prefix-cacheable)
+            "windows": [groups.window_chunks(g) for g in groups.offloaded], "row": groups.row_bytes, "chunk": chunk,
             "chunks": chunks, "tokens": groups.tokens_held(chunks, max_model_len) if chunks else 0}
 
 

@@ -193,7 +193,10 @@ MODEL_TYPES = {"PanguUltraMoEForCausalLM": "pangu_ultra_moe",
                # vLLM 0.34's NeMo speech LM config (transformers_utils/configs/nemotron3_5_transcribe.py): its
                # decoder a Nemotron-H text config by default
                "Nemotron3_5TranscribeForConditionalGeneration": "nemo_speechlm",
-               "KimiK31ForConditionalGeneration": "kimi_k31"}
+               "KimiK31ForConditionalGeneration": "kimi_k31",
+               # transformers' Glm5NextTextConfig, which glm5next/common/model.py reads (its tables map only the
+               # VL wrapper's architecture)
+               "Glm5NextForCausalLM": "glm5_next_text"}
 PATCHES["PanguUltraMoEForCausalLM"] = {
     "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
     "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
@@ -374,6 +377,25 @@ for _arch in ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"):
     TEXT_PATCHES[_arch] = {"text_config": {"output_gate_type": "silu"}}
 TEXT_PATCHES["Qwen4ExpForConditionalGeneration"]["vision_config"] = {"deepstack_visual_indexes": []}
 
+# glm5next/common/model.py reads switches transformers' Glm5NextTextConfig does not carry: the hyper-connections
+# its hc_* fields size (mhc), the NoPE latent its qk_rope_head_dim 0 describes (mla_use_nope), DeepSeek-V3's
+# sigmoid routing with a correction bias (scoring_func, topk_method) and the indexer's RoPE layout
+# (indexer_rope_interleave). Values consistent with the class's defaults; none reaches a KV-cache spec but
+# mla_use_nope, which only pads the latent's RoPE part (0 wide here).
+_GLM5_NEXT = {"mhc": True, "mla_use_nope": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+              "indexer_rope_interleave": False}
+PATCHES["Glm5NextForCausalLM"] = _GLM5_NEXT
+TEXT_PATCHES["Glm5NextForConditionalGeneration"] = {"text_config": _GLM5_NEXT}
+
+# step5/nvidia/config.py: a Step5 checkpoint declares its sparse KV layout in a sparse_config section (the model
+# refuses one without); its fields default to Step5SparseConfig's (a 256-wide CSA proxy over eight-token regions on
+# the full-attention layers). Its DSA layers require the head-wise attention gate (model.py), which Step5Config
+# leaves off.
+_STEP5_SPARSE = {"sparse_config": {"enabled": True}, "use_head_wise_attn_gate": True}
+PATCHES["Step5ForCausalLM"] = _STEP5_SPARSE
+TEXT_PATCHES["Step5ForConditionalGeneration"] = {"text_config": _STEP5_SPARSE}
+MODEL_TYPES["Step5ForConditionalGeneration"] = "step5_vl"  # vLLM's Step5VLConfig (its text config: Step5Config)
+
 # Checkpoints whose config.json keeps the language model's fields on the top level, as ernie45_vl.py reads them
 # (baidu/ERNIE-4.5-VL-28B-A3B), where transformers' class nests them under text_config.
 FLAT_TEXT = frozenset({"Ernie4_5_VLMoeForConditionalGeneration"})
@@ -421,7 +443,7 @@ V2_RUNNER = frozenset({"Step5ForCausalLM", "Step5ForConditionalGeneration", "Lon
 # for these as such a host would (models are only built on the meta device; no AMX kernel runs).
 AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration", "BailingMoeV2_5ForCausalLM",
                      "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration",
-                     "MingV3ASRForConditionalGeneration"})
+                     "MingV3ASRForConditionalGeneration", "Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"})
 # Models whose layers create CUDA streams and events to overlap kernels (kimi_k3/nvidia/model.py's aux_stream), which
 # torch without CUDA refuses to construct: record_specs.py gives these inert stand-ins (nothing is launched on the
 # meta device; no KV-cache spec reads a stream). vLLM's VLLM_KIMI_K3_GEMM_AR kernel switch (vllm/envs.py) is off in

