@@ -40,6 +40,7 @@ from .model_facts import (
     MAMBA,
     MLA,
     RING,
+    SCONV,
     SLIDING,
     STEP5_REGION,
     MambaShape,
@@ -79,6 +80,10 @@ class LayerCache:
     # vLLM's block_stride_alignment: a MultipleOf(n) kernel page of n tokens, or a fixed number of bytes
     stride_tokens: int = 0
     stride_bytes: int = 0
+    block_tokens: int = 0  # a block the spec fixes itself (Inkling's conv state), else the cache's block
+
+    def page_bytes(self, block_size: int) -> int:
+        return (self.block_tokens or block_size) * self.token_bytes
 
     def stride_alignment(self, block_size: int) -> int:
         """KVCacheSpec.get_block_stride_alignment: the bytes every block stride is a multiple of."""
@@ -281,11 +286,11 @@ def _distinct_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[t
         state = mamba_state_bytes(facts.mamba, tp, model_bytes, DTYPE_BYTES.get(facts.ssm_dtype or facts.dtype, 4),
                                   name)
     if facts.layer_heads is None:
-        return facts.kinds, {kinds: _caches_of(kinds, token, state, facts) for kinds in dict.fromkeys(facts.kinds)}
+        return facts.kinds, {kinds: _caches_of(kinds, token, state, facts, tp) for kinds in dict.fromkeys(facts.kinds)}
     # Gemma 4, MiMo-V2: each layer's own KV heads and K and V head sizes
     keys = tuple(zip(facts.kinds, facts.layer_heads))
     return keys, {(kinds, heads): _caches_of(kinds, _token_bytes(heads[0], heads[1] + heads[2], tp, dtype_bytes, name),
-                                             state, facts) for kinds, heads in dict.fromkeys(keys)}
+                                             state, facts, tp) for kinds, heads in dict.fromkeys(keys)}
 
 
 def _token_bytes(kv_heads: int, kv_head_dims: int, tp: int, dtype_bytes: int, name: str) -> int:
@@ -296,7 +301,7 @@ def _token_bytes(kv_heads: int, kv_head_dims: int, tp: int, dtype_bytes: int, na
     return max(1, kv_heads // tp) * kv_head_dims * dtype_bytes
 
 
-def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts) -> tuple[LayerCache, ...]:
+def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts, tp: int) -> tuple[LayerCache, ...]:
     out = []
     for kind in kinds:
         if kind in (SLIDING, CHUNKED):
@@ -307,6 +312,13 @@ def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts
             out.append(LayerCache(INDEXER, facts.indexer_bytes))
         elif kind == RING:  # Step5's CSA tail ring: the main page's bytes at the main block, in 1 KiB rows
             out.append(LayerCache(RING, token, stride_bytes=RING_ROW_BYTES))
+        elif kind == SCONV:  # Inkling's conv state: a SlidingWindowSpec of its kernel, in blocks of its kernel
+            heads, head, kernel = facts.sconv
+            if heads < tp:  # InklingConvState asserts tp_size <= num_kv_heads
+                raise InvalidSpec(f"{facts.name}: vLLM refuses it: sconv SWA cache supports tp_size <= num_kv_heads "
+                                  f"({heads}), got {tp}")
+            out.append(LayerCache(SLIDING, _split(heads, tp, "conv-state KV heads", facts.name) * head * 2, kernel,
+                                  block_tokens=kernel))
         else:
             out.append(LayerCache(kind, token, stride_tokens=KERNEL_PAGE_TOKENS.get(facts.model_type, 0)))
         if kind == MLA and facts.indexer_bytes:
@@ -442,26 +454,27 @@ def _packed_groups(runs: Mapping[LayerCache, int], block_size: int, name: str) -
     _get_packed_kv_cache_groups, the block-outermost layout): layers of one type form a bucket (one
     UniformTypeKVCacheSpecs group, its page the sum of its layers'); a sliding-window bucket is a state bucket and
     splits round-robin into groups of as many layers as fit the widest bucket's page. Written for buckets of one
-    page size each (Gemma 4: sliding layers of one head size, full ones of another); a bucket mixing page sizes is
-    refused."""
-    buckets: dict[tuple[str, int | None], list[int]] = {}  # (kind, window) -> [token bytes, layers]
+    page size each (Gemma 4: sliding layers of one head size, full ones of another; Inkling: conv states in blocks of
+    their own beside full attention); a bucket mixing page sizes is refused."""
+    buckets: dict[tuple[str, int | None], list[int]] = {}  # (kind, window) -> [page bytes, layers, block]
     for layer, count in runs.items():
         if layer.kind not in (FULL, SLIDING):
             raise ModelGeometryUnknown(f"{name}: {layer.kind} layers beside attention of other pages are not modelled")
         key = (layer.kind, layer.window if layer.kind == SLIDING else None)
-        bucket = buckets.setdefault(key, [layer.token_bytes, 0])
-        if bucket[0] != layer.token_bytes:
+        block = layer.block_tokens or block_size
+        bucket = buckets.setdefault(key, [layer.page_bytes(block_size), 0, block])
+        if bucket[0] != layer.page_bytes(block_size) or bucket[2] != block:
             raise ModelGeometryUnknown(f"{name}: {layer.kind} layers of different page sizes in one group are not "
                                        "modelled")
         bucket[1] += count
     # the widest group's page: a state (sliding) bucket down to one layer per group, any other bucket whole
-    anchor = max(token * (1 if kind == SLIDING else count) for (kind, _), (token, count) in buckets.items())
+    anchor = max(page * (1 if kind == SLIDING else count) for (kind, _), (page, count, _) in buckets.items())
     groups = []
-    for (kind, window), (token, count) in buckets.items():
-        num_groups = _cdiv(count, max(anchor // token, 1)) if kind == SLIDING else 1
+    for (kind, window), (page, count, block) in buckets.items():
+        num_groups = _cdiv(count, max(anchor // page, 1)) if kind == SLIDING else 1
         for i in range(num_groups):
             layers = len(range(i, count, num_groups))
-            groups.append(CacheGroup(kind, layers, layers * block_size * token, block_size, window, True))
+            groups.append(CacheGroup(kind, layers, layers * page, block, window, True))
     return tuple(groups)
 
 

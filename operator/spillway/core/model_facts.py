@@ -25,6 +25,9 @@ INDEXER = "indexer"  # DeepSeek-V3.2's sparse-attention indexer keys: an MLA-sha
 # vLLM's CircularBufferSpec: one block a request for the keys of a compression group still open (Step5's CSA tail
 # ring), outside prefix caching, so never offloaded
 RING = "ring"
+# Inkling's short-convolution state (vllm/models/inkling/nvidia/sconv_swa_attn.py InklingConvState): a sliding window
+# of sconv_kernel_size tokens in blocks of that size, its four streams packed into one power-of-two head per KV head
+SCONV = "sconv"
 NONE = ""  # a layer without a cache (an MLP-only layer)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1, "fp8_e4m3": 1,
@@ -186,6 +189,7 @@ class ModelFacts:
     mamba_chunk: int  # ModelConfig.get_mamba_chunk_size (0.26 aligns hybrid blocks to it)
     max_model_len: int | None
     multimodal: bool
+    sconv: tuple[int, int, int] | None = None  # Inkling: (KV heads, packed head size, kernel) of its conv state
 
     __hash__ = cached_hash  # the planner's memoized steps key on the facts, whose per-layer tuple is long
 
@@ -372,6 +376,11 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,)] * num_layers
     if model_type == "step5":
         return _step5_kinds(config, num_layers, name)
+    if model_type == "inkling_model":
+        # inkling/nvidia/model.py InklingDecoderLayer: the conv state (registered first), then full attention, or a
+        # window of sliding_window_size on the layers local_layer_ids names
+        local = set(config.get("local_layer_ids") or ())
+        return [(SCONV, SLIDING if i in local else FULL) for i in range(num_layers)]
     if model_type.startswith("minimax_m3"):
         # vllm/models/minimax_m3/nvidia/model.py: a layer sparse_attention_freq marks is MiniMaxM3SparseAttention, its
         # KV and its indexer's keys (read_facts: indexer_bytes); every other layer plain attention
@@ -759,6 +768,12 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         window = _int(text, "loop_window_size", name, 64)
     elif SLIDING in flat and model_type in SWA_HEADS:
         window = _int(text, "sliding_window_size", name)
+    elif SLIDING in flat and model_type == "inkling_model":
+        if (text.get("swa_num_key_value_heads") or kv_heads, text.get("swa_head_dim") or head_dim) != (kv_heads,
+                                                                                                        head_dim):
+            raise ModelGeometryUnknown(f"{name}: Inkling's local layers with heads of their own (swa_*) are not "
+                                       "modelled")
+        window = _int(text, "sliding_window_size", name)
     elif SLIDING in flat and model_type == "domyn_edge":
         # "HF window (w, 0) attends to w+1 keys; vLLM's window counts all keys"
         distinct = {w + 1 for w in _domyn_windows(text, num_layers, name) if w}
@@ -815,6 +830,12 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
                                        "(per_layer_config) are not modelled")
     elif model_type in SWA_HEADS and SLIDING in flat:
         layer_heads = _swa_heads(text, kinds, (kv_heads, head_dim, v_head_dim), name)
+    sconv = None
+    if SCONV in flat:
+        # InklingConvState: per KV head K, V and an attention- and an MLP-output chunk of hidden_size // KV heads,
+        # padded to a power of two; bf16 (the model's dtype, which it asserts)
+        raw = 2 * head_dim + 2 * (_int(text, "hidden_size", name) // kv_heads)
+        sconv = (kv_heads, 1 << (raw - 1).bit_length(), _int(text, "sconv_kernel_size", name, 4))
     return ModelFacts(name, architecture, model_type, dtype, num_layers, heads, kv_heads, head_dim, v_head_dim,
                       mla, tuple(kinds), window, indexer, layer_heads, mamba, str(ssm_dtype) if ssm_dtype else None, chunk,
-                      max_len, multimodal)
+                      max_len, multimodal, sconv)

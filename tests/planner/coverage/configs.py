@@ -196,7 +196,10 @@ MODEL_TYPES = {"PanguUltraMoEForCausalLM": "pangu_ultra_moe",
                "KimiK31ForConditionalGeneration": "kimi_k31",
                # transformers' Glm5NextTextConfig, which glm5next/common/model.py reads (its tables map only the
                # VL wrapper's architecture)
-               "Glm5NextForCausalLM": "glm5_next_text"}
+               "Glm5NextForCausalLM": "glm5_next_text",
+               # vllm/models/inkling/configs.py InklingModelConfig (model type inkling_model), the config vLLM reads
+               # for thinkingmachines/Inkling's text checkpoints; transformers' inkling_text names other fields
+               "InklingForCausalLM": "inkling_model"}
 PATCHES["PanguUltraMoEForCausalLM"] = {
     "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
     "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
@@ -396,6 +399,14 @@ PATCHES["Step5ForCausalLM"] = _STEP5_SPARSE
 TEXT_PATCHES["Step5ForConditionalGeneration"] = {"text_config": _STEP5_SPARSE}
 MODEL_TYPES["Step5ForConditionalGeneration"] = "step5_vl"  # vLLM's Step5VLConfig (its text config: Step5Config)
 
+# InklingModelConfig's defaults leave the MoE empty (no routed or shared experts), which inkling/nvidia/moe.py
+# asserts against on every layer past dense_mlp_idx; the MoE of a published checkpoint (routed experts with the
+# shared-expert sink its MoE requires). Not a published config's values: its sizes reach no KV-cache spec.
+_INKLING_MOE = {"n_routed_experts": 64, "n_shared_experts": 1, "shared_expert_sink": True, "num_experts_per_tok": 4,
+                "moe_intermediate_size": 768}
+PATCHES["InklingForCausalLM"] = _INKLING_MOE
+TEXT_PATCHES["InklingForConditionalGeneration"] = {"text_config": _INKLING_MOE}
+
 # Checkpoints whose config.json keeps the language model's fields on the top level, as ernie45_vl.py reads them
 # (baidu/ERNIE-4.5-VL-28B-A3B), where transformers' class nests them under text_config.
 FLAT_TEXT = frozenset({"Ernie4_5_VLMoeForConditionalGeneration"})
@@ -448,7 +459,9 @@ AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGen
 # torch without CUDA refuses to construct: record_specs.py gives these inert stand-ins (nothing is launched on the
 # meta device; no KV-cache spec reads a stream). vLLM's VLLM_KIMI_K3_GEMM_AR kernel switch (vllm/envs.py) is off in
 # the recorder: its fused GEMM-all-reduce needs CUTLASS's Python DSL.
-CUDA_STREAMS = frozenset({"KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration"})
+# Inkling's MoE overlaps its shared-expert sink on a side stream the same way (inkling/nvidia/moe.py).
+CUDA_STREAMS = frozenset({"KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration",
+                          "InklingForCausalLM", "InklingForConditionalGeneration"})
 
 # Multimodal wrappers whose KV cache is their language model's (vLLM's get_kv_cache_spec walks the attention
 # layers; their vision and audio encoders keep none) and whose towers the CPU venv cannot build (torchvision, timm)
