@@ -82,13 +82,18 @@ async def main(args: argparse.Namespace) -> dict:
                      f"{down['client_errors']}, retries {r['retries']}, restarts seen {r['restarts_seen']}\n"
                    + line("  after Ready", r["after"], f"  (restarted replica first served at "
                           f"{r['restarted_first_request_s']} s, window {r['window_s']} s)"))
-        for pods in (1, 3) if "hot" in args.scenarios else ():
-            name = f"hot-{pods}"
-            w = F.Workload(name, hot=args.hot, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
+        hot_runs = [(repeat, pods) for repeat in range(args.repeats_hot) for pods in (1, 3)]
+        for repeat, pods in hot_runs if "hot" in args.scenarios else ():
+            name = f"hot-{pods}" + (f"-r{repeat}" if repeat else "")
+            w = F.Workload(name, hot=args.hot, seed=F.balanced_seed(name, urls, 0.2, **shape),
+                           output_tokens=args.hot_output_tokens, **shape)
             r = await F.hot(servers, pods, w, requests=n, concurrency=c)
-            record(r, line(f"hot prefix {args.hot:.0%}, {pods} pod{'s' * (pods > 1)}", r,
+            record(r, line(f"hot prefix {args.hot:.0%}, {pods} pod{'s' * (pods > 1)} (r{repeat})", r,
                            f"  (owner {r['hot_owner']}: drawn {r['owner_drawn']}, served {r['owner_served']}, "
-                           f"passed on {r['owner_passed_on']})"))
+                           f"passed on {r['owner_passed_on']}, overloaded {r['overloaded']}; in flight peak "
+                           f"{'/'.join(map(str, r['in_flight_peaks']))}, mean "
+                           f"{'/'.join(map(str, r['in_flight_means']))}, above {r['bound']} "
+                           f"{'/'.join(f'{100 * x:.0f}%' for x in r['above_bound_shares'])})"))
         if "die" in args.scenarios:
             name = "die-3"
             w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
@@ -114,8 +119,14 @@ if __name__ == "__main__":
     parser.add_argument("--down-requests", type=int, default=40, help="requests sent while a replica restarts")
     parser.add_argument("--hot", type=float, default=0.6, help="the hot prefix's share of the requests")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--repeats-hot", type=int, default=1, help="runs of the hot-prefix comparison")
+    parser.add_argument("--hot-output-tokens", type=int, default=16, help="tokens each hot-prefix answer generates "
+                        "(fleet_load.Workload.output_tokens)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--load-poll-seconds", type=float, default=F.LOAD_POLL_S,
+                        help="the router pods' --load-poll-seconds (0: leave the flag out, for a router without it)")
     args = parser.parse_args()
+    F.LOAD_POLL_S = args.load_poll_seconds
     result = asyncio.run(main(args))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

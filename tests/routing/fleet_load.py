@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,10 @@ from support.vllm_router import SpillwayRouter
 from support.vllm_server import FIRST_TOKEN_ID
 
 REQUEST_TIMEOUT_S = 120.0
+# How often each router pod reads the replicas' load: a request here lives a few hundred milliseconds (a tiny
+# model on 2 shared cores), a GPU replica's for seconds, so the router's default quarter second would be as
+# stale here as 2-3 s is there.
+LOAD_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,11 @@ class Workload:
     zipf: float = 1.1
     hot: float = 0.0
     seed: int = 1
+    # Tokens each answer generates. One measures TTFT alone; a hot prefix's test wants requests that stay in
+    # their engine's batch while they decode, as on a GPU, where the replica's own count of them is what the
+    # router pods read (with one token a request is scheduled and finished in one engine step, between two
+    # of vLLM's updates of num_requests_running).
+    output_tokens: int = 1
 
     def __post_init__(self) -> None:
         if self.prefixes < 1 or self.prefix_blocks < 1 or self.zipf <= 0 or not 0.0 <= self.hot < 1.0:
@@ -144,9 +154,12 @@ class Load:
         return {"p50": pick(0.5), "p90": pick(0.9)}
 
 
-async def _one(session: aiohttp.ClientSession, url: str, ids: list[int]) -> tuple[float | None, str]:
-    """(TTFT, "" or the error) of one streamed completion of one token."""
-    body = {"model": SERVED_MODEL_NAME, "prompt": ids, "max_tokens": 1, "stream": True}
+async def _one(session: aiohttp.ClientSession, url: str, ids: list[int],
+               output_tokens: int = 1) -> tuple[float | None, str]:
+    """(TTFT, "" or the error) of one streamed completion of `output_tokens` tokens (whatever the random
+    weights make of the end-of-sequence token)."""
+    body = {"model": SERVED_MODEL_NAME, "prompt": ids, "max_tokens": output_tokens, "stream": True,
+            **({"ignore_eos": True} if output_tokens > 1 else {})}
     start = time.perf_counter()
     ttft = None
     try:
@@ -181,7 +194,7 @@ async def drive(routers: Sequence[str], workload: Workload, requests: Iterator[t
                 return
             sent += 1
             r = rng.randrange(len(routers))
-            ttft, error = await _one(session, routers[r], workload.prompt(p, i))
+            ttft, error = await _one(session, routers[r], workload.prompt(p, i), workload.output_tokens)
             load.outcomes.append(Outcome(p, r, not error, ttft, error))
 
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -246,8 +259,9 @@ def router_pods(servers: Sequence[VllmServer], count: int, extra: Sequence[str] 
     """`count` `spillway route` processes over these replicas, each told how many share the traffic, as the
     operator runs them for routing.router.replicas (controller/routing_objects.py)."""
     peers = ["--router-pods", str(count)] if count > 1 else []
+    loads = ["--load-poll-seconds", str(LOAD_POLL_S)] if LOAD_POLL_S else []
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(spillway_router(list(servers), [*peers, *extra])) for _ in range(count)]
+        yield [stack.enter_context(spillway_router(list(servers), [*peers, *loads, *extra])) for _ in range(count)]
 
 
 def overloaded(routers: Sequence[SpillwayRouter]) -> int:
@@ -408,31 +422,43 @@ async def _sample(server: VllmServer, timeline: list[tuple[float, int]]) -> None
 _LIVE_ROUTERS: list[SpillwayRouter] = []
 
 
-async def _in_flight_peak(worker: str, peaks: list[float]) -> None:
-    """The requests the router pods together hold in flight to `worker`, read from their gauges every 50 ms."""
+async def _in_flight(workers: Sequence[str], samples: list[list[float]]) -> None:
+    """The requests the router pods together hold in flight to each worker, read from their gauges every 50 ms
+    (one read of each pod per sample, so a sample can count a request that one pod finished and another's
+    that started meanwhile: a sample is at most one request above the truth per pod)."""
     loop = asyncio.get_running_loop()
     while True:
         routers = list(_LIVE_ROUTERS)
         if routers:
             texts = await asyncio.gather(*(loop.run_in_executor(None, r.metrics_text) for r in routers))
-            peaks.append(sum(total(t, routing.ROUTER_METRIC_IN_FLIGHT, **{routing.ROUTER_LABEL_WORKER: worker})
-                             for t in texts))
+            samples.append([sum(total(t, routing.ROUTER_METRIC_IN_FLIGHT, **{routing.ROUTER_LABEL_WORKER: w})
+                                for t in texts) for w in workers])
         await asyncio.sleep(0.05)
 
 
 async def hot(servers: Sequence[VllmServer], pods: int, workload: Workload, *, requests: int,
               concurrency: int) -> dict:
     """The workload with a hot prefix: how many of the requests the hot prefix's owner's arcs draw it passed
-    on to other replicas, and each replica's queue wait."""
-    owners = workload.owners([s.base_url for s in servers])
-    peaks: list[float] = []
-    sampling = asyncio.ensure_future(_in_flight_peak(owners[0], peaks))
+    on to other replicas, each replica's queue wait, and each replica's requests in flight (peak, and the
+    share of samples in which it held more than the bound one router pod keeps at this concurrency)."""
+    urls = [s.base_url for s in servers]
+    owners = workload.owners(urls)
+    samples: list[list[float]] = []
+    sampling = asyncio.ensure_future(_in_flight(urls, samples))
     try:
         result = await zipf(servers, pods, workload, requests=requests, concurrency=concurrency)
     finally:
         sampling.cancel()
-    result["owner_in_flight_peak"] = int(max(peaks, default=0))
     owner = result["hot_owner"]
+    bound = max(A.MIN_BOUND, math.ceil(A.DEFAULT_LOAD_FACTOR * concurrency / len(servers)))
+    result["bound"] = bound
+    result["in_flight_peaks"] = [int(max((x[i] for x in samples), default=0)) for i in range(len(servers))]
+    result["in_flight_means"] = [round(sum(x[i] for x in samples) / max(1, len(samples)), 2)
+                                 for i in range(len(servers))]
+    result["above_bound_shares"] = [round(sum(x[i] > bound for x in samples) / max(1, len(samples)), 3)
+                                    for i in range(len(servers))]
+    result["in_flight_samples"] = len(samples)
+    result["owner_in_flight_peak"] = result["in_flight_peaks"][owner]
     drawn = sum(1 for p, _ in zip_n(workload.requests(), requests) if owners[p] == servers[owner].base_url)
     result["owner_drawn"] = drawn
     result["owner_served"] = result["replica_requests"][owner]
