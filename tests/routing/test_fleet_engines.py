@@ -15,8 +15,8 @@ shares from the replicas' own /metrics.
   and after DNS drops it;
 - a prefix with 60% of the requests, through 1 router pod and 3: its owner passes what is beyond the load bound
   (2 at 4 in flight, the requests its engine runs at once) to the next replica along the ring, never holding
-  more than the bound through one pod and not on average through three (which read each replica's own count),
-  and its queue wait is not the longest; the hit share stays near the best possible.
+  more than the bound through one pod and not on average through three (which read each replica's own count);
+  the hit share stays near the best possible.
 
 Seeds are picked so that every replica's ring arcs draw at least a fifth of the requests
 (fleet_load.balanced_seed): the shares measured here are the router's, not the ring's luck with the ports.
@@ -93,11 +93,14 @@ def test_a_hot_prefix_spreads_before_its_owner_queues(replicas, capsys, pods):
 
     Through one router pod the owner never holds more than the bound. Three router pods each count their own
     requests and read every replica's own count (running and waiting) every 0.1 s: between two reads two pods
-    can each send the owner one, so it can hold more than the bound for a moment, but not on average (without
-    the reads it held more than the bound in 40-55% of the samples, with them 21-31%, bench/fleet/README.md).
-    Either way its queue wait stays within the others': the owner's is not the longest. How often the owner
-    runs 2 depends on how fast its hits are served against the other replicas' misses, so the test asserts
-    that the bound acted and held, not how often."""
+    can each send the owner one, so it can hold more than the bound for a moment, but not on average (before
+    the reads it held more than the bound in 40% of the samples, mean 1.98 and up to 2.2; with them 28%, mean
+    1.64-1.73: bench/fleet/README.md). How often the owner runs 2 depends on how fast its hits are served
+    against the other replicas' misses, so the test asserts that the bound acted and held, not how often.
+
+    Queue waits are printed, not asserted: vLLM's queue time includes the wait for a load from the pool, which
+    the owner's hits have and the others' misses do not, so on 2 shared cores even one router pod, which never
+    lets the owner hold more than the bound, measured its owner's at 1.89x the others' longest in one run."""
     w = _workload(replicas, f"hot-{pods}", hot=0.6, output_tokens=16)
     r = asyncio.run(F.hot(replicas, pods, w, requests=120, concurrency=CONCURRENCY))
     _show(capsys, hot=r)
@@ -110,8 +113,6 @@ def test_a_hot_prefix_spreads_before_its_owner_queues(replicas, capsys, pods):
         assert r["owner_in_flight_peak"] <= bound, r  # sampled from the router's gauge every 50 ms
     else:
         assert r["in_flight_means"][owner] <= bound, r  # summed over the pods' gauges every 50 ms
-    waits = r["queue_wait_ms"]
-    assert waits[owner] <= max(x for i, x in enumerate(waits) if i != owner and x is not None), r
     assert r["cpu_hit_share"] >= 0.8 * r["best_hit_share"], r
 
 
