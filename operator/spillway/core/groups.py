@@ -80,17 +80,19 @@ class LayerCache:
     # vLLM's block_stride_alignment: a MultipleOf(n) kernel page of n tokens, or a fixed number of bytes
     stride_tokens: int = 0
     stride_bytes: int = 0
-    block_tokens: int = 0  # a block the spec fixes itself (Inkling's conv state), else the cache's block
+    block_tokens: int = 0  # a block the spec fixes itself (Inkling's conv state, a ring), else the cache's block
+    tokens_per_state: int = 1  # > 1: token_bytes are one state's, covering that many tokens (a kpool indexer)
+    min_kernel_tokens: int = 0  # the smallest kernel block its backend takes, where the hybrid block must tile it
 
     def page_bytes(self, block_size: int) -> int:
-        return (self.block_tokens or block_size) * self.token_bytes
+        return (self.block_tokens or block_size) // self.tokens_per_state * self.token_bytes
 
     def stride_alignment(self, block_size: int) -> int:
         """KVCacheSpec.get_block_stride_alignment: the bytes every block stride is a multiple of."""
         if self.stride_bytes:
             return self.stride_bytes
         kernel = math.gcd(self.stride_tokens, block_size) if self.stride_tokens else block_size
-        return 1 if kernel == block_size else kernel * self.token_bytes
+        return 1 if kernel == block_size else kernel // self.tokens_per_state * self.token_bytes
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class KVGroups:
 
     @property
     def block_size(self) -> int:
-        return min(g.block_size for g in self.groups)
+        return min(g.block_size for g in self.offloaded)
 
     @property
     def offloaded(self) -> tuple[CacheGroup, ...]:
@@ -308,8 +310,17 @@ def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts
             out.append(LayerCache(kind, token, facts.window))
         elif kind == MAMBA:
             out.append(LayerCache(MAMBA, 0, None, state))
+        elif kind == INDEXER and facts.indexer_tokens > 1:
+            # GLM-5.3-Flash's kpool keys: DeepGEMM's paged-MQA pages of 32 or 64 states (get_paged_mqa_page_sizes)
+            # set the smallest kernel block the hybrid block tiles and the block stride (MultipleOf the largest)
+            kpool = facts.indexer_tokens
+            out.append(LayerCache(INDEXER, facts.indexer_bytes, tokens_per_state=kpool, stride_tokens=64 * kpool,
+                                  min_kernel_tokens=32 * kpool))
         elif kind == INDEXER:  # MiniMax-M3, Step5: the indexer keys beside a sparse layer's own KV (in its kinds)
             out.append(LayerCache(INDEXER, facts.indexer_bytes))
+        elif kind == RING and facts.indexer_tokens > 1:
+            # glm5next Glm5NextTailCache: one index_kpool ring a request of two bf16 rows (K, gate score), replicated
+            out.append(LayerCache(RING, facts.ring_bytes, block_tokens=facts.indexer_tokens))
         elif kind == RING:  # Step5's CSA tail ring: the main page's bytes at the main block, in 1 KiB rows
             out.append(LayerCache(RING, token, stride_bytes=RING_ROW_BYTES))
         elif kind == SCONV:  # Inkling's conv state: a SlidingWindowSpec of its kernel, in blocks of its kernel
@@ -319,9 +330,12 @@ def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts
                                   f"({heads}), got {tp}")
             out.append(LayerCache(SLIDING, _split(heads, tp, "conv-state KV heads", facts.name) * head * 2, kernel,
                                   block_tokens=kernel))
+        elif kind == MLA and facts.indexer_tokens > 1:
+            # Hopper's sparse MLA backends read the latent as flat rows (align_blocks_to_rows): block strides in rows
+            out.append(LayerCache(MLA, token, stride_bytes=token))
         else:
             out.append(LayerCache(kind, token, stride_tokens=KERNEL_PAGE_TOKENS.get(facts.model_type, 0)))
-        if kind == MLA and facts.indexer_bytes:
+        if kind == MLA and facts.indexer_bytes and INDEXER not in kinds:
             out.append(LayerCache(INDEXER, facts.indexer_bytes))  # uint8 keys: the cache dtype does not apply
     return tuple(out)
 
@@ -386,6 +400,8 @@ def _group_runs(runs: Mapping[LayerCache, int], block_size: int, kernel_block: i
     runs = {layer: count for layer, count in runs.items() if layer.kind}
     if not runs:
         raise ModelGeometryUnknown(f"{name}: the model has no layer with a KV cache")
+    if packed and any(layer.kind == MAMBA for layer in runs) and any(layer.kind in (INDEXER, RING) for layer in runs):
+        return _packed_hybrid_groups(runs, block_size, kernel_block, state_chunk, name, min_align)
     rings = {layer: count for layer, count in runs.items() if layer.kind == RING}
     if rings:
         # CircularBufferSpec is a type of its own (one UniformTypeKVCacheSpecs group of them), after the others
@@ -476,6 +492,80 @@ def _packed_groups(runs: Mapping[LayerCache, int], block_size: int, name: str) -
             layers = len(range(i, count, num_groups))
             groups.append(CacheGroup(kind, layers, layers * page, block, window, True))
     return tuple(groups)
+
+
+def _packed_hybrid_groups(runs: Mapping[LayerCache, int], block_size: int, kernel_block: int,
+                          state_chunk: int | None, name: str, min_align: int | None) -> tuple[CacheGroup, ...]:
+    """A recurrent hybrid whose other caches differ in page (GLM-5.3-Flash: KDA, an MLA latent, its indexer's kpool
+    keys and its tail ring), as vLLM 0.33 sizes it: the block grown to hold a state in attention pages and tiling
+    every backend's smallest kernel block (vllm/platforms/interface.py _align_hybrid_block_size), recurrent pages
+    padded to the attention page, then _get_packed_kv_cache_groups' buckets (_packed_buckets)."""
+    main = {layer.token_bytes for layer in runs if layer.kind in (FULL, MLA, SLIDING, CHUNKED)
+            and not layer.block_tokens and layer.tokens_per_state == 1}
+    if len(main) != 1:
+        raise ModelGeometryUnknown(f"{name}: a recurrent hybrid with attention of {len(main)} page sizes is not "
+                                   "modelled")
+    per_token = main.pop()
+    align = max(kernel_block, block_size, min_align or 0)
+    if state_chunk:
+        align = math.lcm(align, state_chunk)
+    grown = align * _cdiv(max(layer.state_bytes for layer in runs if layer.kind == MAMBA), align * per_token)
+    backends = math.lcm(*(layer.min_kernel_tokens or 1 for layer in runs))
+    block = max(block_size, backends * _cdiv(grown, backends))
+    buckets: dict[tuple, list] = {}  # type -> [kind, block, window, {page: layers}, alignment]
+    for layer, count in runs.items():
+        own = layer.block_tokens or block
+        window = layer.window if layer.kind in (SLIDING, CHUNKED) else None
+        key = (_type_key(layer)[0], window, own)
+        page = block * per_token if layer.kind == MAMBA else layer.page_bytes(block)
+        bucket = buckets.setdefault(key, [layer.kind, own, window, {}, 1])
+        bucket[3][page] = bucket[3].get(page, 0) + count
+        bucket[4] = math.lcm(bucket[4], layer.stride_alignment(own))
+    return _packed_buckets(list(buckets.values()), name)
+
+
+def _packed_buckets(buckets: list[list], name: str) -> tuple[CacheGroup, ...]:
+    """vllm/v1/core/kv_cache_planning.py _get_packed_kv_cache_groups on buckets of one type each ([kind, block,
+    window, {page: layers}, alignment], in order of first layer): a balanced bucket (as many layers of each page)
+    is a repeating pattern, split into groups of the repeats _approximate_gcd picks; recurrent, ring and (without
+    such a pattern) sliding buckets are state buckets, split to fit the block the widest group needs."""
+    maxper = [max(b[3].values()) for b in buckets]
+    balanced = [len(set(b[3].values())) == 1 for b in buckets]
+    floor = max((m for m, bal, b in zip(maxper, balanced, buckets) if bal and len(b[3]) > 1), default=0)
+    repeats = _approximate_gcd([m for m, bal in zip(maxper, balanced) if bal], floor) if floor else None
+
+    def groups_for(i: int) -> int:
+        return _cdiv(maxper[i], repeats) if balanced[i] and repeats else 1
+
+    def widest(i: int, n: int) -> int:
+        return sum(_cdiv(count, n) * page for page, count in buckets[i][3].items())
+
+    def is_state(i: int) -> bool:
+        return buckets[i][0] in (MAMBA, RING) or (repeats is None and buckets[i][0] == SLIDING)
+
+    anchor = max(widest(i, sum(b[3].values()) if is_state(i) else groups_for(i)) for i, b in enumerate(buckets))
+    groups = []
+    for i, (kind, block, window, pages, alignment) in enumerate(buckets):
+        n = groups_for(i)
+        if anchor and is_state(i):
+            n = max(n, _cdiv(sum(pages.values()), max(anchor // next(iter(pages)), 1)))
+        if n > 1 and not balanced[i]:
+            raise ModelGeometryUnknown(f"{name}: an unbalanced bucket of {kind} layers split in groups is not modelled")
+        for g in range(n):
+            reps = len(range(g, maxper[i], n))
+            groups.append(CacheGroup(kind, reps * len(pages), reps * sum(pages), block, window, True, alignment))
+    return tuple(groups)
+
+
+def _approximate_gcd(values: Sequence[int], lower_bound: int) -> int:
+    """kv_cache_planning.py _approximate_gcd: the chunk in [lower_bound, max] padding the values least (ties: the
+    larger)."""
+    best, best_pad = lower_bound, None
+    for d in range(max(1, lower_bound), max(values) + 1):
+        pad = sum((d - x % d) % d for x in values)
+        if best_pad is None or pad < best_pad or (pad == best_pad and d > best):
+            best, best_pad = d, pad
+    return best
 
 
 def _type_key(layer: LayerCache) -> tuple[str, int | None]:

@@ -72,7 +72,10 @@ MLA_MODEL_TYPES = frozenset({
 # layer of indexer_types, nor one index_topk_freq / index_topk_pattern skip)
 HY_V4_SPARSE = ("sparse_attention", "sparse", "indexed_attention")
 # Model types whose recurrent layers are Kimi delta attention (MambaStateShapeCalculator.kda_state_shape)
-KDA_STATE = frozenset({"alice_ai", "bailing_hybrid"})
+KDA_STATE = frozenset({"alice_ai", "bailing_hybrid", "glm5_next", "glm5_next_text"})
+# vllm/models/glm5next: GLM-5.3-Flash's indexed layers keep the kpool indexer's keys, one state per index_kpool
+# tokens, and the pool's tail ring beside their NoPE MLA latent
+KPOOL = frozenset({"glm5_next", "glm5_next_text"})
 # Ling 2.5 shares Ling 3's model type bailing_hybrid (vllm/config/speculative.py) but its recurrent layers are
 # linear attention (bailing_moe_linear.py)
 LING_LINEAR = "BailingMoeV2_5ForCausalLM"
@@ -190,6 +193,8 @@ class ModelFacts:
     max_model_len: int | None
     multimodal: bool
     sconv: tuple[int, int, int] | None = None  # Inkling: (KV heads, packed head size, kernel) of its conv state
+    indexer_tokens: int = 1  # tokens each indexer state covers (GLM-5.3-Flash's kpool: index_kpool)
+    ring_bytes: int = 0  # GLM-5.3-Flash's tail ring: bytes per token (K and gate score of index_head_dim, bf16)
 
     __hash__ = cached_hash  # the planner's memoized steps key on the facts, whose per-layer tuple is long
 
@@ -376,6 +381,13 @@ def _layer_kinds(config: Mapping[str, Any], model_type: str, num_layers: int, na
         return [(FULL,)] * num_layers
     if model_type == "step5":
         return _step5_kinds(config, num_layers, name)
+    if model_type in KPOOL:
+        # glm5next/common/model.py _is_kda_layer: linear_attention layers are Kimi delta attention, the others MLA
+        # whose indexer registers its keys and tail ring first (attention.py)
+        types = config.get("layer_types")
+        if not isinstance(types, list) or len(types) < num_layers:
+            raise ModelGeometryUnknown(f"{name}: layer_types needs an entry for each of {num_layers} layers")
+        return [(MAMBA,) if t == "linear_attention" else (INDEXER, RING, FULL) for t in types[:num_layers]]
     if model_type == "inkling_model":
         # inkling/nvidia/model.py InklingDecoderLayer: the conv state (registered first), then full attention, or a
         # window of sliding_window_size on the layers local_layer_ids names
@@ -552,6 +564,8 @@ def _mamba_shape(config: Mapping[str, Any], model_type: str, name: str) -> Mamba
         # heads to match), bailing_moe_v3.py over num_attention_heads heads of head_dim
         if model_type == "alice_ai":
             heads, dim, kernel = get("linear_num_key_heads"), get("linear_key_head_dim"), get("linear_conv_kernel_dim")
+        elif model_type in KPOOL:  # glm5next/common/kda.py: linear_num_heads heads of linear_head_dim
+            heads, dim, kernel = get("linear_num_heads"), get("linear_head_dim"), get("linear_conv_kernel_dim")
         else:
             heads, dim, kernel = get("num_attention_heads"), get("head_dim"), get("short_conv_kernel_size")
         return MambaShape("gdn", conv_kernel=kernel, k_heads=heads, v_heads=heads, k_dim=dim, v_dim=dim)
@@ -745,7 +759,10 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     heads = _int(text, "num_attention_heads", name) if attention or mla else (text.get("num_attention_heads") or 0)
     kv_heads, head_dim, v_head_dim = 1, 0, 0
     if mla:
-        head_dim = _int(text, "kv_lora_rank", name) + _int(text, "qk_rope_head_dim", name)
+        # GLM-5.3-Flash's latent is NoPE (mla_use_nope, qk_rope_head_dim 0)
+        latent = _int(text, "kv_lora_rank", name)
+        head_dim = latent + ((text.get("qk_rope_head_dim") or 0) if model_type in KPOOL else
+                             _int(text, "qk_rope_head_dim", name))
         kinds = [tuple(MLA if k == FULL else k for k in layer) for layer in kinds]
     elif attention and model_type == "minicpm3":
         # vllm/model_executor/models/minicpm3.py: Attention(heads, qk_nope + qk_rope, num_kv_heads=heads), its V
@@ -797,6 +814,11 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         # 128-element quantization block, stored as uint8
         index_dim = _int(text, "index_head_dim", name)
         indexer = index_dim + index_dim // 128 * 4
+    indexer_tokens, ring_bytes = 1, 0
+    if INDEXER in flat and model_type in KPOOL:
+        # Glm5NextIndexerCache: DeepSeek-V3.2's fp8 keys and scales, one state per index_kpool tokens
+        indexer_tokens = _int(text, "index_kpool", name)
+        ring_bytes = 2 * _int(text, "index_head_dim", name) * DTYPE_BYTES["bfloat16"]
     if INDEXER in flat and model_type == "step5":
         indexer = STEP5_SUMMARY_BYTES // STEP5_REGION  # uint8 summaries: the KV cache dtype does not apply
     if INDEXER in flat and model_type.startswith("minimax_m3"):
@@ -838,4 +860,4 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         sconv = (kv_heads, 1 << (raw - 1).bit_length(), _int(text, "sconv_kernel_size", name, 4))
     return ModelFacts(name, architecture, model_type, dtype, num_layers, heads, kv_heads, head_dim, v_head_dim,
                       mla, tuple(kinds), window, indexer, layer_heads, mamba, str(ssm_dtype) if ssm_dtype else None, chunk,
-                      max_len, multimodal, sconv)
+                      max_len, multimodal, sconv, indexer_tokens, ring_bytes)

@@ -454,7 +454,7 @@ V2_RUNNER = frozenset({"Step5ForCausalLM", "Step5ForConditionalGeneration", "Lon
 # for these as such a host would (models are only built on the meta device; no AMX kernel runs).
 AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration", "BailingMoeV2_5ForCausalLM",
                      "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration",
-                     "MingV3ASRForConditionalGeneration", "Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"})
+                     "MingV3ASRForConditionalGeneration"})
 # Models whose layers create CUDA streams and events to overlap kernels (kimi_k3/nvidia/model.py's aux_stream), which
 # torch without CUDA refuses to construct: record_specs.py gives these inert stand-ins (nothing is launched on the
 # meta device; no KV-cache spec reads a stream). vLLM's VLLM_KIMI_K3_GEMM_AR kernel switch (vllm/envs.py) is off in

