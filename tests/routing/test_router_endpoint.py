@@ -169,6 +169,20 @@ def test_hop_by_hop_headers_stop_at_the_router(upstream, tmp_path):
         router.stop()
 
 
+def test_a_pods_cookie_goes_to_its_client_only(upstream, tmp_path):
+    """A pod's Set-Cookie reaches the client it answered; the router keeps none, so no other client's request
+    carries it (aiohttp's client keeps a named host's cookies: workers named in a workers file)."""
+    upstream.answer_headers = {"Set-Cookie": "session=alice; Path=/"}
+    router = RouterProcess(workers_file(tmp_path / "w", upstream.url.replace("127.0.0.1", "localhost")))
+    try:
+        status, headers, _ = router.post(prompt(1, 0))
+        assert status == 200 and headers["set-cookie"] == "session=alice; Path=/"
+        assert router.post(prompt(2, 0))[0] == 200
+        assert [s[2].get("Cookie") for s in upstream.requests()] == [None, None]
+    finally:
+        router.stop()
+
+
 def test_half_sent_headers_are_closed_and_connections_capped(upstream, tmp_path):
     router = RouterProcess(workers_file(tmp_path / "w", upstream), "--header-timeout", "1",
                            "--max-connections", "40")

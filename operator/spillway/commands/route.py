@@ -46,7 +46,7 @@ from urllib.parse import unquote
 
 import orjson
 import uvloop
-from aiohttp import ClientConnectionError, ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientConnectionError, ClientError, ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, web
 from aiohttp.client_exceptions import ClientConnectorError, ConnectionTimeoutError, ServerDisconnectedError
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -379,10 +379,13 @@ class Router:
         # their own. auto_decompress off: bodies pass through byte for byte with their Content-Encoding.
         # read_bufsize and the socket's fixed receive buffer: an answer whose client stops reading holds a few
         # buffers' worth here (the pod is told to wait by TCP), not the megabytes the kernel would grow to.
+        # No cookie jar: aiohttp's keeps a named host's Set-Cookie and sends it with every later request to it,
+        # so one client's session cookie from a pod would go out with other clients' requests (workers named in
+        # a --workers-file; Kubernetes pods are IPs, whose cookies aiohttp's jar refuses anyway).
         buffer = self.limits.stream_buffer_bytes
         self.session = ClientSession(
             timeout=ClientTimeout(total=None, sock_connect=self.limits.connect_timeout_s),
-            auto_decompress=False, read_bufsize=buffer,
+            auto_decompress=False, read_bufsize=buffer, cookie_jar=DummyCookieJar(),
             connector=TCPConnector(limit=0, ttl_dns_cache=None, socket_factory=lambda info: _pod_socket(info, buffer)))
 
     async def close(self) -> None:
