@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -136,6 +137,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, help="the figures as JSON")
+    p.add_argument("--baseline", type=Path, metavar="TREE", help="another checkout's root (git archive of a commit "
+                   "will do): its `spillway route` runs beside this tree's, as the path \"spillway (baseline)\"")
     args = p.parse_args()
     ports = [free_port() for _ in range(WORKERS)]
     workers = multiprocessing.Process(target=_serve_workers, args=(ports,), daemon=True)
@@ -144,10 +147,17 @@ def main() -> int:
     listed = Path(tempfile.mkdtemp(prefix="router-bench-")) / "workers"
     listed.write_text("".join(f"{url}\n" for url in urls))
     port, metrics_port = free_port(), free_port()
-    router = subprocess.Popen([sys.executable, "-m", "spillway.cli", "route", "--workers-file", str(listed),
-                               "--block-size", str(BLOCK), "--host", "127.0.0.1", "--port", str(port),
-                               "--metrics-port", str(metrics_port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    def route(port: int, metrics_port: int, tree: Path | None = None) -> subprocess.Popen:
+        # Another tree's package first on the path: the editable install's finder comes after PYTHONPATH.
+        env = {**os.environ, "PYTHONPATH": str(tree / "operator")} if tree else None
+        return subprocess.Popen([sys.executable, "-m", "spillway.cli", "route", "--workers-file", str(listed),
+                                 "--block-size", str(BLOCK), "--host", "127.0.0.1", "--port", str(port),
+                                 "--metrics-port", str(metrics_port)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env)
+
+    router = route(port, metrics_port)
+    base_port = free_port()
+    baseline = route(base_port, free_port(), args.baseline) if args.baseline else None
     bare_port = free_port()
     bare = multiprocessing.Process(target=_serve_bare_proxy, args=(bare_port, urls[0]), daemon=True)
     bare.start()
@@ -159,7 +169,10 @@ def main() -> int:
             other.start()
         _wait(f"http://127.0.0.1:{port}/health")
         _wait(f"http://127.0.0.1:{bare_port}/health")
+        if baseline:
+            _wait(f"http://127.0.0.1:{base_port}/health")
         paths = {"direct": f"{urls[0]}/v1/completions", "spillway": f"http://127.0.0.1:{port}/v1/completions",
+                 **({"spillway (baseline)": f"http://127.0.0.1:{base_port}/v1/completions"} if baseline else {}),
                  "aiohttp proxy, no routing": f"http://127.0.0.1:{bare_port}/v1/completions",
                  **{f"vllm-router {o.policy}": o.url("/v1/completions") for o in others}}
         print(f"{'prompt':>8} {'in flight':>9} {'path':>26} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'added':>8}   "
@@ -187,10 +200,13 @@ def main() -> int:
                        for name, vals in med.items() if name != "direct"}})
         print(json.dumps(rows))
         if args.out:
-            args.out.write_text(json.dumps({"settings": vars(args) | {"out": None}, "rows": rows}, indent=1) + "\n")
+            settings = vars(args) | {"out": None, "baseline": args.baseline and str(args.baseline)}
+            args.out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1) + "\n")
     finally:
-        router.terminate()
-        router.wait(20)
+        for process in (router, baseline):
+            if process is not None:
+                process.terminate()
+                process.wait(20)
         for other in others:
             other.close()
         bare.terminate()
