@@ -81,7 +81,11 @@ async def main(args: argparse.Namespace) -> dict:
                    + f"{'  down':<28} {down['requests']} requests over {down['seconds']} s, errors "
                      f"{down['client_errors']}, retries {r['retries']}, restarts seen {r['restarts_seen']}\n"
                    + line("  after Ready", r["after"], f"  (restarted replica first served at "
-                          f"{r['restarted_first_request_s']} s, window {r['window_s']} s)"))
+                          f"{r['restarted_first_request_s']} s, window {r['window_s']} s)") + "\n"
+                   + f"  restarted replica's hit share per slice after Ready: "
+                     f"{[(x['end_s'], x['hit_share']) for x in r['warm']['slices']]}; fleet steady "
+                     f"{r['warm']['steady_hit_share']}; at >= {F.WARM_FRACTION:.0%} of it from "
+                     f"{r['warm']['warm_after_s']} s on")
         hot_runs = [(repeat, pods) for repeat in range(args.repeats_hot) for pods in (1, 3)]
         for repeat, pods in hot_runs if "hot" in args.scenarios else ():
             name = f"hot-{pods}" + (f"-r{repeat}" if repeat else "")

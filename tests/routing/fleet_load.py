@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import random
 import time
@@ -361,10 +362,15 @@ async def restart(servers: Sequence[VllmServer], pods: int, workload: Workload, 
         timeline: list[tuple[float, int]] = []
         sampling = asyncio.ensure_future(_sample(target, timeline))
         started = time.monotonic()
-        after = await drive(urls, workload, stream, concurrency=concurrency, count=after_requests)
+        # The phase in slices, scraped between them: when the restarted replica's own hit share is back
+        # (its pool starts empty; a prefix its arcs draw misses there once) is read from the slices.
+        after, marks = Load(), [(0.0, ready)]
+        for size in _slices(after_requests, RESTART_SLICES):
+            await drive(urls, workload, stream, concurrency=concurrency, count=size, load=after)
+            marks.append((time.monotonic() - started, await scrape_all(servers)))
         window = time.monotonic() - started
         sampling.cancel()
-        end = await scrape_all(servers)
+        end = marks[-1][1]
         restarts = int(router_count(routers, routing.ROUTER_METRIC_RESTARTS))
         retries = int(router_count(routers, routing.ROUTER_METRIC_RETRIES))
     return {"scenario": workload.name, "routers": pods, "concurrency": concurrency, "restarted": restarted,
@@ -373,9 +379,39 @@ async def restart(servers: Sequence[VllmServer], pods: int, workload: Workload, 
                                                             "error_samples": down.errors[:3],
                                                             "seconds": round(down_s, 1)},
             "after": figures(ready, end, after), "window_s": round(window, 1),
+            "warm": warmth(marks, restarted),
             "restarted_first_request_s": next((t for t, n in timeline if n > 0), None),
             "restarts_seen": restarts, "retries": retries,
             "ring_shares": [round(x, 3) for x in workload.owned_shares([s.base_url for s in servers])]}
+
+
+RESTART_SLICES = 4  # slices of the phase after a restarted replica's Ready
+WARM_FRACTION = 0.9  # issue 39's goal: the restarted replica at 90% of the fleet's steady hit share
+
+
+def _slices(count: int, parts: int) -> list[int]:
+    return [n for n in (count * (i + 1) // parts - count * i // parts for i in range(parts)) if n]
+
+
+def warmth(marks: Sequence[tuple[float, list[dict]]], restarted: int) -> dict:
+    """The restarted replica's hit share per slice of the phase after its Ready, against the fleet's steady
+    share (the other replicas' over the whole phase: their pools kept their prefixes); `warm_after_s`: the end
+    of the first slice from which on each slice's share is at least WARM_FRACTION of the steady one."""
+    first, last = marks[0][1], marks[-1][1]
+    others = [i for i in range(len(first)) if i != restarted]
+    hit = sum(last[i]["cpu_hit_tokens"] - first[i]["cpu_hit_tokens"] for i in others)
+    steady = hit / (sum(last[i]["prompt_tokens"] - first[i]["prompt_tokens"] for i in others) or 1)
+    slices = []
+    for (_, before), (t, after) in itertools.pairwise(marks):
+        f = figures(before, after)
+        slices.append({"end_s": round(t, 1), "requests": f["replica_requests"][restarted],
+                       "hit_share": f["replica_hit_shares"][restarted]})
+    warm_from = len(slices)
+    while warm_from > 0 and (slices[warm_from - 1]["hit_share"] or 0) >= WARM_FRACTION * steady:
+        warm_from -= 1
+    return {"steady_hit_share": round(steady, 4), "slices": slices,
+            "second_half_hit_share": figures(marks[len(marks) // 2][1], marks[-1][1])["replica_hit_shares"][restarted],
+            "warm_after_s": None if warm_from == len(slices) else (slices[warm_from - 1]["end_s"] if warm_from else 0.0)}
 
 
 async def die(servers: Sequence[VllmServer], pods: int, workload: Workload, *, died: int, listed_requests: int,
