@@ -310,14 +310,16 @@ def test_the_mean_comes_from_the_reports_where_fresh():
 
 def test_a_report_counts_the_pods_own_requests_once():
     """The replica's count holds this pod's requests of the moment it was read: they are taken out, and this
-    pod's count now put in, so a pod alone reads what it holds, whatever the replica showed of it."""
+    pod's count now put in. A pod alone uses no report: its own count is exact, and a report a read's age old
+    could only add requests that are gone."""
     assert A.Report.read(3, own_then=2, at=0.0).others == 1
     assert A.Report.read(1, own_then=2, at=0.0).others == 0  # not yet in the engine, or already answered
     index = _index()
     blocks = A.prompt_blocks(_prompt(7, 1), BLOCK)
     owner = index.choose(blocks, {}).replica
-    reports = {owner: A.Report.read(1, own_then=1, at=0.0)}
+    reports = {owner: A.Report.read(5, own_then=0, at=0.0)}
     assert index.choose(blocks, {owner: 1}, reports=reports, now=0.1).replica == owner  # 1 + 1 <= 2
+    assert _index(peers=3).choose(blocks, {}, reports=reports, now=0.1).replica != owner  # 5 others there
 
 
 def test_when_every_replica_reads_over_the_bound_the_least_loaded_takes_it():

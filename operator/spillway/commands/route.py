@@ -345,6 +345,7 @@ class Router:
         self.breaker = affinity.Breaker(self.limits.breaker_failures, self.limits.breaker_cooldown_s)
         self.log = log
         self.in_flight: Tally[str] = Tally()  # what the bound balances on; the gauge shows it
+        self.sent: Tally[str] = Tally()  # attempts sent per worker, ever: those sent while its /metrics is read
         self.router_metrics = RouterMetrics(lambda: len(self.index.replicas))
         self.session: ClientSession | None = None
         self.body_bytes = 0  # request bodies held now
@@ -500,6 +501,7 @@ class Router:
                 self.index.record(worker, blocks)
             series = self.router_metrics.worker(worker)
             self.in_flight[worker] += 1
+            self.sent[worker] += 1
             series.in_flight.set(self.in_flight[worker])
             try:
                 try:
@@ -660,7 +662,7 @@ async def probe(router: Router, worker: str) -> None:
     answer is left as it is (its last report ages out). vLLM's /metrics is read whole: its instrumentator's
     route serves it before prometheus_client's app, which alone would serve series by name (`name[]`)."""
     assert router.session is not None
-    own = router.in_flight[worker]
+    own, sent = router.in_flight[worker], router.sent[worker]
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             async with router.session.get(f"{worker}{api.METRICS_PATH}") as response:
@@ -672,8 +674,11 @@ async def probe(router: Router, worker: str) -> None:
     router.saw_marks(worker, restart_marks(text))
     load = load_report(text)
     if load is not None and worker in router.index.replicas:
-        # The requests of this pod's that the count may hold: those in flight when the read began or ended.
-        router.reports[worker] = affinity.Report.read(load, max(own, router.in_flight[worker]), time.monotonic())
+        # The requests of this pod's that the count may hold: those in flight when the read began and those
+        # sent while it was under way, answered or not by its end. Counting only those in flight at either end
+        # read one sent and answered in between as another pod's (a read takes a few ms, hundreds on a loaded
+        # node), and a lone router pod then passed a replica over for requests nobody else had sent.
+        router.reports[worker] = affinity.Report.read(load, own + router.sent[worker] - sent, time.monotonic())
 
 
 def _start_probes(router: Router, tasks: set[asyncio.Task], workers) -> None:

@@ -27,7 +27,9 @@ it cannot see. Two estimates, each wrong in its own way, and the larger is taken
 - the replica's own count (running and waiting in its engine, read from its /metrics every few hundred
   milliseconds: a `Report`), less this pod's requests to it then, plus this pod's now: every pod's requests,
   this pod's fresh and the others' as of the last read. A report older than `report_ttl_s` is not used (a
-  replica that stopped answering its /metrics says nothing of its load now).
+  replica that stopped answering its /metrics says nothing of its load now), and a lone router pod uses
+  none: its own count is exact and has no other pod's to add, while a report, a read's age old, can only
+  add requests that are gone (clients that reach a replica past the router are not what it balances).
 
 The mean the bound is taken from sums the replicas' reports where fresh, and the estimates only where not:
 the x peers estimate of a pod that holds most of the requests in flight at one moment would raise the mean,
@@ -315,7 +317,7 @@ class AffinityIndex:
             own = in_flight.get(replica, 0)
             estimated[replica] = peers * own
             report = reports.get(replica) if reports else None
-            if report is not None and now - report.at <= ttl:
+            if peers > 1 and report is not None and now - report.at <= ttl:
                 seen[replica] = own + report.others
                 total += own + report.others
             else:
