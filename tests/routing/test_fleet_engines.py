@@ -124,7 +124,8 @@ def test_a_restarted_replica_takes_its_share_and_no_client_sees_it(replicas, cap
     again (its pool empty), so it takes its share of the next requests at once. Its own hit share per slice
     after Ready, against the steady share of the replicas whose pools kept their prefixes, is printed (`warm`),
     not asserted: with an empty pool it misses each prefix its arcs draw once, and a prompt that follows one
-    still being computed misses too, so it stayed under issue 39's 90% in one run of two (bench/fleet)."""
+    still being computed misses too, so its second half stayed under issue 39's 90% in one run of four
+    (bench/fleet/README.md)."""
     r = asyncio.run(F.restart(replicas, pods, _workload(replicas, f"restart-{pods}"), restarted=0,
                               before_requests=40, down_requests=30, after_requests=120, concurrency=CONCURRENCY))
     _show(capsys, restart=r)
