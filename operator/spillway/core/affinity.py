@@ -125,8 +125,8 @@ class AffinitySettings:
 @dataclass(frozen=True)
 class Report:
     """A replica's own count of the requests in its engine (running and waiting) as one router pod read it,
-    less that pod's requests in flight to it then: the other router pods' requests (and any that reach the
-    replica past the routers), which this pod sees no other way."""
+    less that pod's requests that the count may hold (in flight when the read began, or sent while it ran):
+    the other router pods' requests, which this pod sees no other way."""
 
     others: int
     at: float  # when it was read, on the reading pod's monotonic clock
