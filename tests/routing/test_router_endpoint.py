@@ -380,6 +380,27 @@ def test_a_pods_own_queue_moves_a_prefix_on_until_it_drains(tmp_path, pods):
             b.stop()
 
 
+@pytest.mark.parametrize("pods", [1, 3])
+def test_a_lone_router_pod_reads_the_pods_only_at_their_resolve_pace(tmp_path, pods):
+    """Three router pods read each pod's /metrics every --load-poll-seconds for the load report; a lone one uses
+    no report, so it reads a pod at --poll-seconds, for its restart marks only."""
+    pod = _BusyPod()
+    router = RouterProcess(workers_file(tmp_path / "w", pod.url), "--load-poll-seconds", "0.05",
+                           "--router-pods", str(pods))  # RouterProcess resolves every 0.2 s
+    try:
+        assert router.post(prompt(1, 0))[0] == 200
+        seen = len(pod.reads)
+        time.sleep(2.0)
+        reads = len(pod.reads) - seen
+    finally:
+        router.stop()
+        pod.stop()
+    if pods == 1:
+        assert 3 <= reads <= 14, reads  # about 10 at 0.2 s
+    else:
+        assert reads >= 20, reads  # about 40 at 0.05 s
+
+
 def test_a_read_does_not_count_this_pods_own_answered_requests_as_anothers():
     """A replica's count is taken while its /metrics is read; requests this pod sends and sees answered in that
     time are in it, though in flight neither when the read began nor when it ended. They are this pod's own,

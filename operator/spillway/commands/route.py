@@ -698,6 +698,13 @@ def _start_probes(router: Router, tasks: set[asyncio.Task], workers) -> None:
             task.add_done_callback(tasks.discard)
 
 
+def loads_poll_s(settings: affinity.AffinitySettings, poll_s: float, load_poll_s: float) -> float:
+    """How often each pod's /metrics is read. A lone router pod counts every request in flight itself and uses
+    no report (affinity.loads), so it reads a pod only for its restart marks, at the pace it resolves the pods:
+    at load_poll_s it fetched each vLLM pod's whole /metrics (79 KB) four times a second for nothing."""
+    return load_poll_s if settings.peers > 1 else max(poll_s, load_poll_s)
+
+
 async def follow_loads(router: Router, poll_s: float, stopped: asyncio.Event, tasks: set[asyncio.Task]) -> None:
     """Read every worker's /metrics every poll_s."""
     while not stopped.is_set():
@@ -827,7 +834,8 @@ async def serve(router: Router, discover: Callable[[], list[str]], *, host: str 
                 reason = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
                 raise ListenError(f"spillway route: cannot listen on {host[:80]}:{bind}: {reason}") from None
         probes: set[asyncio.Task] = set()
-        loads = asyncio.ensure_future(follow_loads(router, load_poll_s, stopped, probes))
+        loads = asyncio.ensure_future(follow_loads(router, loads_poll_s(router.index.settings, poll_s, load_poll_s),
+                                                   stopped, probes))
         try:
             await follow_workers(router, discover, poll_s, stopped, probes)
         finally:
@@ -867,7 +875,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--poll-seconds", type=float, default=POLL_SECONDS, help="how often the pods are resolved")
     p.add_argument("--load-poll-seconds", type=float, default=routing.ROUTER_LOAD_POLL_S,
                    help="how often each pod's /metrics is read (its restarts; the requests in its engine, which "
-                        "the load bound counts for the router pods it cannot see)")
+                        "the load bound counts for the router pods it cannot see); with --router-pods 1 the "
+                        "pods are read at --poll-seconds, for their restarts only")
     p.add_argument("--max-connections", type=int, default=routing.ROUTER_MAX_CONNECTIONS)
     p.add_argument("--max-body-bytes", type=int, default=routing.ROUTER_MAX_BODY_BYTES)
     p.add_argument("--header-timeout", type=float, default=routing.ROUTER_HEADER_TIMEOUT_S, metavar="SECONDS")
