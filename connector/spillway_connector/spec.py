@@ -11,7 +11,7 @@ What each adds, and nothing else:
     its manager the same way (FilterReusedOffloadingManager).
   - get_worker() wraps vLLM's worker in the transfer probe (probes.TransferProbe: throughput per direction).
   - the worker's shared region is pre-faulted from several threads instead of one (shared_region below;
-    PATCHES.md entry 5).
+    PATCHES.md entry 5), and lives on 2 MiB huge pages where the plan put it there (hugetlb_pool.py; entry 10).
   - SpillwayTieringOffloadingSpec.get_manager() has vLLM build the fs tier as Spillway's bounded, checksummed
     tier (disk_tier.SpillwayFsTier, through the factory's out-of-tree tier path) where the config plans a bound,
     and its pool probe makes a pool hit's disk files young (PATCHES.md entry 9).
@@ -40,6 +40,7 @@ from spillway_connector.compat import (
     pool_capacity_chunks,
 )
 from spillway_connector.disk_tier import guarded_tier_configs, guarded_tiers
+from spillway_connector.hugetlb_pool import HUGE_PAGE, huge_page_check, placement
 from spillway_connector.probes import PoolProbe, TransferProbe
 from spillway_connector.source_guard import logger, verified
 
@@ -91,17 +92,18 @@ def _madvise() -> Any:
     return madvise
 
 
-def prefault(base: int, ranges: list[tuple[int, int]], threads: int) -> int:
+def prefault(base: int, ranges: list[tuple[int, int]], threads: int, page: int = mmap.PAGESIZE) -> int:
     """MADV_POPULATE_WRITE the (offset, length) `ranges` of the mapping at `base` from up to `threads` threads,
     each a contiguous share (so threads work in different files: page-cache inserts serialise per file). ctypes
-    releases the GIL, mmap.madvise does not. Returns the threads used; raises OSError as vLLM's own call does."""
+    releases the GIL, mmap.madvise does not. Returns the threads used; raises OSError as vLLM's own call does.
+    `page`: the mapping's page size; on huge pages each range grows to whole pages, so no two threads fault one."""
     merged: list[list[int]] = []
     for offset, length in sorted(ranges):
-        if merged and merged[-1][0] + merged[-1][1] == offset:
-            merged[-1][1] += length
+        start, end = offset - offset % page, _round_up(offset + length, page)
+        if merged and merged[-1][0] + merged[-1][1] >= start:
+            merged[-1][1] = max(merged[-1][1], end - merged[-1][0])
         else:
-            merged.append([offset, length])
-    page = mmap.PAGESIZE
+            merged.append([start, end - start])
     total = sum(length for _, length in merged)
     piece = max(page, min(_PIECE, _round_up(_cdiv(total, max(threads, 1)), page)))
     pieces = [(offset + at, min(piece, length - at)) for offset, length in merged for at in range(0, length, piece)]
@@ -134,8 +136,19 @@ def shared_region(threads: int | None = None, region_cls: Any = None, **kwargs: 
     none (populate_shard with no share of its own, which adds one barrier, on every worker alike), the same ranges
     are faulted here, and a replicated region's workers meet once more after, as vLLM's do after their shards.
     Where the region's code does not read as verified, or the kernel lacks MADV_POPULATE_WRITE, vLLM's own
-    constructor does all of it. `region_cls`: vLLM's class (tests pass another release's)."""
+    constructor does all of it. Where the plan put the pool on huge pages (SPILLWAY_POOL_HUGEPAGES_DIR), its file
+    is on that hugetlbfs mount (hugetlb_pool.py). `region_cls`: vLLM's class (tests pass another release's)."""
     region_cls = SharedOffloadRegion if region_cls is None else region_cls
+    placed, line = placement(kwargs, region_cls) if region_cls is not None else (None, "")
+    if line:
+        (logger.info if placed is not None else logger.warning)(line)
+    if placed is None:
+        return _shared_region(threads, region_cls, mmap.PAGESIZE, **kwargs)
+    with huge_page_check(region_cls):
+        return _shared_region(threads, region_cls, HUGE_PAGE, **placed)
+
+
+def _shared_region(threads: int | None, region_cls: Any, page: int, **kwargs: Any) -> Any:
     if not verified("the parallel pre-fault (spec.py)", region_functions(region_cls), REGION_CODE):
         return region_cls(**kwargs)
     threads = prefault_threads() if threads is None else threads
@@ -159,11 +172,12 @@ def shared_region(threads: int | None = None, region_cls: Any = None, **kwargs: 
             populate(region.mmap_obj, offset, length)
         used = 1
     else:
-        used = prefault(base, ranges, threads) if ranges else 0
+        used = prefault(base, ranges, threads, page) if ranges else 0
     if shard is not None and kwargs.get("barrier") is not None:
         kwargs["barrier"]()
-    logger.info("spillway_connector: pre-faulted the CPU offload region (%.2f GB) in %.3f s with %d thread(s)",
-                sum(length for _, length in ranges) / 1e9, time.perf_counter() - started, used)
+    logger.info("spillway_connector: pre-faulted the CPU offload region (%.2f GB, %s pages) in %.3f s with %d "
+                "thread(s)", sum(length for _, length in ranges) / 1e9, "2 MiB" if page == HUGE_PAGE else "4 KiB",
+                time.perf_counter() - started, used)
     return region
 
 

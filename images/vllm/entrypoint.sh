@@ -11,7 +11,9 @@
 #
 # Before vLLM starts, offload pool files that no process holds any more are removed from /dev/shm
 # (stale_pools.py beside this script says why and how): a pod restarted in place keeps its /dev/shm.
-# SPILLWAY_SHM_DIR names another directory to clean (tests).
+# SPILLWAY_SHM_DIR names another directory to clean (tests). Where the plan put the pool on huge pages, its
+# file is on the hugepages emptyDir SPILLWAY_POOL_HUGEPAGES_DIR names (spillway_connector/hugetlb_pool.py), which a
+# restarted container keeps too: a stale file there holds huge pages the next pool needs.
 set -eu
 case "${VLLM_KV_CACHE_LAYOUT:-}" in
   "") export VLLM_KV_CACHE_LAYOUT=BLHNC ;;
@@ -27,5 +29,8 @@ fi
 here="$(dirname "$(readlink -f "$0")")"
 if ! python3 "$here/stale_pools.py" "${SPILLWAY_SHM_DIR:-/dev/shm}"; then
   echo "spillway-vllm: stale pool cleanup failed (see above); starting vLLM anyway" >&2
+fi
+if [ -n "${SPILLWAY_POOL_HUGEPAGES_DIR:-}" ] && ! python3 "$here/stale_pools.py" "$SPILLWAY_POOL_HUGEPAGES_DIR"; then
+  echo "spillway-vllm: stale pool cleanup of $SPILLWAY_POOL_HUGEPAGES_DIR failed (see above); starting vLLM anyway" >&2
 fi
 exec vllm serve "$@"

@@ -161,3 +161,14 @@ def test_the_segments_of_a_pool_in_use_are_kept_even_while_unmapped(tmp_path):
     assert first.exists() and segment.exists() and not orphan.exists()
     assert f"kept {segment}: a segment of the kept {first.name}" in proc.stderr
     assert f"removed stale pool file {orphan}" in proc.stderr
+
+
+def test_entrypoint_sweeps_the_huge_page_directory_too(tmp_path):
+    """The pool on huge pages is a file on the pod's hugepages emptyDir (spillway_connector/hugetlb_pool.py), named
+    as in /dev/shm: a restarted container's stale one there holds the pages the next pool needs."""
+    pages = tmp_path / "hugepages"
+    pages.mkdir()
+    stale = plant(pages / "vllm_offload_0f3a9c1e.mmap")
+    proc = entrypoint(tmp_path, "m", **{vllm_api.ENV_POOL_HUGEPAGES_DIR: str(pages)})
+    assert proc.returncode == 0, proc.stderr
+    assert not stale.exists() and f"removed stale pool file {stale}" in proc.stderr

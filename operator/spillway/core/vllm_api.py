@@ -127,6 +127,9 @@ ENV_API_KEY = "VLLM_API_KEY"  # the server's bearer token (vllm/envs.py), from s
 # (spillway_connector/spec.py) on the releases whose region it pre-faults (0.33+); others ignore the variable.
 ENV_PREFAULT_THREADS = "SPILLWAY_PREFAULT_THREADS"
 PREFAULT_SINCE = (0, 33)
+# The hugetlbfs directory (the pod's hugepages-2Mi emptyDir) the connector puts the pool's file on
+# (spillway_connector/hugetlb_pool.py); absent, the pool is on 4 KiB pages in /dev/shm.
+ENV_POOL_HUGEPAGES_DIR = "SPILLWAY_POOL_HUGEPAGES_DIR"
 # vLLM's cache root (vllm/envs.py): torch.compile's cache is VLLM_CACHE_ROOT/torch_compile_cache/<hash> (0.34:
 # vllm/compilation/backends.py, decorators.py)
 ENV_CACHE_ROOT = "VLLM_CACHE_ROOT"
@@ -138,7 +141,7 @@ SCHEDULER_CLS_BEFORE = (0, 34)
 # as /reset_prefix_cache and /collective_rpc, runtime LoRA loading, pickle deserialization) or change its
 # memory (vllm/envs.py, vLLM 0.33).
 RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SPACE, ENV_API_KEY, ENV_PREFAULT_THREADS,
-                ENV_CACHE_ROOT,
+                ENV_CACHE_ROOT, ENV_POOL_HUGEPAGES_DIR,
                 "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_INSECURE_SERIALIZATION")
 
 # -- connectors ---------------------------------------------------------------
@@ -221,6 +224,7 @@ class TieringMetric:
 
     LABEL = "tier"
     PRIMARY = "0:primary"
+    DISK_FS = "1:fs"  # the node-disk tier, the one secondary tier the planner renders
     CHUNK_QUERIES = "vllm:kv_offload_tiering_chunk_queries"
     CHUNK_HITS = "vllm:kv_offload_tiering_chunk_hits"
     READ_BYTES = "vllm:kv_offload_tiering_read_bytes"
