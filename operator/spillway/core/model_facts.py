@@ -51,7 +51,14 @@ LAYER_TYPE_KINDS = {
 WINDOW_OFFSET = {"cohere2": 1, "cohere2_moe": 1}
 # Multimodal wrappers keep the language model's config under one of these keys (vLLM's hf_text_config;
 # "llm_config": vllm/transformers_utils/config.py _CONFIG_ATTRS_MAPPING).
-TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
+# "decoder": an encoder-decoder's config, whose text config transformers' get_text_config finds there
+# (Nemotron-Parse's MBart decoder).
+TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config", "thinker_config", "decoder")
+# vllm/model_executor/models/nemotron_parse3_5.py MBartDecoderLayer reads an MBart decoder's own names (transformers'
+# MBartConfig maps the generic ones to its encoder's): decoder_layers layers of decoder_attention_heads heads,
+# self_attention_kv_heads KV heads where given, each d_model // heads wide.
+MBART_DECODER = {"num_hidden_layers": "decoder_layers", "num_attention_heads": "decoder_attention_heads",
+                 "num_key_value_heads": "self_attention_kv_heads"}
 MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config", "vision_tower_config", "visual")
 # vllm/transformers_utils/configs/moondream3.py: Moondream3Config builds its text model from config["text"]
 # (Moondream3TextConfig: its names, its defaults where a field is absent) and overwrites the top-level fields
@@ -268,6 +275,9 @@ def text_config(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
                 merged["mamba_ssm_dtype"] = config["mamba_ssm_dtype"]
             if merged.get("dtype") is None and merged.get("torch_dtype") is None:
                 merged["dtype"] = config.get("dtype") or config.get("torch_dtype")
+            if key == "decoder" and inner.get("model_type") == "mbart":
+                merged.update({own: inner[theirs] for own, theirs in MBART_DECODER.items()
+                               if inner.get(theirs) is not None})
             deeper, _ = text_config(merged)
             return deeper, True
     return _aliased(config), multimodal

@@ -233,6 +233,28 @@ PATCHES["KimiLinearForCausalLM"] = {
     "linear_attn_config": {"kda_layers": [i for i in range(1, 33) if i % 4], "full_attn_layers": list(range(4, 33, 4)),
                            "num_heads": 32, "head_dim": 128, "short_conv_kernel_size": 4}}
 
+# Nemotron-Parse (remote code, nvidia/NVIDIA-Nemotron-Parse-v1.1): nemotron_parse.py builds a RADIO ViT-H encoder
+# from encoder.args (RadioWithNeck: 1280 wide, three 1280-wide teacher summaries) and an MBart decoder from decoder,
+# each decoder layer a self-attention and a cross-attention over the encoder (whisper.py's layers). The decoder is
+# transformers' MBartConfig's defaults, written out: not the published checkpoints' sizes (Parse 1.1 is refused
+# whatever they are; Parse 3.5 is sized from them as vLLM sizes them). Parse 3.5 (nemotron_parse3_5.py RadioMBartPrefixForCausalLM) is the same model without cross-attention:
+# the image is a causal prefix of the decoder's own sequence, packed natively, which the model requires.
+_RADIO_ENCODER = {"model_type": "radio", "patch_size": 16, "args": {"model": "vit_huge_patch16_224"}}
+_MBART_DECODER = {"model_type": "mbart", "d_model": 1024, "decoder_layers": 12, "decoder_attention_heads": 16,
+                  "decoder_ffn_dim": 4096, "encoder_ffn_dim": 4096, "vocab_size": 50265,
+                  "max_position_embeddings": 1024, "scale_embedding": False, "activation_function": "gelu"}
+# Their config.json has no text fields of its own (vLLM's hf_text_config is the decoder: transformers'
+# get_text_config), so the generic text config is not theirs: WRITTEN replaces it.
+WRITTEN: dict[str, dict] = {
+    "NemotronParseForConditionalGeneration": {
+        "model_type": "nemotron_parse", "encoder": _RADIO_ENCODER, "image_size": [2048, 1648],
+        "decoder": {**_MBART_DECODER, "add_cross_attention": True}},
+    "RadioMBartPrefixForCausalLM": {
+        "model_type": "nemotron_parse3_5", "encoder": _RADIO_ENCODER, "image_size": [2048, 1648],
+        "navit_packing": True,
+        "decoder": {**_MBART_DECODER, "add_cross_attention": False, "causal_vision_prefix": True}},
+}
+
 # cohere_compass.py asserts its language model ties its embeddings; transformers' CohereCompassConfig passes the
 # top-level tie_word_embeddings (default false) down to its text config
 PATCHES["CohereCompassForConditionalGeneration"] = {"tie_word_embeddings": True}
@@ -459,8 +481,10 @@ AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGen
 # torch without CUDA refuses to construct: record_specs.py gives these inert stand-ins (nothing is launched on the
 # meta device; no KV-cache spec reads a stream). vLLM's VLLM_KIMI_K3_GEMM_AR kernel switch (vllm/envs.py) is off in
 # the recorder: its fused GEMM-all-reduce needs CUTLASS's Python DSL.
-# Inkling's MoE overlaps its shared-expert sink on a side stream the same way (inkling/nvidia/moe.py).
-CUDA_STREAMS = frozenset({"KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration",
+# Inkling's MoE overlaps its shared-expert sink on a side stream the same way (inkling/nvidia/moe.py), DeepSeek-V4's
+# attention its compressor's and indexer's work (deepseek_v4/attention.py).
+CUDA_STREAMS = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration",
+                          "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration",
                           "InklingForCausalLM", "InklingForConditionalGeneration"})
 
 # Multimodal wrappers whose KV cache is their language model's (vLLM's get_kv_cache_spec walks the attention
@@ -559,6 +583,9 @@ LANGUAGE_MODELS: dict[str, tuple[tuple[str, ...], str, str]] = {
     # config; its audio tower reads the NeMo preprocessor and encoder sections of audio_config, which the config
     # class leaves empty
     "Nemotron3_5TranscribeForConditionalGeneration": (("text_config",), "NemotronHForCausalLM", "nemotron_h"),
+    # deepseek_v4/common/vl_model.py (CUDA and ROCm; the CPU platform's is a stub that raises):
+    # init_vllm_registered_model(hf_config=config, architectures=["DeepseekV4ForCausalLM"])
+    "DeepseekV4ForConditionalGeneration": ((), "DeepseekV4ForCausalLM", "deepseek_v4"),
 }
 
 
@@ -676,6 +703,8 @@ def build_config(arch: str, module: str) -> dict:
         config = _known_config(SHAPED_AS[arch])
     elif arch in TEXT_OF:
         config = _known_config(TEXT_OF[arch])["text_config"]
+    elif arch in WRITTEN:
+        config = WRITTEN[arch]
     elif model_type in known_model_types():
         config = _known_config(model_type)
     else:

@@ -111,6 +111,8 @@ def _processor_files(config: dict, directory: Path) -> bool:
 # Nemotron-Parse's encoder and decoder), which vLLM's model code reads by attribute; every other mapping (RoPE
 # parameters, quantization) stays a mapping, as those classes keep it.
 SUB_CONFIGS = frozenset({"text_config", "vit_config", "adapter_config", "encoder", "decoder"})
+# Those a remote class builds as transformers' config class of their model_type.
+TYPED_SUB_CONFIGS = frozenset({"decoder"})
 
 
 # Lists of per-layer entries a remote-code config class builds as objects (DeciLMConfig's block_configs: each
@@ -135,9 +137,15 @@ def _generic_config(model_type: str, base: type) -> type:
     its ENTRY_LISTS' entries read by attribute."""
 
     def __init__(self, **kwargs):
+        from transformers import CONFIG_MAPPING
+
         for key in SUB_CONFIGS & kwargs.keys():
-            if isinstance(kwargs[key], dict):
-                kwargs[key] = base(**kwargs[key])
+            sub = kwargs[key]
+            if isinstance(sub, dict):
+                # Nemotron-Parse's remote class builds its decoder as transformers' MBartConfig, whose attribute map
+                # gives vLLM the num_attention_heads it reads off the text config
+                typed = key in TYPED_SUB_CONFIGS and sub.get("model_type") in CONFIG_MAPPING
+                kwargs[key] = CONFIG_MAPPING[sub["model_type"]](**sub) if typed else base(**sub)
         for key in ENTRY_LISTS & kwargs.keys():
             if isinstance(kwargs[key], list):
                 kwargs[key] = [_Entry(entry) if isinstance(entry, dict) else entry for entry in kwargs[key]]
