@@ -1,4 +1,5 @@
-"""A node's hugepages-2Mi through the operator: read from the Node, said in the status, the pod as validated."""
+"""A node's hugepages-2Mi through the operator: read from the Node, said in the status, the pool on them in the
+validated pod."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,8 @@ from spillway.controller.facts import nodes_fingerprint, summarize_node
 from spillway.controller.manifests import desired
 from spillway.controller.status import status_plan
 from spillway.core import k8s_names as names
-from spillway.core.quantity import GiB
+from spillway.core import vllm_api as api
+from spillway.core.quantity import GiB, MiB, parse_bytes
 from support.ms_examples import gpu_node, modelserver
 
 KUBERNETES_VERSIONS = ("1.30", "1.37")
@@ -39,9 +41,9 @@ def test_hugepages_change_the_nodes_fingerprint():
 def test_the_status_says_where_the_pages_come_from(hugepages):
     result = desired(modelserver(offload={"size": "32Gi"}), [summarize_node(hugepage_node("g", hugepages))])
     line = status_plan(result)["poolPages"]
-    assert line.startswith("4 KiB pages: ")
+    assert line.startswith("2 MiB huge pages: " if hugepages == "800Gi" else "4 KiB pages: ")
     assert {None: "allocatable hugepages-2Mi is not known", "16Gi": "the pool needs 32.00 GiB",
-            "800Gi": "creates its region in /dev/shm"}[hugepages] in line
+            "800Gi": "32.00 GiB of node g's hugepages-2Mi (100.00 GiB per replica)"}[hugepages] in line
 
 
 def test_no_pool_no_pages_line():
@@ -49,16 +51,36 @@ def test_no_pool_no_pages_line():
     assert status_plan(result)["poolPages"] is None
 
 
-def test_a_hugepage_node_renders_the_same_valid_pod():
-    """The pool stays on 4 KiB pages in /dev/shm: no hugepages request, the memory limit as without them."""
+def _pod(hugepages: str | None) -> tuple[dict, object]:
     body = modelserver(offload={"size": "32Gi"})
     body["metadata"]["uid"] = "0b8f5f5e-0000-4000-8000-000000000000"
-    huge = desired(body, [summarize_node(hugepage_node("g", "800Gi"))])
-    plain = desired(body, [summarize_node(hugepage_node("g", None))])
-    deployment = next(o for o in huge.objects if o["kind"] == "Deployment")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert not any(k.startswith("hugepages-") for part in container["resources"].values() for k in part)
-    assert container["resources"] == next(o for o in plain.objects if o["kind"] == "Deployment")[
-        "spec"]["template"]["spec"]["containers"][0]["resources"]
+    result = desired(body, [summarize_node(hugepage_node("g", hugepages))])
+    return next(o for o in result.objects if o["kind"] == "Deployment"), result
+
+
+def test_a_hugepage_node_puts_the_pool_on_a_hugetlbfs_volume_in_a_valid_pod():
+    """hugepages-2Mi request = limit beside memory (Kubernetes asks for a cpu or memory request with them), the
+    memory limit less the pool, /dev/shm sized for the queues only, the pool's volume and its directory's name."""
+    deployment, result = _pod("800Gi")
+    plain, plain_result = _pod(None)
+    pod, container = deployment["spec"]["template"]["spec"], deployment["spec"]["template"]["spec"]["containers"][0]
+    resources, plain_resources = container["resources"], plain["spec"]["template"]["spec"]["containers"][0][
+        "resources"]
+    assert resources["requests"][names.HUGEPAGES_2MI_RESOURCE] == resources["limits"][names.HUGEPAGES_2MI_RESOURCE] \
+        == "32768Mi"
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+    assert parse_bytes(plain_resources["limits"]["memory"]) - parse_bytes(resources["limits"]["memory"]) \
+        >= 32 * GiB - 64 * MiB  # the pool is out of the memory limit, its page tables and slack stay
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[names.VOLUME_POOL_HUGEPAGES] == {"name": names.VOLUME_POOL_HUGEPAGES,
+                                                    "emptyDir": {"medium": "HugePages-2Mi"}}
+    assert volumes[names.VOLUME_SHM]["emptyDir"]["sizeLimit"] == "1024Mi"
+    assert {"name": names.VOLUME_POOL_HUGEPAGES, "mountPath": names.POOL_HUGEPAGES_MOUNT} in container["volumeMounts"]
+    assert {"name": api.ENV_POOL_HUGEPAGES_DIR, "value": names.POOL_HUGEPAGES_MOUNT} in container["env"]
+    assert "32.00 GiB of hugepages-2Mi" in result.summary()
+    # a node without them: no request, no volume, no variable
+    assert not any(k.startswith("hugepages-") for part in plain_resources.values() for k in part)
+    assert names.VOLUME_POOL_HUGEPAGES not in {v["name"] for v in plain["spec"]["template"]["spec"]["volumes"]}
+    assert "hugepages" not in plain_result.summary()
     for version in KUBERNETES_VERSIONS:
         kubernetes_validate.validate(json.loads(json.dumps(deployment)), version, strict=True)

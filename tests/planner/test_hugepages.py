@@ -1,4 +1,5 @@
-"""Where the pool's pages come from: the node's hugepages-2Mi, and why the pool stays on 4 KiB pages today."""
+"""Where the pool's pages come from: the node's hugepages-2Mi where they hold the pool on a release whose region
+Spillway's spec places on hugetlbfs (0.33, 0.34), else 4 KiB pages, and why."""
 from __future__ import annotations
 
 import json
@@ -12,16 +13,18 @@ from pathlib import Path
 import pytest
 from spillway.adapters.model_config import catalog_config
 from spillway.core import footprint as fp
+from spillway.core import k8s_names as names
+from spillway.core import vllm_api as V
 from spillway.core.geometry import geometry_from_config
-from spillway.core.planner import NodeFacts, OffloadRequest, ServingRequest, plan
+from spillway.core.planner import SHM_EXTRA_BYTES, NodeFacts, OffloadRequest, ServingRequest, plan
 from spillway.core.quantity import GiB, MiB
 
 LLAMA = geometry_from_config(catalog_config("meta-llama/Llama-3.1-8B-Instruct"), "meta-llama/Llama-3.1-8B-Instruct")
 NODE = {"allocatable_memory": 512 * GiB, "gpus": 8, "name": "h200", "cpu_millis": 128_000}
 
 
-def planned(hugepages: int | None, size: str = "32Gi", version: str = "0.34.0"):
-    request = ServingRequest(offload=OffloadRequest(size=size), vllm_version=version)
+def planned(hugepages: int | None, size: str = "32Gi", version: str = "0.34.0", connector: str = "spillway"):
+    request = ServingRequest(offload=OffloadRequest(size=size, connector=connector), vllm_version=version)
     return plan(LLAMA, request, NodeFacts(**NODE, hugepages_2mi=hugepages))
 
 
@@ -41,13 +44,49 @@ def test_the_share_of_the_node_is_what_the_replica_may_take():
     assert f"the pool needs {needed / GiB:.2f} GiB" in p.pages.why and "is 25.00 GiB" in p.pages.why
 
 
-def test_huge_pages_enough_for_the_pool_still_refused_by_vllms_region():
-    p = planned(8 * 40 * GiB)
-    assert p.pages.share_bytes == 40 * GiB and not p.pages.huge_pages
-    assert "would hold the pool (40.00 GiB per replica), but vLLM 0.34 creates its region in /dev/shm" in p.pages.why
-    # the pool stays charged to memory: the pod is the one planned for a node without huge pages
-    assert p.pod == planned(None).pod
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_huge_pages_that_hold_the_pool_take_it_out_of_memory(version):
+    p, plain = planned(8 * 40 * GiB, version=version), planned(None, version=version)
+    assert p.pages.huge_pages and p.pages.share_bytes == 40 * GiB
+    assert p.pages.why.startswith("2 MiB huge pages: 32.00 GiB of node h200's hugepages-2Mi (40.00 GiB per replica)")
     assert p.to_dict()["pages"]["why"] == p.pages.why
+    # Llama's rows are whole 2 MiB pages already: the pool is the one planned without huge pages
+    assert p.pool.bytes == plain.pool.bytes and p.pool.bytes % (2 * MiB) == 0
+    assert p.pod.hugepages_bytes == p.pool.hugepages_bytes == p.pool.bytes
+    # the pages are the hugetlb cgroup's: memory keeps page tables and the slack, /dev/shm the queues only
+    assert p.pool.shm_pool_bytes == 0 and p.pod.shm_bytes == SHM_EXTRA_BYTES
+    assert p.pool.footprint_bytes == p.pool.bytes * 8 // (2 * MiB) + fp.MMAP_POOL_OVERHEAD
+    assert plain.pod.memory_limit_bytes - p.pod.memory_limit_bytes == pytest.approx(
+        plain.pool.footprint_bytes - p.pool.footprint_bytes, abs=MiB)
+    assert p.pod.memory_request_bytes == p.pod.memory_limit_bytes
+    assert p.env[V.ENV_POOL_HUGEPAGES_DIR] == names.POOL_HUGEPAGES_MOUNT and V.ENV_POOL_HUGEPAGES_DIR not in plain.env
+    assert p.env[V.ENV_PREFAULT_THREADS] == plain.env[V.ENV_PREFAULT_THREADS]  # the connector faults huge pages too
+    # no GPU measurement of huge pages yet: the 4 KiB allowance for the pool's bytes (less the page tables')
+    assert p.pod.startup_seconds == pytest.approx(plain.pod.startup_seconds, abs=1)
+
+
+def test_the_native_connector_keeps_vllms_own_region():
+    p = planned(8 * 40 * GiB, connector="native")
+    assert not p.pages.huge_pages and p.pod == planned(None, connector="native").pod
+    assert p.pages.why.endswith("but vLLM 0.34 creates its own region in /dev/shm with the native connector "
+                                "(Spillway's connector puts it on the hugepages volume)")
+
+
+def test_032_builds_its_own_region():
+    p = planned(8 * 40 * GiB, version="0.32.0")
+    assert not p.pages.huge_pages and "builds its region itself, in /dev/shm" in p.pages.why
+
+
+def test_rows_round_down_to_whole_pages():
+    # 3 MiB rows make whole 2 MiB pages every 2 rows: 5 rows -> 4
+    pages = fp.pool_pages((0, 34), 5, 3 * MiB, 64 * GiB, 1, "n")
+    assert pages.huge_pages and pages.chunks == 4 and pages.hugepages_bytes == 12 * MiB
+    assert pages.why.endswith("1 of its 5 rows given up to make whole pages; memory holds only its page tables")
+    # a row of 513 x 4 KiB makes whole pages only every 512 rows
+    refused = fp.pool_pages((0, 34), 100, 513 * 4096, 64 * GiB, 1, "n")
+    assert not refused.huge_pages and refused.why == ("4 KiB pages: a chunk row of 2101248 bytes makes whole 2 MiB "
+                                                      "pages only every 512 rows, more than the pool's 100")
+    assert fp.pool_pages((0, 34), 512, 513 * 4096, 64 * GiB, 1, "n").chunks == 512
 
 
 def test_026_pins_tensors_no_file_backs():
@@ -56,7 +95,7 @@ def test_026_pins_tensors_no_file_backs():
 
 
 def test_share_rounds_down_to_whole_pages():
-    pages = fp.pool_pages((0, 34), 3 * MiB, 2 * 5 * MiB + 1, 2, "n")
+    pages = fp.pool_pages((0, 34), 3, MiB, 2 * 5 * MiB + 1, 2, "n")
     assert pages.share_bytes == 4 * MiB  # 5 MiB + a byte per replica holds two 2 MiB pages
 
 
@@ -66,8 +105,9 @@ def _trees() -> list[Path]:
 
 @pytest.mark.parametrize("tree", _trees(), ids=lambda t: t.name)
 def test_the_regions_path_and_free_space_check_are_still_vllms(tree):
-    """The refusal rests on vLLM creating the region at a fixed /dev/shm path after check_shm_free_space: a release
-    that moves it (or drops the check) must be looked at again."""
+    """The placement on hugetlbfs rests on vLLM creating the region at a fixed /dev/shm path with the engine id in
+    it, after check_shm_free_space (spillway_connector/hugetlb_pool.py): a release that moves it (or drops the check)
+    must be looked at again (its guard, HUGETLBFS_CODE, turns the placement off meanwhile)."""
     if tuple(map(int, tree.name.split(".")[:2])) < fp.CHUNKED_PINNING_SINCE:
         pytest.skip("0.26 pins torch tensors: its spec maps no region (footprint.py)")
     text = (tree / "vllm/v1/kv_offload/cpu/shared_offload_region.py").read_text()
@@ -105,9 +145,10 @@ def _free_hugepages() -> int:
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or _free_hugepages() < 8,
                     reason="needs root, unshare and 8 free 2 MiB huge pages (vm.nr_hugepages)")
 def test_vllms_region_on_a_kubelet_style_hugetlbfs_dev_shm():
-    """A Kubernetes hugepages emptyDir is hugetlbfs mounted with a page size and no size (the kubelet's
-    setupHugepages): vLLM's region refuses it, and small shared-memory files fail. Mounted at /dev/shm in a
-    private mount namespace, so the machine's own /dev/shm is untouched."""
+    """Why the pool's hugetlbfs is a mount of its own, not /dev/shm: a Kubernetes hugepages emptyDir is hugetlbfs
+    mounted with a page size and no size (the kubelet's setupHugepages); at /dev/shm vLLM's region refuses it, and
+    small shared-memory files fail. Mounted at /dev/shm in a private mount namespace, so the machine's own
+    /dev/shm is untouched."""
     pytest.importorskip("vllm.v1.kv_offload.cpu.shared_offload_region")
     run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
                           'mount -t hugetlbfs -o pagesize=2M nodev /dev/shm && exec "$0" -c "$1"',

@@ -113,3 +113,16 @@ def test_choices_come_from_the_core_enums(flag, kind):
     assert out.returncode == 2 and "invalid choice: 'bogus'" in out.stderr
     offered = out.stderr.split("choose from", 1)[1]
     assert sorted(w.strip(" '()\n") for w in offered.split(",")) == sorted(choices(kind))
+
+
+def test_node_hugepages_put_the_pool_on_them_and_say_so():
+    out = spillway("plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "512Gi",
+                   "--gpus-per-node", "8", "--offload-size", "32Gi", "--node-hugepages", "320Gi")
+    assert out.returncode == 0, out.stderr
+    assert "2 MiB huge pages: 32.00 GiB of node" in out.stdout
+    assert "hugepages-2Mi" in out.stdout and "(request = limit: the pool)" in out.stdout
+    out = spillway("plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--node-memory", "512Gi",
+                   "--gpus-per-node", "8", "--offload-size", "32Gi", "--node-hugepages", "320Gi", "-o", "json")
+    plan = json.loads(out.stdout)
+    assert plan["pod"]["hugepages_bytes"] == 32 * 2**30 and plan["pages"]["huge_pages"]
+    assert plan["vllm"]["env"][api.ENV_POOL_HUGEPAGES_DIR]

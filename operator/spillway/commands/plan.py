@@ -29,6 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--node-memory", help="node allocatable memory, e.g. 512Gi")
     p.add_argument("--gpus-per-node", type=int)
     p.add_argument("--node-cpus", help="node allocatable CPU, e.g. 16 or 15500m (sets the API servers)")
+    p.add_argument("--node-hugepages", help="node allocatable hugepages-2Mi, e.g. 320Gi (the pool goes on 2 MiB "
+                   "huge pages where the replica's share holds it)")
     p.add_argument("--offload-size", default="auto", help="auto | fraction of the replica's share | quantity")
     p.add_argument("--offload-block-size", type=int, help="tokens per offloaded chunk (multiple of --block-size)")
     p.add_argument("--eviction-policy", default=EvictionPolicy.LRU.value, choices=choices(EvictionPolicy))
@@ -64,10 +66,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None = None,
                    cpus: str | None = None, ephemeral: str | None = None,
-                   disk_gbps: float | None = None) -> NodeFacts | None:
+                   disk_gbps: float | None = None, hugepages: str | None = None) -> NodeFacts | None:
     if memory is None and gpus is None:
         for flag, value in (("--node-cpus", cpus), ("--node-ephemeral-storage", ephemeral),
-                            ("--qualified-disk-gbps", disk_gbps)):
+                            ("--qualified-disk-gbps", disk_gbps), ("--node-hugepages", hugepages)):
             if value is not None:
                 raise InvalidSpec(f"{flag} describes a node: give --node-memory and --gpus-per-node too")
         return None
@@ -79,7 +81,8 @@ def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None 
     cpu_millis = parse_cpu_millis(cpus, "--node-cpus") if cpus is not None else None
     ephemeral_bytes = parse_bytes(ephemeral, "--node-ephemeral-storage") if ephemeral is not None else None
     return NodeFacts(parse_bytes(memory, "--node-memory"), gpus, dma_gbps=dma_gbps, cpu_millis=cpu_millis,
-                     ephemeral_storage=ephemeral_bytes, disk_read_gbps=disk_gbps)
+                     ephemeral_storage=ephemeral_bytes, disk_read_gbps=disk_gbps,
+                     hugepages_2mi=parse_bytes(hugepages, "--node-hugepages") if hugepages is not None else None)
 
 
 # flag -> the DiskVolume field it sets, and the volume kinds that take it (as spec.offload.disk.volume does)
@@ -138,7 +141,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     fetch_hub = (lambda model, revision: fetch_config(model, revision or "main")) if args.allow_hub else None
     geometry = resolve_geometry(source, fetch_hub=fetch_hub)
     node = node_from_args(args.node_memory, args.gpus_per_node, args.qualified_gbps, args.node_cpus,
-                          getattr(args, "node_ephemeral_storage", None), getattr(args, "qualified_disk_gbps", None))
+                          getattr(args, "node_ephemeral_storage", None), getattr(args, "qualified_disk_gbps", None),
+                          getattr(args, "node_hugepages", None))
     request = request_from_args(args)
     if request.offload.disk.enabled and node is None:
         raise InvalidSpec("--disk-tier is sized from the node: give --node-memory and --gpus-per-node")
@@ -213,6 +217,8 @@ def format_plan(p: Plan) -> str:
             ("memory request", format_bytes(pod.memory_request_bytes)),
             ("memory limit", format_bytes(pod.memory_limit_bytes)),
             ("/dev/shm", format_bytes(pod.shm_bytes)),
+            *([("hugepages-2Mi", f"{format_bytes(pod.hugepages_bytes)} (request = limit: the pool)")]
+              if pod.hugepages_bytes else []),
             ("process reserve", format_bytes(pod.process_reserve_bytes)),
             ("GPUs", str(pod.gpus)),
             ("startup", f"{pod.startup_seconds // 60} min (the startup probe; the pool's setup included)"),

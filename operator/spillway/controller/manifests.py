@@ -49,7 +49,8 @@ class Desired:
         others = len(self.eligible) - 1
         where = f"node {describe(self.node)}" + (f", the smallest of {len(self.eligible)} eligible nodes"
                                                  if others else "")
-        return (f"{offload}, memory limit {format_bytes(pod.memory_limit_bytes)}, /dev/shm "
+        huge = f", {format_bytes(pod.hugepages_bytes)} of hugepages-2Mi" if pod.hugepages_bytes else ""
+        return (f"{offload}, memory limit {format_bytes(pod.memory_limit_bytes)}{huge}, /dev/shm "
                 f"{format_bytes(pod.shm_bytes)}; planned for {where}")
 
 
@@ -174,10 +175,13 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
     assert pod is not None
     memory = to_quantity(pod.memory_limit_bytes, "Mi")
     gpus = str(pod.gpus)
+    # The pool on huge pages: hugepages-2Mi, request = limit (Kubernetes allows no overcommit of them); they are the
+    # hugetlb cgroup's, not memory's, so the memory limit above no longer holds the pool.
+    huge = {names.HUGEPAGES_2MI_RESOURCE: to_quantity(pod.hugepages_bytes, "Mi")} if pod.hugepages_bytes else {}
     requests = {**spec.resources.get("requests", {}), "memory": to_quantity(pod.memory_request_bytes, "Mi"),
-                names.GPU_RESOURCE: gpus, **disk_objects.ephemeral_storage(result)}
+                names.GPU_RESOURCE: gpus, **disk_objects.ephemeral_storage(result), **huge}
     limits = {**spec.resources.get("limits", {}), "memory": memory, names.GPU_RESOURCE: gpus,
-              **disk_objects.ephemeral_storage(result)}
+              **disk_objects.ephemeral_storage(result), **huge}
     out: dict[str, Any] = {
         "name": names.CONTAINER_VLLM,
         "image": spec.image,
@@ -186,7 +190,9 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
         "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": api.SERVER_PORT, "protocol": "TCP"}],
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": [{"name": names.VOLUME_SHM, "mountPath": api.SHM_DIR}, *hardening.writable_volumes(spec)[1],
-                         *disk_objects.mounts(result), {"name": names.VOLUME_VLLM_CACHE, "mountPath": names.VLLM_CACHE_MOUNT}],
+                         *disk_objects.mounts(result), {"name": names.VOLUME_VLLM_CACHE, "mountPath": names.VLLM_CACHE_MOUNT},
+                         *([{"name": names.VOLUME_POOL_HUGEPAGES, "mountPath": names.POOL_HUGEPAGES_MOUNT}]
+                           if pod.hugepages_bytes else [])],
         "securityContext": hardening.container_security_context(spec),
         "startupProbe": _probe(10, math.ceil(pod.startup_seconds / 10)),
         "readinessProbe": _probe(5, 3),
@@ -208,12 +214,15 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
     pod_spec: dict[str, Any] = {
         "containers": [container(spec, result)],
         # The offload pool lives in /dev/shm (an mmap pinned for DMA): a memory-backed emptyDir sized by the
-        # plan, whose pages count against the container's memory limit.
+        # plan, whose pages count against the container's memory limit. On huge pages the pool is a file on a
+        # hugetlbfs emptyDir instead (the connector's hugetlb_pool.py) and /dev/shm holds the message queues only.
         "volumes": [{"name": names.VOLUME_SHM, "emptyDir": {"medium": "Memory",
                                                             "sizeLimit": to_quantity(pod.shm_bytes, "Mi")}},
                     *hardening.writable_volumes(spec)[0], *disk_objects.volumes(spec, result),
                     # vLLM's compile cache (vllm_cache_root): a restarted container skips torch.compile
-                    {"name": names.VOLUME_VLLM_CACHE, "emptyDir": {}}],
+                    {"name": names.VOLUME_VLLM_CACHE, "emptyDir": {}},
+                    *([{"name": names.VOLUME_POOL_HUGEPAGES, "emptyDir": {"medium": names.HUGEPAGES_2MI_MEDIUM}}]
+                      if pod.hugepages_bytes else [])],
         "securityContext": hardening.pod_security_context(),
         **hardening.host_namespaces(),
         # vLLM never calls the Kubernetes API: no ServiceAccount token in its pods.

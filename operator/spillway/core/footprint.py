@@ -17,9 +17,13 @@ vllm#50094: 6 GiB asked, 6.00 GiB used. About 1.0x, held in /dev/shm.
 
 Both add the page tables of every process that maps the pool: 8 bytes per 4 KiB page on x86-64,
 charged to the cgroup (memory.stat pagetables).
+
+On 2 MiB huge pages (0.33+, Spillway's spec: pool_pages below) the region's pages are the hugetlb cgroup's, the
+pod's hugepages-2Mi request, not memory: the memory cgroup keeps 8 bytes of page table per 2 MiB per process.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GiB = 2**30
@@ -138,15 +142,29 @@ def largest_pool(release: tuple[int, int], budget: int, chunk_bytes: int, ranks:
 
 
 HUGE_PAGE_BYTES = 2 * MiB  # the node's hugepages-2Mi resource
-# The releases whose pool can be backed by a hugetlbfs mount: none yet. vLLM 0.32-0.34 create the region at a fixed
-# /dev/shm/vllm_offload_{engine_id}.mmap (vllm/v1/kv_offload/cpu/shared_offload_region.py) after
-# check_shm_free_space (vllm/distributed/device_communicators/shm_broadcast.py), and a Kubernetes hugepages emptyDir
-# mounted at /dev/shm breaks both: the kubelet mounts hugetlbfs with a page size and no size (pkg/volume/emptydir,
-# setupHugepages), so statvfs reports 0 bytes free and vLLM refuses the region ("Insufficient space in /dev/shm"), and
-# hugetlbfs refuses every file size that is not a whole huge page (ftruncate: EINVAL), which vLLM's message queues
-# and Python's shared memory ask for. Both measured with vLLM 0.32's region on a hugetlbfs /dev/shm in a private
-# mount namespace (tests/planner/test_hugepages.py). 0.26 pins torch tensors, which no file backs.
-HUGETLBFS_REGION_RELEASES: frozenset[tuple[int, int]] = frozenset()
+# The releases whose pool Spillway's offloading spec puts on a hugetlbfs mount (spillway_connector/hugetlb_pool.py,
+# PATCHES.md entry 10): vLLM 0.33 and 0.34 create the region at a fixed /dev/shm/vllm_offload_{engine_id}.mmap
+# (vllm/v1/kv_offload/cpu/shared_offload_region.py), and /dev/shm itself cannot be hugetlbfs (vLLM's message queues
+# and Python's shared memory ask for sizes it refuses; the kubelet mounts it with no size, so statvfs says 0 free:
+# tests/planner/test_hugepages.py). The connector links a directory in /dev/shm to the pod's hugepages emptyDir and
+# hands vLLM an engine id through the link, in one file of whole huge pages. 0.32's region is vLLM's own (the spec
+# does not build it), 0.26 pins torch tensors, which no file backs; vLLM's own connector builds vLLM's own region.
+HUGETLBFS_REGION_RELEASES: frozenset[tuple[int, int]] = frozenset({(0, 33), (0, 34)})
+HUGE_PAGE_TABLE_FRACTION = 8 / HUGE_PAGE_BYTES  # one 8-byte PMD entry per 2 MiB page, per mapping process
+
+
+def huge_page_footprint(release: tuple[int, int], pool_bytes: int, ranks: int) -> Footprint:
+    """The pool's cost to the memory cgroup on huge pages: its pages are the hugetlb cgroup's (the hugepages-2Mi
+    request), so only page tables and the slack stay; nothing in /dev/shm."""
+    charged = int(pool_bytes * HUGE_PAGE_TABLE_FRACTION * ranks) + MMAP_POOL_OVERHEAD
+    rule = (f"vLLM {release[0]}.{release[1]} maps one {_gib(pool_bytes)} region on 2 MiB huge pages (hugepages-2Mi, "
+            f"not memory): page tables of {ranks} rank(s) and a slack are what memory holds")
+    return Footprint(pool_bytes, charged, 0, 1, rule)
+
+
+def huge_page_rows(chunk_bytes: int) -> int:
+    """The fewest chunk rows that make whole 2 MiB pages: hugetlbfs takes no other file size."""
+    return HUGE_PAGE_BYTES // math.gcd(chunk_bytes, HUGE_PAGE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -157,12 +175,15 @@ class PoolPages:
     hugepages_bytes: int  # the hugepages-2Mi request = limit; 0 on 4 KiB pages
     share_bytes: int | None  # the replica's share of the node's allocatable hugepages-2Mi; None when unknown
     why: str  # one line, for the status and `spillway plan`
+    chunks: int = 0  # the pool's chunks on huge pages: whole pages of rows (at most the planned chunks); 0 on 4 KiB
 
 
-def pool_pages(release: tuple[int, int], pool_bytes: int, node_hugepages: int | None, replicas: int,
-               node_name: str) -> PoolPages:
-    """Huge pages when the release's region can live on hugetlbfs and the replica's share of the node's
-    hugepages-2Mi holds the pool rounded up to whole pages; else 4 KiB pages, pre-faulted, and the reason."""
+def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hugepages: int | None, replicas: int,
+               node_name: str, spillway_spec: bool = True) -> PoolPages:
+    """Huge pages when Spillway's spec places the release's region on hugetlbfs and the replica's share of the node's
+    hugepages-2Mi holds the pool, its rows rounded down to whole 2 MiB pages; else 4 KiB pages, pre-faulted, and
+    the reason."""
+    pool_bytes = chunks * chunk_bytes
     needed = -(-pool_bytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
     share = None if node_hugepages is None else node_hugepages // max(1, replicas) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
     fallback = "4 KiB pages"  # pre-faulted as the plan's env and connector say (SPILLWAY_PREFAULT_THREADS)
@@ -171,13 +192,22 @@ def pool_pages(release: tuple[int, int], pool_bytes: int, node_hugepages: int | 
     if share < needed:
         return PoolPages(False, 0, share, f"{fallback}: the replica's share of node {node_name}'s hugepages-2Mi is "
                                           f"{_gib(share)}, the pool needs {_gib(needed)}")
-    if release not in HUGETLBFS_REGION_RELEASES:
+    if release not in HUGETLBFS_REGION_RELEASES or not spillway_spec:
         how = ("pins torch tensors, which no file backs" if release < CHUNKED_PINNING_SINCE
-               else "creates its region in /dev/shm, which refuses a hugetlbfs mount")
+               else "builds its region itself, in /dev/shm (Spillway's spec builds it from 0.33)" if release < (0, 33)
+               else "creates its own region in /dev/shm with the native connector (Spillway's connector puts it on "
+                    "the hugepages volume)")
         return PoolPages(False, 0, share, f"{fallback}: node {node_name}'s hugepages-2Mi would hold the pool "
                                           f"({_gib(share)} per replica), but vLLM {release[0]}.{release[1]} {how}")
-    return PoolPages(True, needed, share, f"2 MiB huge pages: {_gib(needed)} of node {node_name}'s hugepages-2Mi "
-                                          f"({_gib(share)} per replica)")
+    step = huge_page_rows(chunk_bytes)
+    whole = chunks // step * step
+    if whole < 1:
+        return PoolPages(False, 0, share, f"{fallback}: a chunk row of {chunk_bytes} bytes makes whole 2 MiB pages "
+                                          f"only every {step} rows, more than the pool's {chunks}")
+    given_up = f", {chunks - whole} of its {chunks} rows given up to make whole pages" if whole < chunks else ""
+    return PoolPages(True, whole * chunk_bytes, share,
+                     f"2 MiB huge pages: {_gib(whole * chunk_bytes)} of node {node_name}'s hugepages-2Mi "
+                     f"({_gib(share)} per replica){given_up}; memory holds only its page tables", whole)
 
 
 def _gib(n: int) -> str:

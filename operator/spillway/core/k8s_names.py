@@ -49,7 +49,12 @@ PORT_NAME_METRICS = "metrics"  # the router's Prometheus port
 COMPONENT_ROUTER = "router"  # app.kubernetes.io/component of the kv-aware router pods
 CONTAINER_ROUTER = "router"
 VOLUME_SHM = "dshm"
-HUGEPAGES_2MI_RESOURCE = "hugepages-2Mi"  # a node's allocatable 2 MiB huge pages (read; the pool is not on them yet)
+HUGEPAGES_2MI_RESOURCE = "hugepages-2Mi"  # a node's allocatable 2 MiB huge pages; the pool's request where it is on them
+# The pool on huge pages: a hugepages-2Mi emptyDir (hugetlbfs), its file placed there by the connector
+# (spillway_connector/hugetlb_pool.py, told by vllm_api.ENV_POOL_HUGEPAGES_DIR); /dev/shm stays tmpfs.
+VOLUME_POOL_HUGEPAGES = "pool-hugepages"
+POOL_HUGEPAGES_MOUNT = "/var/lib/spillway/pool-hugepages"
+HUGEPAGES_2MI_MEDIUM = "HugePages-2Mi"
 # vLLM's cache root (torch.compile artifacts, CUDA graphs' compiled code): an emptyDir, so a restarted container
 # finds its compile cache; below it one directory per (model, revision, vLLM release, TP, image).
 VOLUME_VLLM_CACHE = "vllm-cache"

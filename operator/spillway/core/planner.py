@@ -9,6 +9,9 @@ Memory model of one replica (one pod, `tensor_parallel_size` GPUs):
     footprint   = what the pool costs the pod's memory cgroup, per vLLM release (footprint.py:
                   0.26 rounds each pinned tensor up to a power of two; 0.32/0.33 map it in /dev/shm, ~1.0x)
     shm         = what the pool holds in /dev/shm + SHM_EXTRA_BYTES (NCCL, vLLM's message queues)
+    huge pages  = where the node's hugepages-2Mi hold the pool (footprint.pool_pages): the pool's rows rounded down
+                  to whole 2 MiB pages, requested as hugepages-2Mi (request = limit) on a hugetlbfs emptyDir; the
+                  footprint is then its page tables only and /dev/shm holds none of it
     reserve     = PROCESS_RESERVE_BASE + PROCESS_RESERVE_PER_RANK x TP
                   (API server, engine core, one worker per rank: Python, torch, CUDA context,
                   model loading buffers, NCCL; #53042 saw ~8.75 GiB anonymous memory per rank)
@@ -28,6 +31,7 @@ from typing import Any
 from spillway_connector.versions import UnsupportedVLLMVersion, require_supported
 
 from . import disk_tier
+from . import k8s_names as names
 from . import vllm_api as api
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
 from .footprint import (
@@ -35,6 +39,7 @@ from .footprint import (
     Footprint,
     PoolPages,
     footprint,
+    huge_page_footprint,
     largest_pin_call,
     largest_pool,
     pinned_tensors,
@@ -132,6 +137,7 @@ class PoolPlan:
     shm_pool_bytes: int = 0  # what the pool holds in /dev/shm
     footprint: str = ""  # one line: the rule behind footprint_bytes
     vllm_release: str = ""
+    hugepages_bytes: int = 0  # the pool on 2 MiB huge pages: its hugepages-2Mi (= bytes); 0 on 4 KiB pages
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,7 @@ class PodPlan:
     process_reserve_bytes: int
     gpus: int
     startup_seconds: int  # how long the engine may take to serve /health (the startup probe)
+    hugepages_bytes: int = 0  # hugepages-2Mi, request = limit: the pool's pages where it is on huge pages
 
 
 @dataclass(frozen=True)
@@ -386,6 +393,16 @@ def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> Po
                     str(offload.size), cost.charged_bytes, cost.shm_bytes, cost.rule, f"{release[0]}.{release[1]}")
 
 
+def _on_huge_pages(shape: _PoolShape, pool: PoolPlan, chunks: int) -> PoolPlan:
+    """`pool` with `chunks` rows (whole 2 MiB pages) on huge pages: hugepages-2Mi, not memory, holds them."""
+    cost = huge_page_footprint(shape.groups.release, chunks * pool.chunk_bytes, shape.ranks)
+    return replace(pool, bytes=cost.pool_bytes, gib=cost.pool_bytes / GiB, chunks=chunks,
+                   blocks=chunks * shape.blocks_per_chunk,
+                   tokens=shape.groups.tokens_held(chunks, shape.max_model_len, shape.blocks_per_chunk),
+                   footprint_bytes=cost.charged_bytes, shm_pool_bytes=0, footprint=cost.rule,
+                   hugepages_bytes=cost.pool_bytes)
+
+
 _CHOICES = {kind: choices(kind) for kind in (EvictionPolicy, Layout, Connector)}
 
 
@@ -478,6 +495,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     layout = _layout(geometry, request)
     groups = layout.groups
     node_plan = pool = pod = disk = pages = None
+    huge_env: dict[str, str] = {}
     engine = NO_NODE_ENGINE
     prefault: dict[str, str] = {}
     if node is not None:
@@ -501,11 +519,15 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
                                    reload.qualified_gbps if reload else None, qualified is not None)
         prefault = prefault_env(engine, pool, request)
         if pool is not None:
-            pages = pool_pages(groups.release, pool.bytes, node.hugepages_2mi, node_plan.replicas_per_node, node.name)
+            pages = pool_pages(groups.release, pool.chunks, pool.chunk_bytes, node.hugepages_2mi,
+                               node_plan.replicas_per_node, node.name, request.offload.connector == Connector.SPILLWAY)
+            if pages.huge_pages:
+                pool = _on_huge_pages(shape, pool, pages.chunks)
+                huge_env = {api.ENV_POOL_HUGEPAGES_DIR: names.POOL_HUGEPAGES_MOUNT}  # the connector's hugetlbfs
         pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
                         request.tensor_parallel_size, prefault_threads(prefault))
     active_disk = disk_tier.active(disk)
-    env = {**engine_env(request), **prefault, **(disk_tier.engine_env() if active_disk else {})}
+    env = {**engine_env(request), **prefault, **huge_env, **(disk_tier.engine_env() if active_disk else {})}
     args = engine_args(layout, request.offload, pool, active_disk)
     if pool is not None and any(g.kind == MAMBA for g in groups.groups):
         args.append(api.FLAG_ENABLE_PREFIX_CACHING)  # vLLM: "Hybrid models (e.g. Mamba+Attention) need it"
@@ -615,12 +637,14 @@ def pool_setup_seconds(footprint: int, prefault_threads: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _pod_plan(pool: PoolPlan | None, reserve: int, gpus: int, prefault_threads: int = 1) -> PodPlan:
-    """The pod around a pool: Guaranteed memory for the pool's footprint, /dev/shm's extra and the process."""
+    """The pod around a pool: Guaranteed memory for the pool's footprint, /dev/shm's extra and the process, and the
+    pool's huge pages where it is on them. The startup allowance stays the 4 KiB pre-fault's on huge pages: their
+    set-up with the GPU's registration is not measured yet (bench/pool-setup/README.md)."""
     footprint = pool.footprint_bytes if pool else 0
     shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
     limit = _round_up(footprint + SHM_EXTRA_BYTES + reserve, MiB)
-    startup = ENGINE_START_SECONDS + pool_setup_seconds(footprint, prefault_threads)
-    return PodPlan(limit, limit, shm, reserve, gpus, startup)
+    startup = ENGINE_START_SECONDS + pool_setup_seconds(max(footprint, pool.bytes if pool else 0), prefault_threads)
+    return PodPlan(limit, limit, shm, reserve, gpus, startup, pool.hugepages_bytes if pool else 0)
 
 
 def engine_env(request: ServingRequest) -> dict[str, str]:
