@@ -255,6 +255,32 @@ WRITTEN: dict[str, dict] = {
         "decoder": {**_MBART_DECODER, "add_cross_attention": False, "causal_vision_prefix": True}},
 }
 
+# Muse Spark (vllm/transformers_utils/configs/muse_spark.py MuseSparkConfig) has no defaults: a checkpoint gives its
+# text, vision and audio configs and the projector's widths, which the class checks. The text model's sizes are
+# MuseSpark1xTextConfig's defaults (5120 wide, 48 layers of 40 heads, 8 KV heads of 128); written, not a published
+# config's values: three 8192-token sliding layers to one global (layer_types, sliding_window, which
+# muse_spark/nvidia/model.py gives each layer's Attention), a dense first MLP, one RoPE theta per layer, and the
+# smallest towers the class accepts (no KV-cache spec reads them).
+_MUSE_LAYERS = 48
+WRITTEN["MuseSparkForConditionalGeneration"] = {
+    "model_type": "muse_spark", "projector_hidden_size": 4096, "out_hidden_size": 4096,
+    "projector_hidden_act": "gelu",
+    "text_config": {
+        "model_type": "muse_spark_text", "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 16384,
+        "num_hidden_layers": _MUSE_LAYERS, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+        "hidden_act": "silu", "attention_bias": False, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, "num_shared_experts": 0,
+        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(_MUSE_LAYERS)],
+        "sliding_window": 8192, "mlp_layer_types": ["dense"] + ["sparse"] * (_MUSE_LAYERS - 1),
+        "layer_rope_theta": [500000.0] * _MUSE_LAYERS, "tie_word_embeddings": False},
+    "vision_config": {
+        "model_type": "muse_spark_vision", "hidden_act": "gelu", "rope_parameters": {"rope_type": "axial"},
+        "num_hidden_layers": 1, "layer_types": ["full_attention"], "hidden_size": 1024, "merge_size": 2},
+    "audio_config": {
+        "model_type": "muse_spark_audio", "hidden_act": "gelu", "num_hidden_layers": 1, "patch_sizes": [4],
+        "depths": [1], "hidden_sizes": [1024], "out_hidden_size": 5120},
+}
+
 # cohere_compass.py asserts its language model ties its embeddings; transformers' CohereCompassConfig passes the
 # top-level tie_word_embeddings (default false) down to its text config
 PATCHES["CohereCompassForConditionalGeneration"] = {"tie_word_embeddings": True}

