@@ -84,3 +84,18 @@ def test_a_hugepage_node_puts_the_pool_on_a_hugetlbfs_volume_in_a_valid_pod():
     assert "hugepages" not in plain_result.summary()
     for version in KUBERNETES_VERSIONS:
         kubernetes_validate.validate(json.loads(json.dumps(deployment)), version, strict=True)
+
+
+def test_nodes_without_the_pages_keep_every_pod_on_4k_pages():
+    """The pod lands on any eligible node: a hugepages-2Mi request would leave it pending where they are missing."""
+    body = modelserver(offload={"size": "32Gi"})
+    nodes = [summarize_node(hugepage_node("a-huge", "800Gi")), summarize_node(hugepage_node("b-plain", None))]
+    result = desired(body, nodes)
+    assert not result.plan.pages.huge_pages and result.plan.pod.hugepages_bytes == 0
+    assert status_plan(result)["poolPages"] == ("4 KiB pages: the hugepages-2Mi of node(s) a-huge would hold the "
+                                                "pool, those of b-plain would not, and the pod may land on any of them")
+    container = next(o for o in result.objects if o["kind"] == "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]
+    assert not any(k.startswith("hugepages-") for part in container["resources"].values() for k in part)
+    both = desired(body, [nodes[0], summarize_node(hugepage_node("c-huge", "800Gi"))])
+    assert both.plan.pages.huge_pages

@@ -72,7 +72,18 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
     smallest_first = sorted(by_shape.values(), key=lambda c: (replica_share_bytes(c[0].facts(), request), c[0].name))
     key = plan_cache.geometry_key(geometry)
     plans = [(plan_cache.cached_plan(geometry, key, request, c[0].facts()), c[0]) for c in smallest_first]
+    huge = [n.name for p, n in plans if p.pages is not None and p.pages.huge_pages]
+    if huge and len(huge) < len(plans):
+        # A pool on huge pages asks for hugepages-2Mi, which a node without them cannot give: where not every node
+        # class holds it, every class plans it on 4 KiB pages, so the pod still fits wherever it lands.
+        plans = [(plan_cache.cached_plan(geometry, key, request, replace(c[0].facts(), hugepages_2mi=None))
+                  if c[0].name in huge else p, n) for (p, n), c in zip(plans, smallest_first, strict=True)]
     chosen, node = min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
+    if huge and len(huge) < len(plans) and chosen.pages is not None:
+        others = [n.name for _, n in plans if n.name not in huge]
+        chosen = replace(chosen, pages=replace(chosen.pages, huge_pages=False, hugepages_bytes=0, chunks=0, why=(
+            f"4 KiB pages: the hugepages-2Mi of node(s) {', '.join(huge)} would hold the pool, those of "
+            f"{', '.join(others)} would not, and the pod may land on any of them")))
     if chosen.disk is not None:
         disk = disk_tier.across_classes([(p.disk, [n.name for n in c]) for (p, _), c in zip(plans, smallest_first)
                                          if p.disk is not None])
