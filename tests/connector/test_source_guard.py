@@ -78,18 +78,18 @@ def test_a_manager_whose_code_differs_keeps_vllms_path_and_says_so(monkeypatch, 
 # manual step is to read the moved function and either add its fingerprint or leave the replacement off).
 ON_BY_RELEASE = {
     (0, 26): {"batched pin and release": False, "hit sources": False, "reservation memo": True,
-              "pre-fault": False, "detokenizer window": True, "disk tier checksum": False},
+              "pre-fault": False, "detokenizer window": True, "disk tier checksum": False, "huge pages": False},
     (0, 32): {"batched pin and release": True, "hit sources": True, "reservation memo": True,
-              "pre-fault": False, "detokenizer window": True, "disk tier checksum": True},
+              "pre-fault": False, "detokenizer window": True, "disk tier checksum": True, "huge pages": False},
     (0, 33): {"batched pin and release": True, "hit sources": True, "reservation memo": True,
-              "pre-fault": True, "detokenizer window": True, "disk tier checksum": True},
+              "pre-fault": True, "detokenizer window": True, "disk tier checksum": True, "huge pages": True},
     (0, 34): {"batched pin and release": True, "hit sources": True, "reservation memo": False,
-              "pre-fault": True, "detokenizer window": True, "disk tier checksum": True},
+              "pre-fault": True, "detokenizer window": True, "disk tier checksum": True, "huge pages": True},
 }
 
 
 def _on() -> dict[str, bool]:
-    from spillway_connector import disk_tier, plugin, scheduler, spec
+    from spillway_connector import disk_tier, hugetlb_pool, plugin, scheduler, spec
     from vllm.v1.engine import detokenizer
 
     def clean(functions, known) -> bool:
@@ -110,6 +110,9 @@ def _on() -> dict[str, bool]:
         "detokenizer window": clean({"FastIncrementalDetokenizer.__init__":
                                      detokenizer.FastIncrementalDetokenizer.__init__}, plugin.DETOKENIZER_CODE),
         "disk tier checksum": clean(disk_tier.fs_tier_functions(), disk_tier.FS_TIER_CODE),
+        # the pool's file on hugetlbfs (hugetlb_pool.py) rides on the pre-fault's region path
+        "huge pages": compat.SharedOffloadRegion is not None and clean(
+            hugetlb_pool.hugetlbfs_functions(compat.SharedOffloadRegion), hugetlb_pool.HUGETLBFS_CODE),
     }
 
 
