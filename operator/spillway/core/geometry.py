@@ -88,6 +88,13 @@ class KVLayout:
         return self.groups.prefix_rows
 
 
+# Checkpoints vLLM serves as another architecture when a field is present: an UnlimitedOCRForCausalLM config with a
+# DASH sparse_attention_config is Unlimited-OCR-2, its text model renamed UnlimitedOCR2TextForCausalLM (vLLM 0.34
+# vllm/model_executor/models/config.py UnlimitedOCRForCausalLMConfig.verify_and_update_model_config), whose
+# refusal is then the checkpoint's.
+SERVED_AS = {"UnlimitedOCRForCausalLM": ("sparse_attention_config", "UnlimitedOCR2TextForCausalLM")}
+
+
 def geometry_from_config(config: Mapping[str, Any], name: str = "model",
                          transformers_class: bool = False) -> ModelGeometry:
     """Parse a Hugging Face config.json mapping (filled as vLLM fills it: adapters.model_config) into ModelGeometry,
@@ -99,6 +106,10 @@ def geometry_from_config(config: Mapping[str, Any], name: str = "model",
         # before the reading: where vLLM itself refuses the model, its reason is the one to give, not a field the
         # reading would miss first
         raise ModelGeometryUnknown(f"{name}: architecture {architecture!r} is refused: {REFUSED[architecture]}")
+    field, served = SERVED_AS.get(architecture, (None, None))
+    if field and config.get(field) is not None and served in REFUSED:
+        raise ModelGeometryUnknown(f"{name}: architecture {architecture!r} with a {field} is served as {served!r}, "
+                                   f"which is refused: {REFUSED[served]}")
     facts = read_facts(config, name)
     if architecture not in SIZED and transformers_class:
         # vLLM's registry falls back to its Transformers backend for a class transformers ships; the reading of its

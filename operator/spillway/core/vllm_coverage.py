@@ -361,7 +361,7 @@ REFUSED = {
     'RoFormerForCausalLM': "vLLM refuses it with the settings a plan renders: Model architectures ['RoFormerForCausalLM'] are not supported for now. (vllm/model_executor/models/registry.py)",
     'RwkvForCausalLM': "vLLM refuses it with the settings a plan renders: Model architectures ['RwkvForCausalLM'] are not supported for now. (vllm/model_executor/models/registry.py)",
     'TrOCRForCausalLM': "vLLM refuses it with the settings a plan renders: Model architectures ['TrOCRForCausalLM'] are not supported for now. (vllm/model_executor/models/registry.py)",
-    'UnlimitedOCR2TextForCausalLM': "vLLM's answer could not be recorded (no truth: model step: ValidationError: 1 validation error for ModelConfig)",
+    'UnlimitedOCR2TextForCausalLM': 'vLLM refuses it with the settings a plan renders: Unlimited-OCR-2 does not support KV transfer (vllm/model_executor/models/config.py)',
     'WhisperForCausalLM': 'vLLM refuses it with the settings a plan renders: ValueError: Layer 0 dispatches attention from more than one module (model.decoder.layers.0.self_attn and model.decoder.layers.0.encoder_attn), which one vLLM attention layer cannot serve. (vllm/model_executor/models/transformers/base.py)',
     'WhisperForConditionalGeneration': 'vLLM refuses it with the settings a plan renders: AssertionError: assert isinstance(kv_cache_spec, FullAttentionSpec) (vllm/distributed/kv_transfer/kv_connector/v1/offloading/config.py:83)',
     'XGLMForCausalLM': "vLLM refuses it with the settings a plan renders: Model architectures ['XGLMForCausalLM'] are not supported for now. (vllm/model_executor/models/registry.py)",

@@ -34,7 +34,9 @@ MODEL_REFUSALS = {"are not supported for now": "vllm/model_executor/models/regis
                   "does not dispatch through the Transformers attention interface":
                   "vllm/model_executor/models/transformers/base.py",
                   "dispatches attention from more than one module": "vllm/model_executor/models/transformers/base.py",
-                  "not found in the forward method of": "vllm/compilation/decorators.py"}
+                  "not found in the forward method of": "vllm/compilation/decorators.py",
+                  # a model's own config hook (Unlimited-OCR-2's) refusing the --kv-transfer-config a plan renders
+                  "does not support KV transfer": "vllm/model_executor/models/config.py"}
 
 
 def _vllm_message(message: str) -> str:

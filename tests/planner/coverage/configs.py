@@ -281,6 +281,33 @@ WRITTEN["MuseSparkForConditionalGeneration"] = {
         "depths": [1], "hidden_sizes": [1024], "out_hidden_size": 5120},
 }
 
+# vLLM 0.34 serves UnlimitedOCR2TextForCausalLM only as the text model of an Unlimited-OCR-2 checkpoint: an
+# UnlimitedOCRForCausalLM config with a DASH sparse_attention_config, whose text config
+# UnlimitedOCRForCausalLMConfig.verify_and_update_model_config renames to this architecture
+# (vllm/model_executor/models/config.py); a config naming it directly lacks the fields that hook sets. Recorded as
+# that checkpoint: UnlimitedOCRConfig's defaults, its text model under language_config (the key DeepseekVLV2Config
+# reads, as checkpoints name it), and the sparse config the hook requires (its required values; DASH in every
+# layer, an index as wide as a head, a 128-token R-SWA window of two 64-token blocks; the sigma and top-K written,
+# not published). vLLM checks the KV transfer setting there too (KV_TRANSFER_CHECKED).
+SERVED_THROUGH = {"UnlimitedOCR2TextForCausalLM": "UnlimitedOCRForCausalLM"}
+
+
+def _unlimited_ocr2(config: dict) -> dict:
+    text = config.pop("text_config")
+    return {**config, "language_config": text, "sparse_attention_config": {
+        "training_stage": "dash", "dash_stage0": "head_cls", "sparse_main_rope_mode": "page2d",
+        "sparse_rope_mode": "page2d", "sparse_rope_page_span": 0, "use_sparse_attention": True,
+        "image_bucket_constraint": True, "dash_image_only": True,
+        "sparse_attention_freq": [1] * text["num_hidden_layers"],
+        "sparse_index_dim": text["hidden_size"] // text["num_attention_heads"], "dash_sigma": 1.0,
+        "dash_topk_blocks": 8, "sparse_local_block": 2, "sparse_block_size": 64}}
+
+
+REWRITTEN = {"UnlimitedOCR2TextForCausalLM": _unlimited_ocr2}
+# Models whose own config hook refuses a KV transfer setting: the recorder builds them with the --kv-transfer-config
+# a plan renders (every other model's offloading is judged on its specs, generate.py's sources stage).
+KV_TRANSFER_CHECKED = frozenset(SERVED_THROUGH)
+
 # cohere_compass.py asserts its language model ties its embeddings; transformers' CohereCompassConfig passes the
 # top-level tie_word_embeddings (default false) down to its text config
 PATCHES["CohereCompassForConditionalGeneration"] = {"tie_word_embeddings": True}
@@ -749,7 +776,9 @@ def build_config(arch: str, module: str) -> dict:
     for key in DROPPED.get(arch, ()):
         for part in [config, *(sub for sub in config.values() if isinstance(sub, dict))]:
             part.pop(key, None)
-    config["architectures"] = [arch]
+    if arch in REWRITTEN:
+        config = REWRITTEN[arch](config)
+    config["architectures"] = [SERVED_THROUGH.get(arch, arch)]
     config["dtype"] = "bfloat16"
     for key, sub in list(config.items()):
         if isinstance(sub, dict) and ("dtype" in sub or "torch_dtype" in sub):

@@ -162,7 +162,15 @@ def _on_alarm(signum, frame):
     raise CaseTimeout(f"model construction took over {CASE_SECONDS} s")
 
 
-def _engine_config(engine_args, directory: Path, tokenizer: bool = False):
+def _plan_kv_transfer() -> dict:
+    """The --kv-transfer-config a plan renders (core/planner.py: the connector's own builder, its default
+    connector), for configs.KV_TRANSFER_CHECKED: the pool's size does not matter to a check of its presence."""
+    from spillway_connector.transfer_config import kv_transfer_config
+
+    return kv_transfer_config(4 << 30)
+
+
+def _engine_config(engine_args, directory: Path, tokenizer: bool = False, kv_transfer: dict | None = None):
     # the --block-size a plan renders (generate.py RENDERED_BLOCK: recurrent models, whose state block vLLM aligns
     # to the block given before the CPU platform picks its own)
     block = int(os.environ["SPILLWAY_RECORD_BLOCK_SIZE"]) if os.environ.get("SPILLWAY_RECORD_BLOCK_SIZE") else None
@@ -171,7 +179,7 @@ def _engine_config(engine_args, directory: Path, tokenizer: bool = False):
         return engine_args(model=str(directory), load_format="dummy", skip_tokenizer_init=not tokenizer, enforce_eager=True,
                            max_model_len=max_model_len, dtype="bfloat16", block_size=block,
                            enable_prefix_caching=True,  # as the planner asks of hybrids
-                           trust_remote_code=False).create_engine_config()
+                           trust_remote_code=False, kv_transfer_config=kv_transfer).create_engine_config()
 
     try:
         return build(2048)
@@ -230,7 +238,7 @@ def main() -> None:
         from vllm.v1.worker.utils import customize_attention_spec
     except ImportError:  # pragma: no cover - older releases
         customize_attention_spec = None
-    from configs import AMX_MLA, CUDA_STREAMS, V2_RUNNER, known_model_types
+    from configs import AMX_MLA, CUDA_STREAMS, KV_TRANSFER_CHECKED, V2_RUNNER, known_model_types
     from transformers import AutoConfig, PretrainedConfig
 
     known = known_model_types()
@@ -278,7 +286,8 @@ def main() -> None:
             else:
                 os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
             try:
-                vllm_config = _engine_config(EngineArgs, directory, tokenizer)
+                vllm_config = _engine_config(EngineArgs, directory, tokenizer,
+                                             _plan_kv_transfer() if arch in KV_TRANSFER_CHECKED else None)
                 with set_current_vllm_config(vllm_config):
                     if not started:
                         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
