@@ -9,7 +9,8 @@ caching, so every prefix hit is a CPU-pool hit); the traffic is tests/routing/fl
 random as a Service picks one). Every scenario has its own never-seen prompts; hit share and shares come from
 the replicas' own /metrics, TTFT from the client.
 
-    flock /tmp/spillway-engine.lock .venv/bin/python bench/fleet/engines.py [--requests 240] [--out FILE]
+    flock /tmp/spillway-engine.lock .venv/bin/python bench/fleet/engines.py [--requests 240] [--disk-tier]
+        [--scenarios restart] [--repeats-restart 2] [--out FILE]
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import asyncio
 import json
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,7 +56,8 @@ async def main(args: argparse.Namespace) -> dict:
         out["scenarios"].append(result)
         print(text, flush=True)
 
-    with start_replicas() as servers:
+    with tempfile.TemporaryDirectory(prefix="spillway-node-disk-") as disk, \
+            start_replicas(disk_root=Path(disk) if args.disk_tier else None) as servers:
         urls = [s.base_url for s in servers]
         # 1 and 3 pods alternate: the machine's load falls on both alike
         for repeat in range(args.repeats if "zipf" in args.scenarios else 0):
@@ -71,8 +74,9 @@ async def main(args: argparse.Namespace) -> dict:
             record(r, line(f"2 -> 3 replicas, {pods} pod{'s' * (pods > 1)}", r,
                            f"  (joined replica {100 * r['joined_share']:.0f}% in {r['window_s']} s, its arcs drew "
                            f"{100 * r['joined_drawn_share']:.0f}%, overloaded to {r['overloaded_to']})"))
-        for pods in (1, 3) if "restart" in args.scenarios else ():
-            name = f"restart-{pods}"
+        restart_runs = [(repeat, pods) for repeat in range(args.repeats_restart) for pods in (1, 3)]
+        for repeat, pods in restart_runs if "restart" in args.scenarios else ():
+            name = f"restart-{pods}" + (f"-r{repeat}" if repeat else "")
             w = F.Workload(name, seed=F.balanced_seed(name, urls, 0.2, **shape), **shape)
             r = await F.restart(servers, pods, w, restarted=0, before_requests=n // 2,
                                 down_requests=args.down_requests, after_requests=n, concurrency=c)
@@ -105,6 +109,7 @@ async def main(args: argparse.Namespace) -> dict:
                 r = await F.die(servers, 3, w, died=2, listed_requests=n // 2, after_requests=n // 2,
                                 concurrency=c)
             finally:
+                F.gone(servers[2], len(servers) - 1)
                 servers[2].launch()
                 servers[2].wait_started()
             record(r, line("replica 2 dies, 3 pods: listed", r["listed"], f"  (retries {r['retries']})") + "\n"
@@ -123,6 +128,9 @@ if __name__ == "__main__":
     parser.add_argument("--down-requests", type=int, default=40, help="requests sent while a replica restarts")
     parser.add_argument("--hot", type=float, default=0.6, help="the hot prefix's share of the requests")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--repeats-restart", type=int, default=1, help="runs of the restart scenario")
+    parser.add_argument("--disk-tier", action="store_true", help="the replicas' pools over one node-disk tier "
+                        "(a temporary directory they share as pods share a node's volume, each in its own slot)")
     parser.add_argument("--repeats-hot", type=int, default=1, help="runs of the hot-prefix comparison")
     parser.add_argument("--hot-output-tokens", type=int, default=16, help="tokens each hot-prefix answer generates "
                         "(fleet_load.Workload.output_tokens)")

@@ -7,7 +7,9 @@
 
 Replicas that share one directory (a claim mounted without subPath) each take the first free slot, so no evictor
 ever deletes another replica's chunks; a restarted engine takes the slot its predecessor freed and finds its
-chunks there.
+chunks there. Replicas of one share (SHARE_ENV: the operator sets the ModelServer's namespace/name) also read
+each other's chunks, never writing or evicting there (SiblingFiles): the share is in the namespace digest, so a
+slot of another share, model or revision never holds a path this engine looks for.
 
 vLLM's file mapper names the namespace after the model path, the KV-cache dtype, block and group layout
 (vllm/v1/kv_offload/file_mapper.py). That leaves out what else changes KV bytes under the same path: the weights
@@ -31,6 +33,8 @@ import blake3
 from spillway_connector.chunk_integrity import MAGIC
 from spillway_connector.transfer_config import EXTRA_MODEL_IDENTITY
 
+SHARE_ENV = "SPILLWAY_DISK_TIER_SHARE"  # spillway.core.vllm_api.ENV_DISK_TIER_SHARE
+SIBLINGS_TTL_S = 5.0  # how long a listing of the root's slots is used: a replica that joins is read from then on
 SLOT_PREFIX = "replica-"
 LOCK_NAME = ".owner.lock"
 MAX_SLOTS = 256
@@ -127,8 +131,7 @@ def orphaned_slots(root: str, own: str) -> Iterator[Slot]:
         return
     for name in names:
         path = os.path.join(root, name)
-        if not (name.startswith(SLOT_PREFIX) and name[len(SLOT_PREFIX):].isdigit()) or os.path.islink(path) \
-                or os.path.realpath(path) == os.path.realpath(own):
+        if not _is_slot(root, name) or os.path.realpath(path) == os.path.realpath(own):
             continue
         try:
             fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
@@ -179,10 +182,16 @@ def resolve_model_dir(model: str, revision: str | None) -> str | None:
         return None
 
 
+def share() -> str | None:
+    """The replicas' share this engine reads sibling slots within (SHARE_ENV), or None: no sibling reads."""
+    return os.environ.get(SHARE_ENV, "").strip() or None
+
+
 def identity(offloading_config: Any, vllm_config: Any = None, extra_config: Any = None,
-             file_format: str | None = None) -> dict[str, Any]:
+             file_format: str | None = None, share: str | None = None) -> dict[str, Any]:
     """Everything besides vLLM's own file-mapper fields that changes the KV bytes a chunk holds (or how a file
-    holds them: `file_format`, chunk_integrity's trailer unless given)."""
+    holds them: `file_format`, chunk_integrity's trailer unless given); and the replicas' `share`, so that only
+    its replicas' namespaces hold the paths a sibling read looks for."""
     import vllm
 
     model_config = getattr(vllm_config, "model_config", None)
@@ -206,7 +215,56 @@ def identity(offloading_config: Any, vllm_config: Any = None, extra_config: Any 
     operator_identity = (extra_config or {}).get(EXTRA_MODEL_IDENTITY)
     if operator_identity is not None:
         fields["operator"] = operator_identity
+    if share is not None:
+        fields["share"] = share
     return fields
+
+
+def _is_slot(root: str, name: str) -> bool:
+    return (name.startswith(SLOT_PREFIX) and name[len(SLOT_PREFIX):].isdigit()
+            and not os.path.islink(os.path.join(root, name)))
+
+
+class SiblingFiles:
+    """vLLM's file mapper, its chunk's file looked up in the root's other slots too: this engine's own file where
+    it exists, else a sibling slot's at the same place under the slot (the same namespace), else its own (a
+    miss). vLLM's lookup asks it; the tier reads through it; stores, the bound and the evictor keep to the own
+    slot (`own`). A sibling's evictor may delete a file between the lookup and the read: the read fails, and vLLM
+    recomputes what it did not load, as for any failed load."""
+
+    def __init__(self, mapper: Any, root: str, own_slot: str, clock: Any = None):
+        import time
+
+        self._mapper, self._root, self._own = mapper, root, own_slot.rstrip(os.sep)
+        self._clock = clock or time.monotonic
+        self._slots: list[str] = []
+        self._listed_at: float | None = None
+        self.own = mapper.get_file_name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._mapper, name)
+
+    def siblings(self) -> list[str]:
+        now = self._clock()
+        if self._listed_at is None or now - self._listed_at >= SIBLINGS_TTL_S:
+            try:
+                names = sorted(os.listdir(self._root))
+            except OSError:
+                names = []
+            own = os.path.basename(self._own)
+            self._slots = [os.path.join(self._root, n) for n in names if n != own and _is_slot(self._root, n)]
+            self._listed_at = now
+        return self._slots
+
+    def get_file_name(self, key: Any) -> str:
+        path = self.own(key)
+        if os.path.exists(path) or not path.startswith(self._own + os.sep):
+            return path
+        rest = path[len(self._own):]
+        for slot in self.siblings():
+            if os.path.exists(slot + rest):
+                return slot + rest
+        return path
 
 
 def rebase(file_mapper: Any, slot_dir: str, fields: dict[str, Any]) -> str:

@@ -203,12 +203,18 @@ if FileSystemTierManager is not None:
             # allows); the chunks go to this engine's slot, under a digest that also covers the model's identity
             disk_namespace.check_root(root_dir)
             self.spillway_slot = disk_namespace.claim_slot(root_dir)
+            # Sibling reads need the checksum path: there this class writes and reads its own paths, and vLLM
+            # only looks up through the mapper (without it, vLLM's submit_store would write where a lookup found)
+            share = disk_namespace.share() if self.checksums else None
             fields = disk_namespace.identity(offloading_spec.config, _ENGINE_CONFIG.get(), extra,
-                                             file_format=None if self.checksums else PLAIN_FORMAT)
+                                             file_format=None if self.checksums else PLAIN_FORMAT, share=share)
             base = disk_namespace.rebase(self.file_mapper, self.spillway_slot.path, fields)
-            logger.info("disk tier: chunks under %s (namespace fields %s), checksum %s", base, fields,
-                        "on" if self.checksums else "off")
             own = self.spillway_slot.path
+            self._own_file = self.file_mapper.get_file_name
+            if share is not None:
+                self.file_mapper = disk_namespace.SiblingFiles(self.file_mapper, root_dir, own)
+            logger.info("disk tier: chunks under %s (namespace fields %s), checksum %s, sibling slots %s", base,
+                        fields, "on" if self.checksums else "off", "read" if share is not None else "not read")
             self.spillway_index = DiskTierIndex(own, self.spillway_bound, namespace=os.path.basename(base),
                                                 orphans=lambda: disk_namespace.orphaned_slots(root_dir, own))
             self.spillway_index.scan()
@@ -218,6 +224,8 @@ if FileSystemTierManager is not None:
             chunk_integrity.add_listener(self.spillway_slot.path, self._on_mismatch)
             self._spillway_jobs: dict[Any, tuple[str, list[str]]] = {}  # job id -> (kind, its files)
             self._spillway_loaded = 0  # chunks read back into the pool since the last take_stats
+            self._spillway_sibling_loaded = 0  # of which from sibling slots
+            self._spillway_sibling_jobs: dict[Any, int] = {}  # load job id -> its chunks in sibling slots
             self._spillway_read_gbps: list[float] = []  # each load's disk -> pool rate since then
             self._spillway_reported: tuple | None = None
 
@@ -227,7 +235,8 @@ if FileSystemTierManager is not None:
             self.spillway_index.forget(path)
 
         def _paths(self, keys: Any) -> list[str]:
-            return [self.file_mapper.get_file_name(key) for key in keys]
+            """The keys' files in this engine's own slot: what it stores, bounds, pins and ages."""
+            return [self._own_file(key) for key in keys]
 
         def submit_store(self, job_metadata: Any) -> None:
             job, keys = job_metadata, list(job_metadata.keys)
@@ -261,14 +270,19 @@ if FileSystemTierManager is not None:
             if not self.checksums:
                 super().submit_load(job_metadata)
                 return
-            # vLLM's FileSystemTierManager.submit_load (0.32-0.34), its reader chunk_integrity.load_chunks
+            # vLLM's FileSystemTierManager.submit_load (0.32-0.34), its reader chunk_integrity.load_chunks; the
+            # files where the mapper finds them (a sibling slot's, with sibling reads)
             self._load_job_keys[job_id] = keys
             self._job_block_counts[job_id] = len(keys)
             offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
+            found = [self.file_mapper.get_file_name(key) for key in keys]
+            siblings = sum(f != p for f, p in zip(found, paths))
+            if siblings:
+                self._spillway_sibling_jobs[job_id] = siblings
 
             def load_task() -> None:
                 try:
-                    chunk_integrity.load_chunks(paths, self._primary_kv_view, offsets, self._block_size,
+                    chunk_integrity.load_chunks(found, self._primary_kv_view, offsets, self._block_size,
                                                 self._use_o_direct)
                 except OSError as exc:  # on the pool's thread, before it publishes the job (vLLM's comment)
                     self._load_progress[job_id] = getattr(exc, "num_succeeded", 0)
@@ -287,6 +301,8 @@ if FileSystemTierManager is not None:
                     index.release(paths)
                     self._spillway_loaded += len(result.successful_keys) if result.successful_keys is not None \
                         else (len(paths) if result.success else 0)
+                    siblings = self._spillway_sibling_jobs.pop(result.job_id, 0)
+                    self._spillway_sibling_loaded += siblings if result.success else 0
                     gbps = throughput_gbps(result.transfer_bytes or 0, result.transfer_time or 0.0)
                     if gbps is not None and result.success:
                         self._spillway_read_gbps.append(gbps)
@@ -321,6 +337,9 @@ if FileSystemTierManager is not None:
             loaded, self._spillway_loaded = self._spillway_loaded, 0
             if loaded:
                 stats.increase_counter(names.TIER_LOADED_CHUNKS, loaded, labels)
+            sibling, self._spillway_sibling_loaded = self._spillway_sibling_loaded, 0
+            if sibling:
+                stats.increase_counter(names.TIER_SIBLING_LOADED_CHUNKS, sibling, labels)
             read_gbps, self._spillway_read_gbps = self._spillway_read_gbps, []
             for gbps in read_gbps:
                 stats.observe_histogram(names.TIER_READ_THROUGHPUT, gbps, labels)

@@ -37,8 +37,11 @@ class HostTieringOffloadingSpec(SpillwayTieringOffloadingSpec):
 
 
 def cpu_disk_tier_args(cpu_bytes: int, root_dir: str, bound_bytes: int, read_threads: int = 2,
-                       write_threads: int = 2, eviction_policy: str = "lru") -> list[str]:
-    """`vllm serve` arguments for a `cpu_bytes` CPU pool over a bounded fs tier at `root_dir`, CPU platform."""
-    extra = tc.disk_tier_extra(root_dir, bound_bytes, read_threads, write_threads,
-                               spec_name=HostTieringOffloadingSpec.__name__, spec_module_path=__name__)
+                       write_threads: int = 2, eviction_policy: str = "lru",
+                       extra: dict[str, Any] | None = None) -> list[str]:
+    """`vllm serve` arguments for a `cpu_bytes` CPU pool over a bounded fs tier at `root_dir`, CPU platform;
+    `extra`: more kv_connector_extra_config keys."""
+    extra = {**tc.disk_tier_extra(root_dir, bound_bytes, read_threads, write_threads,
+                                  spec_name=HostTieringOffloadingSpec.__name__, spec_module_path=__name__),
+             **(extra or {})}
     return [tc.FLAG_KV_TRANSFER_CONFIG, tc.flag_value(tc.kv_transfer_config(cpu_bytes, eviction_policy, extra=extra))]

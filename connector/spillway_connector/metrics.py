@@ -34,6 +34,7 @@ _DOCS = {
     names.TIER_EVICTED_CHUNKS: "Chunk files the evictor deleted, by tier.",
     names.TIER_REFUSED_CHUNKS: "Chunk stores dropped because the tier had no idle chunk left to delete, by tier.",
     names.TIER_LOADED_CHUNKS: "Chunks read from a secondary tier back into the CPU pool, by tier.",
+    names.TIER_SIBLING_LOADED_CHUNKS: "Of those, chunks read from another replica's slot of the tier, by tier.",
     names.TIER_BREAK_EVEN_GBPS: "Disk read rate (GB/s) below which a hit from the tier costs more than recomputing "
     "it, as planned, by tier.",
     names.TIER_CHECKSUM_MISMATCHES: "Chunk files of a secondary tier that failed their checksum: removed, and the "

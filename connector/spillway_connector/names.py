@@ -37,6 +37,7 @@ TIER_EVICTED_BYTES = "spillway:kv_offload_tier_evicted_bytes"  # counter: delete
 TIER_EVICTED_CHUNKS = "spillway:kv_offload_tier_evicted_chunks"  # counter
 TIER_REFUSED_CHUNKS = "spillway:kv_offload_tier_refused_chunks"  # counter: stores dropped, no room
 TIER_LOADED_CHUNKS = "spillway:kv_offload_tier_loaded_chunks"  # counter: chunks read back into the CPU pool
+TIER_SIBLING_LOADED_CHUNKS = "spillway:kv_offload_tier_sibling_loaded_chunks"  # counter: of those, from siblings
 TIER_READ_THROUGHPUT = "spillway:kv_offload_tier_read_throughput_gbps"  # histogram: tier -> CPU pool, per load
 TIER_BREAK_EVEN_GBPS = "spillway:kv_offload_tier_break_even_read_gbps"  # gauge: the planned rate that pays
 # Faults of the disk tier, each also named by one log line (connector/spillway_connector/disk_evictor.py,
@@ -72,6 +73,7 @@ COUNTERS = (
     TIER_EVICTED_CHUNKS,
     TIER_REFUSED_CHUNKS,
     TIER_LOADED_CHUNKS,
+    TIER_SIBLING_LOADED_CHUNKS,
     TIER_CHECKSUM_MISMATCHES,
     TIER_DELETE_ERRORS,
     TIER_EVICTOR_ERRORS,
@@ -85,7 +87,7 @@ ALL = COUNTERS + GAUGES + HISTOGRAMS
 BY_DIRECTION = (TRANSFER_THROUGHPUT, TRANSFER_BYTES, TRANSFER_SECONDS)
 # Metrics labelled by tier.
 BY_TIER = (TIER_CAPACITY_BYTES, TIER_USED_BYTES, TIER_EVICTED_BYTES, TIER_EVICTED_CHUNKS, TIER_REFUSED_CHUNKS,
-           TIER_LOADED_CHUNKS, TIER_READ_THROUGHPUT, TIER_BREAK_EVEN_GBPS, TIER_CHECKSUM_MISMATCHES,
+           TIER_LOADED_CHUNKS, TIER_SIBLING_LOADED_CHUNKS, TIER_READ_THROUGHPUT, TIER_BREAK_EVEN_GBPS, TIER_CHECKSUM_MISMATCHES,
            TIER_DELETE_ERRORS, TIER_EVICTOR_ERRORS, TIER_EVICTOR_RESTARTS, TIER_VOLUME_FREE_BYTES, TIER_WRITABLE)
 
 

@@ -19,7 +19,6 @@ answer is compared with the prompt's first answer, which was computed: a reload 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import random
 import shutil
@@ -35,6 +34,7 @@ from spillway_connector import disk_evictor, names
 from spillway_connector.chunk_integrity import file_bytes
 from spillway_connector.host_tiering import cpu_disk_tier_args
 from support import VllmServer
+from support.disk_slots import slots_released
 from support.kv_weights import KvSensitiveLlama, write_kv_sensitive_model
 from support.offload_workload import complete
 from support.promtext import total
@@ -171,20 +171,6 @@ def gauge_after_a_step(s: VllmServer, name: str) -> float:
     """A tier gauge once the engine has stepped (the connector reports with each step; idle, it does not)."""
     complete(s, [11, 12, 13], 1)  # shorter than a block: nothing stored
     return metric(s.metrics_text(), name)
-
-
-def slots_released(root: Path) -> bool:
-    """No process holds a replica slot's lock: a stopped engine's last process has exited (under load its engine
-    core can outlive the server's process group by seconds, and a restart would then take another slot)."""
-    for lock in root.glob("replica-*/.owner.lock"):
-        fd = os.open(lock, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
-    return True
 
 
 def new_files(root: Path, before: set[Path]) -> list[Path]:

@@ -232,3 +232,80 @@ def test_a_root_that_is_not_the_tiers_own_is_refused_when_vllm_builds_the_tier(t
     slot = disk_namespace.claim_slot(str(root))
     assert os.path.basename(slot.path) == "replica-0", "the refused tier held no slot"
     slot.release()
+
+
+def _lookup(tier, keys: list[bytes], timeout_s: float = 20.0) -> list[bool]:
+    """vLLM's own lookup of the keys in the tier (its async lookup thread), as the tiering manager asks it."""
+    from vllm.v1.kv_offload.tiering.base import LookupResult
+
+    context, deadline = ReqContext(req_id=f"lookup-{random.randrange(1 << 30)}"), time.monotonic() + timeout_s
+    while True:
+        results = [tier.lookup(k, context) for k in keys]
+        if LookupResult.RETRY not in results:
+            return [r == LookupResult.HIT for r in results]
+        assert time.monotonic() < deadline, "vLLM's lookup never answered"
+        tier.on_schedule_end(None)  # flushes the step's lookups to the lookup thread
+        time.sleep(0.01)
+
+
+def test_replicas_of_one_share_read_each_others_chunks_and_write_only_their_own(build, monkeypatch):
+    """Two engines in one root (as two replicas on one volume) of the share SPILLWAY_DISK_TIER_SHARE names: the
+    second finds the first's chunks through vLLM's own lookup and reads them into its pool, counted as sibling
+    loads; it stores into its own slot only, its bound never counts the sibling's files, and a file the
+    sibling's evictor deletes between the lookup and the read is a failed load (vLLM recomputes it)."""
+    from spillway.core import vllm_api
+    from spillway_connector import disk_namespace
+
+    assert disk_namespace.SHARE_ENV == vllm_api.ENV_DISK_TIER_SHARE, "the variable the operator sets"
+    monkeypatch.setenv(disk_namespace.SHARE_ENV, "team-a/llama")
+    _, first = build()
+    _, second = build()
+    assert Path(first.spillway_slot.path).name == "replica-0" and Path(second.spillway_slot.path).name == "replica-1"
+    keys = [key(n) for n in range(40, 44)]
+    stored = [fill(first, n, 40 + n) for n in range(4)]
+    first.submit_store(job(1, keys, [0, 1, 2, 3], False))
+    assert finished(first, 1).success
+    own = second._paths(keys)
+    assert not any(os.path.exists(p) for p in own)
+    assert _lookup(second, keys) == [True] * 4, "vLLM's lookup finds the sibling's files"
+
+    Path(first._paths(keys[3:])[0]).unlink()  # the sibling's evictor, after the lookup
+    second.submit_load(job(2, keys, [4, 5, 6, 7], True))
+    result = finished(second, 2)
+    assert not result.success and list(result.successful_keys) == keys[:3], "the deleted chunk is recomputed"
+    assert [row(second, n) for n in (4, 5, 6)] == stored[:3], "the sibling's bytes, verified, in this pool"
+    data = stats_data(second.take_stats("1:fs"))
+    assert data[names.TIER_LOADED_CHUNKS] == {("1:fs",): 3}
+    assert names.TIER_SIBLING_LOADED_CHUNKS not in data, "a failed load's sibling chunks are not counted"
+    second.submit_load(job(3, keys[:2], [0, 1], True))
+    assert finished(second, 3).success
+    assert stats_data(second.take_stats("1:fs"))[names.TIER_SIBLING_LOADED_CHUNKS] == {("1:fs",): 2}
+    assert not any(os.path.exists(p) for p in own), "a read writes nothing into its own slot"
+
+    fresh = fill(second, 2, 99)
+    second.submit_store(job(4, [key(45)], [2], False))
+    assert finished(second, 4).success
+    assert os.path.exists(second._paths([key(45)])[0]) and not os.path.exists(first._paths([key(45)])[0])
+    assert len(second.spillway_index) == 1, "the bound holds this engine's own file only"
+    assert _lookup(first, [key(45)]) == [True] and row(second, 2) == fresh, "and the first reads the second's"
+
+
+@pytest.mark.parametrize("second_share", ["team-b/llama", None])
+def test_replicas_of_another_share_or_none_read_only_their_own(build, monkeypatch, second_share):
+    """Another ModelServer's replicas (another share: a namespace of their own) or an engine without a share
+    (sibling reads off) on the same volume never find the first's chunks."""
+    from spillway_connector import disk_namespace
+
+    monkeypatch.setenv(disk_namespace.SHARE_ENV, "team-a/llama")
+    _, first = build()
+    if second_share is None:
+        monkeypatch.delenv(disk_namespace.SHARE_ENV)
+    else:
+        monkeypatch.setenv(disk_namespace.SHARE_ENV, second_share)
+    _, second = build()
+    keys = [key(50)]
+    fill(first, 0, 50)
+    first.submit_store(job(1, keys, [0], False))
+    assert finished(first, 1).success and os.path.exists(first._paths(keys)[0])
+    assert _lookup(second, keys) == [False]
+    assert isinstance(second.file_mapper, disk_namespace.SiblingFiles) == (second_share is not None)

@@ -167,3 +167,23 @@ def test_a_mixed_pool_leaves_the_tier_off_when_one_class_disk_loses_and_says_whi
     fast, spec = _tier([_disk_node("a-fast", "28Ti", "25"), _disk_node("b-fast", "28Ti", "30")])
     assert (fast["rendered"], fast["pays"], fast["decidedBy"], fast["reloadGBps"]) == (True, "True", "a-fast", 50.0)
     assert any(v["name"] == dt.VOLUME_NAME for v in spec["volumes"])
+
+
+def test_a_modelservers_pods_share_their_disk_slots_and_a_spec_cannot_claim_anothers():
+    """The engine reads the slots of its ModelServer's other replicas (disk_namespace.SiblingFiles): the operator
+    names the share <namespace>/<name>, so two ModelServers that name one hostPath never read each other's chunks,
+    and spec.env may not set it (a tenant naming another's share would read its chunks)."""
+    from spillway.core import vllm_api as api
+
+    shared = {"disk": {"enabled": True, "volume": {"hostPath": {"path": "/mnt/nvme/kv", "capacity": "8Ti"}}}}
+    envs = []
+    for namespace, name in (("team-a", "llama"), ("team-b", "llama")):
+        spec = pod(desired(modelserver(name, namespace, offload=shared), [summarize_node(disk_node())]).objects)
+        envs.append([e for e in spec["containers"][0]["env"] if e["name"] == api.ENV_DISK_TIER_SHARE])
+    assert envs == [[{"name": api.ENV_DISK_TIER_SHARE, "value": "team-a/llama"}],
+                    [{"name": api.ENV_DISK_TIER_SHARE, "value": "team-b/llama"}]]
+    plain = pod(desired(modelserver(), [summarize_node(disk_node())]).objects)
+    assert all(e["name"] != api.ENV_DISK_TIER_SHARE for e in plain["containers"][0]["env"]), "no tier, no share"
+    claimed = modelserver(offload=shared, env=[{"name": api.ENV_DISK_TIER_SHARE, "value": "team-b/llama"}])
+    with pytest.raises(InvalidSpec, match=api.ENV_DISK_TIER_SHARE):
+        parse_spec(claimed["spec"])

@@ -22,7 +22,9 @@ from routing.replicas import BLOCK, MODEL, QUESTION_LEN, spillway_router
 from spillway.core import affinity as A
 from spillway.core import routing
 from spillway.core import vllm_api as V
+from spillway_connector import names as connector_names
 from support import SERVED_MODEL_NAME, VllmServer
+from support.disk_slots import slots_released
 from support.promtext import total
 from support.vllm_router import SpillwayRouter
 from support.vllm_server import FIRST_TOKEN_ID
@@ -217,6 +219,11 @@ def scrape(server: VllmServer) -> dict[str, float]:
         "queue_s": total(text, f"{V.Metric.REQUEST_QUEUE_TIME}_sum"),
         "queued": total(text, f"{V.Metric.REQUEST_QUEUE_TIME}_count"),
         "start": total(text, V.Metric.PROCESS_START_TIME),
+        # chunks the node-disk tier served into the pool, and of those read from another replica's slot (0
+        # without a tier): where a restarted or joining replica's hits came from
+        "disk_hit_chunks": total(text, f"{V.TieringMetric.CHUNK_HITS}_total",
+                                 **{V.TieringMetric.LABEL: V.TieringMetric.DISK_FS}),
+        "sibling_chunks": total(text, connector_names.exported(connector_names.TIER_SIBLING_LOADED_CHUNKS)),
     }
 
 
@@ -231,7 +238,8 @@ def figures(before: Sequence[dict], after: Sequence[dict], load: Load | None = N
     rows = []
     for b, a in zip(before, after):
         base = b if b["start"] == a["start"] else dict.fromkeys(b, 0.0)
-        rows.append({k: a[k] - base[k] for k in ("requests", "prompt_tokens", "cpu_hit_tokens", "queue_s", "queued")})
+        rows.append({k: a[k] - base[k] for k in ("requests", "prompt_tokens", "cpu_hit_tokens", "queue_s", "queued",
+                                                 "sibling_chunks")})
     requests = sum(r["requests"] for r in rows) or 1
     prompt = sum(r["prompt_tokens"] for r in rows) or 1
     out = {
@@ -242,6 +250,7 @@ def figures(before: Sequence[dict], after: Sequence[dict], load: Load | None = N
         "replica_hit_shares": [round(r["cpu_hit_tokens"] / r["prompt_tokens"], 3) if r["prompt_tokens"] else None
                                for r in rows],
         "queue_wait_ms": [round(1000 * r["queue_s"] / r["queued"], 1) if r["queued"] else None for r in rows],
+        "sibling_chunks": [int(r["sibling_chunks"]) for r in rows],
     }
     if load is not None:
         out["client_errors"] = len(load.errors)
@@ -354,6 +363,7 @@ async def restart(servers: Sequence[VllmServer], pods: int, workload: Workload, 
         mid = await scrape_all(servers)
         await loop.run_in_executor(None, target.stop)
         stopped_at = time.monotonic()
+        await loop.run_in_executor(None, gone, target, len(servers) - 1)
         target.launch()  # from this thread: the server dies with the thread that launched it
         down = await drive(urls, workload, stream, concurrency=1, count=down_requests)
         await loop.run_in_executor(None, target.wait_started)
@@ -385,6 +395,18 @@ async def restart(servers: Sequence[VllmServer], pods: int, workload: Workload, 
             "ring_shares": [round(x, 3) for x in workload.owned_shares([s.base_url for s in servers])]}
 
 
+def gone(server: VllmServer, running: int) -> None:
+    """Until the stopped `server`'s last process is gone, as a pod's is before its restart: where the replicas
+    share a node-disk tier, until its slot is free (the others hold `running`), so that the restart takes it."""
+    root = getattr(server, "disk_root", None)
+    deadline = time.monotonic() + SLOT_RELEASE_S
+    while root is not None and not slots_released(root, running):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"a stopped replica's disk slot still held after {SLOT_RELEASE_S} s")
+        time.sleep(0.1)
+
+
+SLOT_RELEASE_S = 60
 RESTART_SLICES = 4  # slices of the phase after a restarted replica's Ready
 WARM_FRACTION = 0.9  # issue 39's goal: the restarted replica at 90% of the fleet's steady hit share
 
@@ -405,7 +427,8 @@ def warmth(marks: Sequence[tuple[float, list[dict]]], restarted: int) -> dict:
     for (_, before), (t, after) in itertools.pairwise(marks):
         f = figures(before, after)
         slices.append({"end_s": round(t, 1), "requests": f["replica_requests"][restarted],
-                       "hit_share": f["replica_hit_shares"][restarted]})
+                       "hit_share": f["replica_hit_shares"][restarted],
+                       "disk_hit_chunks": int(after[restarted]["disk_hit_chunks"] - before[restarted]["disk_hit_chunks"])})
     warm_from = len(slices)
     while warm_from > 0 and (slices[warm_from - 1]["hit_share"] or 0) >= WARM_FRACTION * steady:
         warm_from -= 1

@@ -21,7 +21,9 @@ from spillway.core import routing
 from spillway.core import vllm_api as V
 from spillway.loadtest import prefix_groups
 from spillway.loadtest.prompts import PromptSource
+from spillway_connector.disk_namespace import SHARE_ENV
 from spillway_connector.host_backend import cpu_offload_args
+from spillway_connector.host_tiering import cpu_disk_tier_args
 from support import TinyLlama, VllmServer, require_vllm
 from support.tools import require_binary
 from support.vllm_router import SpillwayRouter, VllmRouter
@@ -34,6 +36,7 @@ POOL_CHUNKS = 38  # per replica: kv-aware's share of either workload fits, round
 REPLICAS = 3
 MODEL = TinyLlama()
 QUESTION_LEN = 16
+DISK_BOUND_BYTES = 256 << 20  # per replica's slot: far more than the tests store (chunks of 16 KiB)
 
 # 6 tenants' prefixes of 8 blocks x 8 prompts, random order, no warm-up: every prefix is new when it arrives.
 TENANTS = {"name": "tenants", "groups": 6, "prompts_per_group": 8, "prefix_blocks": 8, "warmup": False}
@@ -54,24 +57,29 @@ def best_cpu_hit(workload: dict) -> float:
     return hitting * prefix / (prompts * (prefix + QUESTION_LEN))
 
 
-def replica() -> VllmServer:
+def replica(disk_root: Path | None = None) -> VllmServer:
+    """One replica; with `disk_root`, its pool over the node-disk tier there: replicas given the same root share
+    it as one ModelServer's pods share a volume, each writing a slot of its own and reading the others'."""
     port = free_port()
+    pool_bytes, extra = POOL_CHUNKS * BLOCK * MODEL.kv_bytes_per_token, {V.EXTRA_SELF_DESCRIBING_KV_EVENTS: True}
+    offload = (cpu_offload_args(pool_bytes, extra=extra) if disk_root is None
+               else cpu_disk_tier_args(pool_bytes, str(disk_root), DISK_BOUND_BYTES, extra=extra))
     server = VllmServer(
         model=MODEL, num_gpu_blocks=GPU_BLOCKS, block_size=BLOCK, max_model_len=MAX_MODEL_LEN, max_num_seqs=2,
         prefix_caching=False,
-        extra_args=[*cpu_offload_args(POOL_CHUNKS * BLOCK * MODEL.kv_bytes_per_token,
-                                      extra={V.EXTRA_SELF_DESCRIBING_KV_EVENTS: True}),
-                    V.FLAG_KV_EVENTS_CONFIG, routing.kv_events_flag_value(port)],
-        env={V.ENV_PYTHONHASHSEED: V.PYTHONHASHSEED_VALUE},
+        extra_args=[*offload, V.FLAG_KV_EVENTS_CONFIG, routing.kv_events_flag_value(port)],
+        # one hash seed: every replica's chunk files are named alike; one share: each reads the others' slots
+        env={V.ENV_PYTHONHASHSEED: V.PYTHONHASHSEED_VALUE, **({SHARE_ENV: "fleet"} if disk_root else {})},
     )
     server.kv_events_endpoint = f"tcp://127.0.0.1:{port}"  # the publisher binds tcp://*:port
+    server.disk_root = disk_root
     return server
 
 
 @contextlib.contextmanager
-def start_replicas(count: int = REPLICAS) -> Iterator[list[VllmServer]]:
+def start_replicas(count: int = REPLICAS, disk_root: Path | None = None) -> Iterator[list[VllmServer]]:
     require_vllm()
-    servers = [replica() for _ in range(count)]
+    servers = [replica(disk_root) for _ in range(count)]
     try:
         for server in servers:  # all start at once, from this thread (they stop when their launcher ends)
             server.launch()

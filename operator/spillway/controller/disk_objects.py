@@ -1,9 +1,12 @@
-"""The disk tier's part of the vLLM pod: its volume and mount, and the ephemeral storage the pod requests."""
+"""The disk tier's part of the vLLM pod: its volume and mount, the ephemeral storage the pod requests, and the share
+of replicas whose slots its engine reads."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..core import disk_tier as dt
+from ..core import vllm_api as api
 from ..core.planner import Plan
 from ..core.quantity import to_quantity
 from .spec import ModelServerSpec
@@ -28,3 +31,13 @@ def volumes(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
 
 def mounts(result: Plan) -> list[dict[str, Any]]:
     return [dt.mount()] if dt.active(result.disk) is not None else []
+
+
+def share_env(body: Mapping[str, Any], result: Plan) -> list[dict[str, Any]]:
+    """The engine's share (<namespace>/<name>): a replica reads the chunks its ModelServer's other replicas wrote on
+    a volume they share (a claim, a node's hostPath), so one that joins or restarts starts warm; a volume another
+    ModelServer also names holds its chunks under another namespace, never read across. Empty without a tier."""
+    if dt.active(result.disk) is None:
+        return []
+    meta = body["metadata"]
+    return [{"name": api.ENV_DISK_TIER_SHARE, "value": f"{meta.get('namespace') or 'default'}/{meta['name']}"}]

@@ -222,8 +222,10 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
     name = body["metadata"]["name"]
     pod = result.pod
     assert pod is not None
+    engine = container(spec, result)
+    engine["env"] += disk_objects.share_env(body, result)
     pod_spec: dict[str, Any] = {
-        "containers": [container(spec, result)],
+        "containers": [engine],
         # The offload pool lives in /dev/shm (an mmap pinned for DMA): a memory-backed emptyDir sized by the
         # plan, whose pages count against the container's memory limit. On huge pages the pool is a file on a
         # hugetlbfs emptyDir instead (the connector's hugetlb_pool.py) and /dev/shm holds the message queues only.

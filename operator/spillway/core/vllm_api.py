@@ -130,6 +130,10 @@ PREFAULT_SINCE = (0, 33)
 # The hugetlbfs directory (the pod's hugepages-2Mi emptyDir) the connector puts the pool's file on
 # (spillway_connector/hugetlb_pool.py); absent, the pool is on 4 KiB pages in /dev/shm.
 ENV_POOL_HUGEPAGES_DIR = "SPILLWAY_POOL_HUGEPAGES_DIR"
+# The replicas whose disk-tier slots an engine reads besides its own (spillway_connector/disk_namespace.py): the
+# operator sets the ModelServer's <namespace>/<name>, so one ModelServer's replicas on a shared volume read each
+# other's chunks and another's never (the share is in the namespace digest); reserved, so a spec cannot claim one.
+ENV_DISK_TIER_SHARE = "SPILLWAY_DISK_TIER_SHARE"
 # vLLM's cache root (vllm/envs.py): torch.compile's cache is VLLM_CACHE_ROOT/torch_compile_cache/<hash> (0.34:
 # vllm/compilation/backends.py, decorators.py)
 ENV_CACHE_ROOT = "VLLM_CACHE_ROOT"
@@ -141,7 +145,7 @@ SCHEDULER_CLS_BEFORE = (0, 34)
 # as /reset_prefix_cache and /collective_rpc, runtime LoRA loading, pickle deserialization) or change its
 # memory (vllm/envs.py, vLLM 0.33).
 RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SPACE, ENV_API_KEY, ENV_PREFAULT_THREADS,
-                ENV_CACHE_ROOT, ENV_POOL_HUGEPAGES_DIR,
+                ENV_CACHE_ROOT, ENV_POOL_HUGEPAGES_DIR, ENV_DISK_TIER_SHARE,
                 "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_INSECURE_SERIALIZATION")
 
 # -- connectors ---------------------------------------------------------------
