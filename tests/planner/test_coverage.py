@@ -146,3 +146,15 @@ def test_the_coverage_table_and_module_are_current():
     rows = list(ROWS.values()) + list(NEW.values()) + list(FALLBACK.values())
     assert MODULE.read_text() == module_text(rows), "python tests/planner/coverage/render.py"
     assert DOC.read_text() == doc_text(rows), "python tests/planner/coverage/render.py"
+
+
+@pytest.mark.parametrize("change", [{"kv_source_layers": [0, 0]}, {"index_sharing": ["full", "shared"]},
+                                    {"fp8_kv_cache": True}])
+def test_mistral_large_4_is_sized_only_where_every_layer_keeps_its_own_caches(change):
+    """The recorded Mistral Large 4 (every layer its own latent and indexer keys) is sized as vLLM 0.34 sizes it;
+    a layer reading another's latent or top-k keeps no cache, and the fp8 latent is another row: not sized."""
+    entry = entry_of("MistralLarge4ForCausalLM")
+    assert NEW["MistralLarge4ForCausalLM"].status == "sized"
+    config = {**entry["config"], "num_hidden_layers": 2, **change}
+    with pytest.raises(ModelGeometryUnknown, match="Mistral Large 4"):
+        geometry_from_config(config, "MistralLarge4ForCausalLM")

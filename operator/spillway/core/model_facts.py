@@ -72,7 +72,7 @@ MLA_MODEL_TYPES = frozenset({
     "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v41", "dots3_note", "deepseek_mtp",
     "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2",
     "kimi_linear", "longcat_flash", "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid",
-    "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp", "hy_v4", "hy_v4_mtp",
+    "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp", "hy_v4", "hy_v4_mtp", "mistral_large_4",
 })
 # vllm/models/hy_v4/nvidia/attention.py: every HY-V4 layer is MLA (HYV4MLAAttention); a layer keeps an indexer
 # cache only where index_topk is set, layer_types names it sparse, and it computes its own top-k (not a "shared"
@@ -749,6 +749,24 @@ def _mla(config: Mapping[str, Any], model_type: str) -> bool:
     return model_type in MLA_MODEL_TYPES and config.get("kv_lora_rank") is not None
 
 
+def _mistral_large_4_modelled(config: Mapping[str, Any], name: str) -> None:
+    """vLLM 0.34's Mistral Large 4 (vllm/models/mistral/common/layer_spec.py): every layer keeps its MLA latent and,
+    with index_topk, its indexer's keys, as DeepSeek-V3.2's do. Layers that read an earlier layer's latent
+    (kv_source_layers) or its top-k (index_sharing "shared") keep none, and fp8_kv_cache turns the latent into
+    fp8_ds_mla rows (vllm/model_executor/models/config.py MistralLarge4ForCausalLM): neither is modelled."""
+    layers = config.get("num_hidden_layers")
+    sources = config.get("kv_source_layers")
+    if sources is not None and isinstance(layers, int) and list(sources) != list(range(layers)):
+        raise ModelGeometryUnknown(f"{name}: Mistral Large 4's KV-sharing layers (kv_source_layers) keep no cache "
+                                   "of their own; Spillway does not model them")
+    if "shared" in (config.get("index_sharing") or []):
+        raise ModelGeometryUnknown(f"{name}: Mistral Large 4's shared indexers (index_sharing) keep no keys of "
+                                   "their own; Spillway does not model them")
+    if config.get("fp8_kv_cache"):
+        raise ModelGeometryUnknown(f"{name}: Mistral Large 4's fp8 latent (fp8_kv_cache: fp8_ds_mla rows) is not "
+                                   "modelled")
+
+
 def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     """The facts of a config.json mapping, or ModelGeometryUnknown saying what is missing or impossible."""
     architecture = check_config(config, name)
@@ -757,6 +775,8 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     if model_type in UNMODELLED:
         raise ModelGeometryUnknown(f"{name}: model_type {model_type!r} keeps a cache Spillway does not model yet: "
                                    f"{UNMODELLED[model_type]}")
+    if model_type == "mistral_large_4":
+        _mistral_large_4_modelled(text, name)
     if text.get("num_hidden_layers") is None and model_type == "nemotron_h" and text.get("layers_block_type"):
         # transformers' NemotronHConfig.num_hidden_layers is the length of its layers_block_type
         text = {**text, "num_hidden_layers": len(text["layers_block_type"])}

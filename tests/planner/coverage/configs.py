@@ -10,6 +10,7 @@ where that code wants more, vLLM's error is the recorded reason no truth exists.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 REGISTRY_PATH = "vllm/model_executor/models/registry.py"
@@ -245,7 +246,7 @@ _MBART_DECODER = {"model_type": "mbart", "d_model": 1024, "decoder_layers": 12, 
                   "max_position_embeddings": 1024, "scale_embedding": False, "activation_function": "gelu"}
 # Their config.json has no text fields of its own (vLLM's hf_text_config is the decoder: transformers'
 # get_text_config), so the generic text config is not theirs: WRITTEN replaces it.
-WRITTEN: dict[str, dict] = {
+WRITTEN: dict[str, dict | Callable[[], dict]] = {
     "NemotronParseForConditionalGeneration": {
         "model_type": "nemotron_parse", "encoder": _RADIO_ENCODER, "image_size": [2048, 1648],
         "decoder": {**_MBART_DECODER, "add_cross_attention": True}},
@@ -280,6 +281,23 @@ WRITTEN["MuseSparkForConditionalGeneration"] = {
         "model_type": "muse_spark_audio", "hidden_act": "gelu", "num_hidden_layers": 1, "patch_sizes": [4],
         "depths": [1], "hidden_sizes": [1024], "out_hidden_size": 5120},
 }
+
+# vLLM 0.34's Mistral Large 4: a Mistral params.json with MLA, a MoE with shared experts and a "dsa" section, which
+# vllm/transformers_utils/configs/mistral.py turns into a config of model type mistral_large_4 (no config class:
+# these are the fields it writes, _remap_mistral_large_4_args). Not a published config's values: Mistral Large 3's
+# shape as recorded above (DeepseekV3Config's defaults) without a query LoRA (the model asserts none), DeepSeek-V3.2's
+# indexer (DEEPSEEK_V32_INDEXER's sizes), an indexer on every layer, no KV sharing, no NoPE layers, the latent in
+# the model dtype (fp8_kv_cache off).
+def _mistral_large_4() -> dict:
+    config = _known_config("deepseek_v3")
+    layers = config["num_hidden_layers"]
+    return {**config, "model_type": "mistral_large_4", "q_lora_rank": None, "index_topk": 2048, "index_n_heads": 64,
+            "index_head_dim": 128, "indexer_norm_eps": 1e-6, "indexer_ssmax_scaling": False,
+            "nope_layer_flags": [False] * layers, "kv_source_layers": list(range(layers)),
+            "indexer_nope_layer_flags": [False] * layers, "fp8_kv_cache": False, "index_sharing": ["full"] * layers}
+
+
+WRITTEN["MistralLarge4ForCausalLM"] = _mistral_large_4
 
 # vLLM 0.34 serves UnlimitedOCR2TextForCausalLM only as the text model of an Unlimited-OCR-2 checkpoint: an
 # UnlimitedOCRForCausalLM config with a DASH sparse_attention_config, whose text config
@@ -757,7 +775,7 @@ def build_config(arch: str, module: str) -> dict:
     elif arch in TEXT_OF:
         config = _known_config(TEXT_OF[arch])["text_config"]
     elif arch in WRITTEN:
-        config = WRITTEN[arch]
+        config = WRITTEN[arch]() if callable(WRITTEN[arch]) else WRITTEN[arch]
     elif model_type in known_model_types():
         config = _known_config(model_type)
     else:

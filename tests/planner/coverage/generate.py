@@ -234,6 +234,12 @@ def record_new(truth: dict, version: str, tree: str, work: Path, only: set[str] 
     built = {a: c for a, c in configs.items() if "error" not in c}
     specs = _record_specs({a: language_model_config(a, c) if a in LANGUAGE_MODELS else c for a, c in built.items()},
                           work / "record", overlay)
+    for arch, build in SOURCE_SPECS.items():  # layers the CPU engine cannot build, written from this release's source
+        if arch in built and "error" in specs[arch]:
+            try:
+                specs[arch] = {"arch": arch, "source": True, **build(built[arch])}
+            except ValueError as exc:
+                specs[arch]["error"] += f" (not written from source: {exc})"
     answers = _sources(specs, work, tree)
     for arch, (kind, module) in archs.items():
         entry: dict = {"registry": kind, "module": module}
@@ -243,8 +249,9 @@ def record_new(truth: dict, version: str, tree: str, work: Path, only: set[str] 
             continue
         entry["config"] = configs[arch]
         code = f"{version.rsplit('.', 1)[0]} model code"
-        entry.update(_entry_specs(arch, specs[arch], answers,
-                                  code + (" of the language model" if arch in LANGUAGE_MODELS else "")))
+        origin = f"source, {version.rsplit('.', 1)[0]}" if specs[arch].get("source") else \
+            code + (" of the language model" if arch in LANGUAGE_MODELS else "")
+        entry.update(_entry_specs(arch, specs[arch], answers, origin))
         new[arch] = entry
 
 

