@@ -105,6 +105,10 @@ def placement(kwargs: dict[str, Any], region_cls: Any) -> tuple[dict[str, Any] |
     point, fstype = _mount_of(directory)
     if fstype != "hugetlbfs" or not os.path.isdir(directory):
         return None, fallback + f"{raw} is not a hugetlbfs directory ({fstype or 'no mount'} at {point or '?'})"
+    if not os.access(directory, os.W_OK | os.X_OK):  # the kubelet mounts it root's, 0755: the pod's fsGroup opens it
+        info = os.stat(directory)
+        return None, fallback + (f"{raw} is not writable by uid {os.geteuid()} (owner {info.st_uid}:{info.st_gid}, "
+                                 f"mode {info.st_mode & 0o7777:o}; the pod's fsGroup makes it the pod's)")
     if os.statvfs(directory).f_bsize != HUGE_PAGE:
         return None, fallback + f"{raw}'s hugetlbfs pages are {os.statvfs(directory).f_bsize} bytes, not 2 MiB"
     total = kwargs["num_chunks"] * kwargs["kv_bytes_per_chunk"]

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -251,3 +252,40 @@ def test_a_region_whose_code_differs_stays_on_4k_pages(tmp_path, monkeypatch, ca
                                               module.SharedOffloadRegion)
     assert placed is None and "vLLM's region code is not the code this was verified on" in line
     assert any("SharedOffloadRegion._unlink" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("huge_pages", [POOL_PAGES + 8], indirect=True)
+def test_the_kubelets_root_owned_mount_needs_the_pods_group(huge_pages):
+    """The kubelet mounts the hugepages emptyDir as root's, mode 0755; vLLM runs as the image's user. Without the
+    pod's fsGroup the pool stays on 4 KiB pages, said; with the group (what fsGroup does: the mount's group, g+rwx,
+    and the group added to the process) it is on huge pages."""
+    if shutil.which("setpriv") is None:
+        skip_or_fail("needs setpriv (util-linux)")
+    user = str(65532)  # names.VLLM_IMAGE_UID: the image's user and the pod's fsGroup
+    # pytest's tmp_path is root's alone (0700): the mount goes where the user can walk
+    holder = Path(os.path.realpath(tempfile.gettempdir())) / f"spillway-hugetlbfs-{uuid.uuid4().hex[:8]}"
+    holder.mkdir(mode=0o755)
+    mount = holder / "pages"
+    mount.mkdir()
+    tree = str(_tree("0.34.0"))
+    as_user = f'setpriv --reuid {user} --regid {user} --clear-groups "$1" -c "$2" "$3" "$4"'
+    as_group = f'setpriv --reuid {user} --regid {user} --groups {user} "$1" -c "$2" "$3" "$5"'
+    script = (f'mount -t hugetlbfs -o pagesize=2M nodev "$0" && {as_user} && chgrp {user} "$0" && chmod 2775 "$0" '
+              f'&& {as_group}')
+    env = dict(os.environ, HOME=str(holder), **{V.ENV_POOL_HUGEPAGES_DIR: str(mount)})
+    try:
+        run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(mount),
+                              sys.executable, SHORT, tree, f"test-{uuid.uuid4().hex[:8]}",
+                              f"test-{uuid.uuid4().hex[:8]}"],
+                             capture_output=True, text=True, timeout=300, env=env, check=False)
+        assert run.returncode == 0, run.stderr[-3000:]
+        without, with_group = (json.loads(line) for line in run.stdout.strip().splitlines()[-2:])
+        assert without["path"].startswith("/dev/shm/vllm_offload_test-") and without["on_shm"]
+        warning, = [line for level, line in without["log"] if level == "WARNING"]
+        assert f"{mount} is not writable by uid {user} (owner 0:0, mode 755" in warning
+        assert with_group["path"].startswith(_link(mount))
+        assert any("is on 2 MiB huge pages" in line for _, line in with_group["log"])
+    finally:
+        if os.path.islink(_link(mount)):
+            os.unlink(_link(mount))
+        shutil.rmtree(holder, ignore_errors=True)

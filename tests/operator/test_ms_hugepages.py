@@ -78,6 +78,10 @@ def test_a_hugepage_node_puts_the_pool_on_a_hugetlbfs_volume_in_a_valid_pod():
     assert {"name": names.VOLUME_POOL_HUGEPAGES, "mountPath": names.POOL_HUGEPAGES_MOUNT} in container["volumeMounts"]
     assert {"name": api.ENV_POOL_HUGEPAGES_DIR, "value": names.POOL_HUGEPAGES_MOUNT} in container["env"]
     assert "32.00 GiB of hugepages-2Mi" in result.summary()
+    # the kubelet mounts the volume root's, 0755: fsGroup makes it writable by vLLM's user
+    assert pod["securityContext"]["fsGroup"] == names.VLLM_IMAGE_UID
+    assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+    assert "fsGroup" not in plain["spec"]["template"]["spec"]["securityContext"]
     # a node without them: no request, no volume, no variable
     assert not any(k.startswith("hugepages-") for part in plain_resources.values() for k in part)
     assert names.VOLUME_POOL_HUGEPAGES not in {v["name"] for v in plain["spec"]["template"]["spec"]["volumes"]}

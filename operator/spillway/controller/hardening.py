@@ -28,6 +28,15 @@ def pod_security_context() -> dict[str, Any]:
     return {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
+def hugepages_group(hugepages_bytes: int) -> dict[str, Any]:
+    """The pool's hugetlbfs volume is mounted by the kubelet as root's, mode 0755 (pagesize only, no mode): fsGroup
+    makes it the pod's group's and adds that group to every container's processes, so vLLM, whatever its user, can
+    create the pool's file there. OnRootMismatch: a volume already the group's (a disk tier's claim) is not walked."""
+    if not hugepages_bytes:
+        return {}
+    return {"fsGroup": names.VLLM_IMAGE_UID, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
 def host_namespaces() -> dict[str, bool]:
     """Written out, so that the operator owns them and a hand-set true is taken back (drift.py)."""
     return {"hostNetwork": False, "hostPID": False, "hostIPC": False}

@@ -236,7 +236,7 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
                     {"name": names.VOLUME_VLLM_CACHE, "emptyDir": {}},
                     *([{"name": names.VOLUME_POOL_HUGEPAGES, "emptyDir": {"medium": names.HUGEPAGES_2MI_MEDIUM}}]
                       if pod.hugepages_bytes else [])],
-        "securityContext": hardening.pod_security_context(),
+        "securityContext": {**hardening.pod_security_context(), **hardening.hugepages_group(pod.hugepages_bytes)},
         **hardening.host_namespaces(),
         # vLLM never calls the Kubernetes API: no ServiceAccount token in its pods.
         "automountServiceAccountToken": False,
