@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from spillway.adapters.model_config import catalog_ids, geometry_of, resolve_geometry
 from spillway.core import vllm_api as api
@@ -22,6 +23,7 @@ from spillway.core.planner import (
 )
 
 GiB = 2**30
+MiB = 2**20
 LLAMA_8B = resolve_geometry("meta-llama/Llama-3.1-8B-Instruct")
 H100_NODE = NodeFacts(2 * 2**40, 8, "gpu-node-1")
 
@@ -113,6 +115,39 @@ def test_plan_invariants(geometry, node, size, tp, block_size, cache_dtype, vers
         asked = int(size[:-2]) * GiB if size.endswith("Gi") else int(size)
         assert asked - pool.chunk_bytes < pool.bytes <= asked  # rounded down by less than one chunk, never shrunk
     # the vLLM args carry exactly the planned pool
+    config = json.loads(result.args[result.args.index(api.FLAG_KV_TRANSFER_CONFIG) + 1])
+    assert config["kv_connector_extra_config"][api.EXTRA_CPU_BYTES] == pool.bytes
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(geometries, nodes, sizes, st.sampled_from([1, 2, 4, 8]), st.sampled_from(["0.33.0", "0.34.0"]),
+       st.floats(0, 1.5), st.data())
+def test_plan_invariants_with_huge_pages(geometry, node, size, tp, version, fraction, data):
+    """The pool on hugepages-2Mi (footprint.pool_pages): whole 2 MiB pages of rows within the replica's share, out
+    of the memory limit and /dev/shm; else the pod planned without them."""
+    assume(geometry.num_attention_heads % tp == 0 and tp <= node.gpus)
+    assume(geometry.attention == "mla" or geometry.num_kv_heads % tp == 0 or tp % geometry.num_kv_heads == 0)
+    replicas = data.draw(st.one_of(st.none(), st.integers(1, node.gpus // tp)))
+    req = ServingRequest(tp, DEFAULT_BLOCK_SIZE, "auto", replicas, OffloadRequest(size=size), vllm_version=version)
+    try:
+        plain = plan(geometry, req, node)
+    except SpillwayError:
+        return
+    hugepages = int(fraction * node.allocatable_memory)  # beside the memory, a share of it at most 1.5x
+    result = plan(geometry, req, NodeFacts(node.allocatable_memory, node.gpus, hugepages_2mi=hugepages))
+    pool, pod, pages = result.pool, result.pod, result.pages
+    event(f"huge pages: {pages.huge_pages}")
+    if not pages.huge_pages:
+        assert pod == plain.pod and pool == plain.pool and pod.hugepages_bytes == 0
+        return
+    step = 2 * MiB // math.gcd(pool.chunk_bytes, 2 * MiB)
+    assert pool.bytes % (2 * MiB) == 0 and pool.bytes == pool.chunks * pool.chunk_bytes
+    assert plain.pool.chunks - step < pool.chunks <= plain.pool.chunks  # whole pages, at most a step of rows less
+    assert pod.hugepages_bytes == pool.bytes <= pages.share_bytes <= hugepages // result.node.replicas_per_node
+    assert pool.shm_pool_bytes == 0 and pod.shm_bytes == SHM_EXTRA_BYTES
+    assert pod.memory_limit_bytes >= pool.footprint_bytes + SHM_EXTRA_BYTES + pod.process_reserve_bytes
+    assert pod.memory_limit_bytes < plain.pod.memory_limit_bytes
+    assert result.env[api.ENV_POOL_HUGEPAGES_DIR]
     config = json.loads(result.args[result.args.index(api.FLAG_KV_TRANSFER_CONFIG) + 1])
     assert config["kv_connector_extra_config"][api.EXTRA_CPU_BYTES] == pool.bytes
 
