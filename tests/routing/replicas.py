@@ -67,6 +67,8 @@ def replica(disk_root: Path | None = None) -> VllmServer:
     server = VllmServer(
         model=MODEL, num_gpu_blocks=GPU_BLOCKS, block_size=BLOCK, max_model_len=MAX_MODEL_LEN, max_num_seqs=2,
         prefix_caching=False,
+        # one model path, as a ModelServer's pods all name one model: vLLM names the tier's files after it
+        model_dir=None if disk_root is None else disk_root.with_name(f"{disk_root.name}-model"),
         extra_args=[*offload, V.FLAG_KV_EVENTS_CONFIG, routing.kv_events_flag_value(port)],
         # one hash seed: every replica's chunk files are named alike; one share: each reads the others' slots
         env={V.ENV_PYTHONHASHSEED: V.PYTHONHASHSEED_VALUE, **({SHARE_ENV: "fleet"} if disk_root else {})},
@@ -79,6 +81,8 @@ def replica(disk_root: Path | None = None) -> VllmServer:
 @contextlib.contextmanager
 def start_replicas(count: int = REPLICAS, disk_root: Path | None = None) -> Iterator[list[VllmServer]]:
     require_vllm()
+    if disk_root is not None:
+        disk_root.mkdir(parents=True, exist_ok=True)
     servers = [replica(disk_root) for _ in range(count)]
     try:
         for server in servers:  # all start at once, from this thread (they stop when their launcher ends)
