@@ -107,9 +107,12 @@ def test_cohere2_keeps_three_sliding_layers_to_one_full_with_vllms_window_plus_o
 def test_deepseek_v32_adds_an_indexer_cache_to_every_mla_layer():
     config = {**catalog_config("deepseek-ai/DeepSeek-V3.1"), "model_type": "deepseek_v32",
               "architectures": ["DeepseekV32ForCausalLM"], "index_head_dim": 128}
-    (group,) = kv_groups(config, (0, 33), 8, 64).groups
+    groups = kv_groups(config, (0, 33), 8, 64)
+    (group,) = groups.groups
     # one group of 61 latents (576 x 2 B) and 61 indexer keys (128 fp8 B + 4 B of scale) per token
     assert (group.layers, group.page_bytes, group.uniform_type) == (122, 64 * 61 * (576 * 2 + 132), True)
+    # Hopper's sparse MLA reads the latent as flat rows: the block stride is a whole number of 1152 B rows
+    assert groups.row_bytes == -(-group.page_bytes // 1152) * 1152 > group.page_bytes
 
 
 def test_falcon_h1_keeps_attention_and_mamba_in_every_layer():

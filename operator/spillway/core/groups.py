@@ -67,10 +67,11 @@ NATIVE_SINCE = {"zaya": (0, 34)}
 # MultipleOf(n)): every block stride keeps whole n-token pages (vllm/models/step5/nvidia/sparse_attention.py)
 KERNEL_PAGE_TOKENS = {"step5": STEP5_REGION}
 RING_ROW_BYTES = 1024  # step5/nvidia/csa_tail_ring.py: the ring's rows are 1 KiB, its block stride a multiple
-# Sparse MLA whose Hopper backend reads the latent as flat rows (vllm/v1/attention/backends/mla/sparse_utils.py
-# align_blocks_to_rows: block strides in whole rows): vLLM 0.34's Mistral Large 4 on FLASH_ATTN_MLA_SPARSE
-# (platforms/cuda.py: SM90's first sparse backend for a 576-wide latent)
-ROW_ALIGNED_MLA = frozenset({"mistral_large_4"})
+# MLA made sparse by an indexer, whose Hopper backend reads the bf16 latent as flat rows
+# (vllm/v1/attention/backends/mla/sparse_utils.py align_blocks_to_rows: block strides in whole rows): DeepSeek-V3.2
+# (a deepseek_v3 or deepseek_v32 config with an indexer), GLM-5 and vLLM 0.34's Mistral Large 4 on
+# FLASH_ATTN_MLA_SPARSE (platforms/cuda.py: SM90's first sparse backend for a 576-wide latent)
+ROW_ALIGNED_MLA = frozenset({"deepseek_v3", "deepseek_v32", "glm_moe_dsa", "mistral_large_4"})
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,8 @@ def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts
                                   f"({heads}), got {tp}")
             out.append(LayerCache(SLIDING, _split(heads, tp, "conv-state KV heads", facts.name) * head * 2, kernel,
                                   block_tokens=kernel))
-        elif kind == MLA and (facts.indexer_tokens > 1 or facts.model_type in ROW_ALIGNED_MLA):
+        elif kind == MLA and (facts.indexer_tokens > 1 or
+                              (facts.indexer_bytes and facts.model_type in ROW_ALIGNED_MLA)):
             # Hopper's sparse MLA backends read the latent as flat rows (align_blocks_to_rows): block strides in rows
             out.append(LayerCache(MLA, token, stride_bytes=token))
         else:

@@ -29,11 +29,15 @@ def deepseek_v32(config: dict) -> dict:
     specs = {}
     for i in range(config["num_hidden_layers"]):
         specs[f"model.layers.{i}.self_attn.attn"] = {"class": "MLAAttentionSpec", "fields": {
-            **_MLA_FIELDS, "head_size": latent, "dtype": {"__str__": "torch.bfloat16"}, "cache_role": "sparse"}}
+            **_MLA_FIELDS, "block_stride_alignment": latent * 2, "head_size": latent,
+            "dtype": {"__str__": "torch.bfloat16"}, "cache_role": "sparse"}}
         specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = {"class": "MLAAttentionSpec", "fields": {
             **_MLA_FIELDS, "head_size": index, "dtype": {"__str__": "torch.uint8"},
             "cache_role": "indexer"}}
-    # FlashMLA's sparse kernels take 64-token blocks (vllm/v1/attention/backends/mla/flashmla_sparse.py)
+    # On Hopper vLLM picks FLASH_ATTN_MLA_SPARSE for a 576-wide bf16 latent (vllm/platforms/cuda.py: the first of
+    # SM90's sparse backends; FLASHMLA_SPARSE, next, does the same here): its kernels take multiples of 64 tokens,
+    # as the indexer's do, and its customize_spec aligns block strides to whole latent rows
+    # (vllm/v1/attention/backends/mla/sparse_utils.py align_blocks_to_rows)
     return {"layer_specs": specs, "block_size": 64, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
