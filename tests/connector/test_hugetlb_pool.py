@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from spillway.core import vllm_api as V
-from support import require_vllm
+from support import hugepages, require_vllm
 from support.tools import skip_or_fail
 from support.vllm_trees import vllm_tree
 
@@ -30,7 +30,6 @@ from spillway_connector import hugetlb_pool, spec
 
 MiB = 1 << 20
 RELEASES = ["0.33.0", "0.34.0"]
-SYSFS = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
 CHUNKS, ROW, SLOT = 16, 4 * MiB, 2 * MiB  # 64 MiB: 32 huge pages, two workers' slots per row
 POOL_PAGES = CHUNKS * ROW // (2 * MiB)
 
@@ -82,24 +81,11 @@ print(json.dumps(out))
 """
 
 
-def _read(path: Path) -> int:
-    return int(path.read_text())
-
-
 @pytest.fixture
 def huge_pages(request):
     """Raises vm.nr_hugepages by the asked number of pages (indirect param) and puts the old value back."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None or not SYSFS.is_dir():
-        skip_or_fail("needs root, unshare and 2 MiB huge pages (/sys/kernel/mm/hugepages/hugepages-2048kB)")
-    old = _read(SYSFS / "nr_hugepages")
-    want = old + request.param
-    (SYSFS / "nr_hugepages").write_text(str(want))
-    try:
-        if _read(SYSFS / "nr_hugepages") < want:
-            skip_or_fail(f"the kernel gave {_read(SYSFS / 'nr_hugepages') - old} of {request.param} huge pages")
-        yield request.param
-    finally:
-        (SYSFS / "nr_hugepages").write_text(str(old))
+    with hugepages.reserved(request.param) as pages:
+        yield pages
 
 
 def _tree(release: str) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from spillway.core import vllm_api as V
 from spillway.core.geometry import geometry_from_config
 from spillway.core.planner import SHM_EXTRA_BYTES, NodeFacts, OffloadRequest, ServingRequest, plan
 from spillway.core.quantity import GiB, MiB
-from support.tools import skip_or_fail
+from support import hugepages
 
 LLAMA = geometry_from_config(catalog_config("meta-llama/Llama-3.1-8B-Instruct"), "meta-llama/Llama-3.1-8B-Instruct")
 NODE = {"allocatable_memory": 512 * GiB, "gpus": 8, "name": "h200", "cpu_millis": 128_000}
@@ -136,22 +135,11 @@ print(json.dumps(out))
 """
 
 
-NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
-
-
 @pytest.fixture
 def eight_huge_pages():
     """8 more 2 MiB pages for the test (vm.nr_hugepages), the old count put back after."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None or not NR_HUGEPAGES.exists():
-        skip_or_fail("needs root and unshare (a hugetlbfs mount in a private mount namespace, vm.nr_hugepages)")
-    old = int(NR_HUGEPAGES.read_text())
-    NR_HUGEPAGES.write_text(str(old + 8))
-    try:
-        if int(NR_HUGEPAGES.read_text()) < old + 8:
-            skip_or_fail("the kernel gave fewer than 8 huge pages")
+    with hugepages.reserved(8):
         yield
-    finally:
-        NR_HUGEPAGES.write_text(str(old))
 
 
 def test_vllms_region_on_a_kubelet_style_hugetlbfs_dev_shm():
