@@ -71,7 +71,8 @@ RING_ROW_BYTES = 1024  # step5/nvidia/csa_tail_ring.py: the ring's rows are 1 Ki
 # (vllm/v1/attention/backends/mla/sparse_utils.py align_blocks_to_rows: block strides in whole rows): DeepSeek-V3.2
 # (a deepseek_v3 or deepseek_v32 config with an indexer), GLM-5 and vLLM 0.34's Mistral Large 4 on
 # FLASH_ATTN_MLA_SPARSE (platforms/cuda.py: SM90's first sparse backend for a 576-wide latent)
-ROW_ALIGNED_MLA = frozenset({"deepseek_v3", "deepseek_v32", "glm_moe_dsa", "mistral_large_4"})
+# and Dots3Note's padded latent (Dots3NotePaddedSparseBackend: a FLASH_ATTN_MLA_SPARSE)
+ROW_ALIGNED_MLA = frozenset({"deepseek_v3", "deepseek_v32", "glm_moe_dsa", "mistral_large_4", "dots3_note"})
 
 
 @dataclass(frozen=True)
@@ -440,7 +441,9 @@ def _group_runs(runs: Mapping[LayerCache, int], block_size: int, kernel_block: i
             alignment = math.lcm(*(layer.stride_alignment(block_size) for layer in runs))
             return (CacheGroup(first.kind, sum(runs.values()), page, block_size, first.window, True, alignment),)
         if packed and len(runs) == len(attention):
-            return _packed_groups(runs, block_size, name)
+            if all(layer.kind in (FULL, SLIDING) for layer in runs):
+                return _packed_groups(runs, block_size, name)
+            return _packed_attention_buckets(runs, block_size, name)
         raise ModelGeometryUnknown(f"{name}: attention layers of different page sizes per token "
                                    f"{sorted(token_bytes)}")
     per_token = token_bytes.pop()
@@ -525,6 +528,21 @@ def _packed_hybrid_groups(runs: Mapping[LayerCache, int], block_size: int, kerne
         key = (_type_key(layer)[0], window, own)
         page = block * per_token if layer.kind == MAMBA else layer.page_bytes(block)
         bucket = buckets.setdefault(key, [layer.kind, own, window, {}, 1])
+        bucket[3][page] = bucket[3].get(page, 0) + count
+        bucket[4] = math.lcm(bucket[4], layer.stride_alignment(own))
+    return _packed_buckets(list(buckets.values()), name)
+
+
+def _packed_attention_buckets(runs: Mapping[LayerCache, int], block_size: int, name: str) -> tuple[CacheGroup, ...]:
+    """Attention of several types and pages without recurrent state (Dots3Note: sliding-window MLA beside sparse MLA
+    and its indexer's keys), as vLLM 0.33 groups it: one bucket per type (an MLA latent and its indexer's keys share
+    FullAttentionSpec's, _type_key), then _get_packed_kv_cache_groups' split (_packed_buckets)."""
+    buckets: dict[tuple, list] = {}  # type -> [kind, block, window, {page: layers}, alignment]
+    for layer, count in runs.items():
+        own = layer.block_tokens or block_size
+        window = layer.window if layer.kind in (SLIDING, CHUNKED) else None
+        bucket = buckets.setdefault((_type_key(layer)[0], window, own), [layer.kind, own, window, {}, 1])
+        page = layer.page_bytes(own)
         bucket[3][page] = bucket[3].get(page, 0) + count
         bucket[4] = math.lcm(bucket[4], layer.stride_alignment(own))
     return _packed_buckets(list(buckets.values()), name)

@@ -49,6 +49,8 @@ LAYER_TYPE_KINDS = {
 # vllm/model_executor/models/commandr.py, cohere2_moe.py: Cohere's sliding layers see [pos - window, pos], so vLLM
 # passes sliding_window + 1.
 WINDOW_OFFSET = {"cohere2": 1, "cohere2_moe": 1}
+# vllm/models/dots3_note/nvidia/model.py: its sliding MLA's window is sliding_window_size
+WINDOW_FIELD = {"dots3_note": "sliding_window_size"}
 # Multimodal wrappers keep the language model's config under one of these keys (vLLM's hf_text_config;
 # "llm_config": vllm/transformers_utils/config.py _CONFIG_ATTRS_MAPPING).
 # "decoder": an encoder-decoder's config, whose text config transformers' get_text_config finds there
@@ -794,6 +796,10 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
         head_dim = latent + ((text.get("qk_rope_head_dim") or 0) if model_type in KPOOL else
                              _int(text, "qk_rope_head_dim", name))
         kinds = [tuple(MLA if k == FULL else k for k in layer) for layer in kinds]
+        if model_type == "dots3_note":
+            # vllm/models/dots3_note/nvidia/model.py: the sliding layers' own MLA latent (swa_*), and the sparse
+            # layers' latent padded to its rows (Dots3NotePaddedMLAAttention physical_head_size)
+            head_dim = _int(text, "swa_kv_lora_rank", name) + _int(text, "swa_qk_rope_head_dim", name)
     elif attention and model_type == "minicpm3":
         # vllm/model_executor/models/minicpm3.py: Attention(heads, qk_nope + qk_rope, num_kv_heads=heads), its V
         # padded to that head size
@@ -835,7 +841,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
                                        "modelled")
         window = distinct.pop()
     elif SLIDING in flat:
-        window = _int(text, "sliding_window", name) + WINDOW_OFFSET.get(model_type, 0)
+        window = _int(text, WINDOW_FIELD.get(model_type, "sliding_window"), name) + WINDOW_OFFSET.get(model_type, 0)
     elif CHUNKED in flat:
         window = _int(text, "attention_chunk_size", name)
     indexer = 0

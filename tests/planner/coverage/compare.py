@@ -46,9 +46,6 @@ _REMOTE = ("vLLM's Transformers backend builds it from the checkpoint's own mode
 NO_TRUTH = {
     "Kolibri1ForCausalLM": _REMOTE,
     "NanbeigeForCausalLM": _REMOTE,
-    "Dots3NoteForCausalLM": "CUDA only (vllm/models/dots3_note/nvidia imports flash-attn), and its layers (sparse MLA "
-                            "padded to its sliding layers' rows, dense sliding-window MLA, an indexer) are not "
-                            "written from source",
     "DeepseekV41ForCausalLM": "CUDA and ROCm only (vllm/models/deepseek_v41 has no CPU implementation), its config "
                               "class has no text defaults, and its compressed sparse attention is not written from "
                               "source",

@@ -299,6 +299,20 @@ def _mistral_large_4() -> dict:
 
 WRITTEN["MistralLarge4ForCausalLM"] = _mistral_large_4
 
+# Dots3Note (vllm/transformers_utils/configs/dots3_note.py Dots3NoteConfig: DeepseekV3Config's defaults) reads its
+# sliding layers and their own MLA from fields the class does not default (vllm/models/dots3_note/nvidia/model.py):
+# layer_types, sliding_window_size and the swa_* MLA. The sliding latent is 1024 + 64 wide, the one head size its
+# sliding backend takes (attention.py Dots3NoteTritonMLABackend: 1088); the indexer DeepSeek-V3.2's
+# (DEEPSEEK_V32_INDEXER's sizes). Written, not a published config's values: three 4096-token sliding layers to one
+# sparse layer, the sliding layers' heads as the sparse ones', head-wise gates, no LoRA rescale.
+_DOTS3_LAYERS = 61  # DeepseekV3Config's
+PATCHES["Dots3NoteForCausalLM"] = {
+    "layer_types": ["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(_DOTS3_LAYERS)],
+    "sliding_window_size": 4096, "swa_num_attention_heads": 128, "swa_qk_nope_head_dim": 128,
+    "swa_qk_rope_head_dim": 64, "swa_v_head_dim": 128, "swa_q_lora_rank": 1536, "swa_kv_lora_rank": 1024,
+    "swa_rope_theta": 10000.0, "swa_attention_gate_type": "headwise", "attention_gate_type": "headwise",
+    "apply_mla_qkv_lora_rescale": False, "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
+
 # vLLM 0.34 serves UnlimitedOCR2TextForCausalLM only as the text model of an Unlimited-OCR-2 checkpoint: an
 # UnlimitedOCRForCausalLM config with a DASH sparse_attention_config, whose text config
 # UnlimitedOCRForCausalLMConfig.verify_and_update_model_config renames to this architecture

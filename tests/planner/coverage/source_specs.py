@@ -236,6 +236,39 @@ def muse_spark(config: dict) -> dict:
     return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
 
 
+def dots3_note(config: dict) -> dict:
+    """Dots3Note (vllm/models/dots3_note/nvidia, CUDA only: its towers import flash-attn). A sliding layer
+    (layer_types "sliding_attention") is a dense sliding-window MLA (Dots3NoteSlidingAttention: MLAAttention of the
+    swa_* latent, sliding_window_size): a SlidingWindowMLASpec on Dots3NoteTritonMLABackend, which leaves specs as
+    they are. Every other layer is DeepSeek-V3.2's sparse MLA with its indexer (Dots3NoteFullAttention), its latent
+    padded to the sliding layers' rows (Dots3NotePaddedMLAAttention: head_size swa_kv_lora_rank +
+    swa_qk_rope_head_dim; index-group leader) on Dots3NotePaddedSparseBackend, a FLASH_ATTN_MLA_SPARSE whose
+    customize_spec aligns block strides to whole rows and whose kernels take multiples of 64 tokens; the indexer's
+    fp8 keys as DeepSeek-V3.2's. 64-token blocks: the sparse and indexer kernels' (Triton MLA takes any multiple of
+    16). The model dtype's latents (bf16)."""
+    layers = config["num_hidden_layers"]
+    row = config["swa_kv_lora_rank"] + config["swa_qk_rope_head_dim"]
+    index = config["index_head_dim"] + config["index_head_dim"] // 128 * 4
+    block = 64
+    sliding = {"block_size": block, "dcp_sharded": True, "block_stride_alignment": None, "max_tp_shards": 1,
+               "num_kv_heads": 1, "head_size": row, "dtype": {"__str__": "torch.bfloat16"}, "head_size_v": 0,
+               "kv_quant_mode": 0, "page_size_padded": None, "num_head_slots": None, "state_content_bytes": None,
+               "tokens_per_state": 1, "sliding_window": config["sliding_window_size"], "extra_retained_tokens": 0,
+               "cache_dtype_str": "auto", "alignment": None, "model_version": None, "bounded_replay": False}
+    specs = {}
+    for i, kind in enumerate(config["layer_types"][:layers]):
+        if kind == "sliding_attention":
+            specs[f"model.layers.{i}.self_attn.attn"] = {"class": "SlidingWindowMLASpec", "fields": dict(sliding)}
+            continue
+        specs[f"model.layers.{i}.self_attn.attn"] = {"class": "MLAAttentionSpec", "fields": {
+            **_MLA_FIELDS, "block_size": block, "block_stride_alignment": row * 2, "head_size": row,
+            "dtype": {"__str__": "torch.bfloat16"}, "cache_role": "sparse", "is_index_group_leader": True}}
+        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = {"class": "MLAAttentionSpec", "fields": {
+            **_MLA_FIELDS, "block_size": block, "head_size": index, "dtype": {"__str__": "torch.uint8"},
+            "cache_role": "indexer"}}
+    return {"layer_specs": specs, "block_size": block, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+
+
 # vLLM 0.34's MLAAttentionSpec fields (vllm/v1/kv_cache_interface.py) beside _MLA_FIELDS (0.33's)
 _MLA_FIELDS_034 = {**_MLA_FIELDS, "is_draft": False, "kv_head_major_slots": False, "topk_buffer_width": None}
 
@@ -277,4 +310,4 @@ SOURCE_SPECS = {"DeepseekV32ForCausalLM": deepseek_v32, "GlmMoeDsaForCausalLM": 
                 "MiniMaxM3SparseForConditionalGeneration": minimax_m3, "Step5ForCausalLM": step5,
                 "Step5ForConditionalGeneration": step5, "Glm5NextForCausalLM": glm5_next,
                 "Glm5NextForConditionalGeneration": glm5_next, "MuseSparkForConditionalGeneration": muse_spark,
-                "MistralLarge4ForCausalLM": mistral_large_4}
+                "MistralLarge4ForCausalLM": mistral_large_4, "Dots3NoteForCausalLM": dots3_note}
