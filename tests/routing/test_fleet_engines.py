@@ -126,11 +126,10 @@ def test_a_restarted_replica_takes_its_share_and_no_client_sees_it(replicas, cap
     and started again on its port; requests come while it starts, the replica still listed as in the seconds
     before DNS drops a pod. Its refused connections go on along the ring; once it is Ready its arcs are its own
     again (its pool empty), so it takes its share of the next requests at once, and its prefixes come back from
-    the node-disk tier: its own slot, or the others' for the prefixes they computed while it was down. Its own
-    hit share per slice after Ready, against the steady share of the replicas whose pools kept their prefixes,
-    is printed (`warm`) and measured over runs in bench/fleet/README.md (issue 39's 90%), not asserted: a prompt
-    that follows one still being computed misses on any replica, and 10-15 requests a slice leave too few
-    misses to tell one more from the goal."""
+    the node-disk tier: its own slot, or the others' for the prefixes they computed while it was down. Over the
+    second half of the phase after Ready its own hit share is at least 90% of the steady share of the replicas
+    whose pools kept their prefixes (issue 39's goal; per slice in `warm`). Without the tier it stayed under
+    that in 2 runs of 4, with it it was the best possible in every slice of 6 runs (bench/fleet/README.md)."""
     r = asyncio.run(F.restart(replicas, pods, _workload(replicas, f"restart-{pods}"), restarted=0,
                               before_requests=40, down_requests=30, after_requests=120, concurrency=CONCURRENCY))
     _show(capsys, restart=r)
@@ -141,6 +140,7 @@ def test_a_restarted_replica_takes_its_share_and_no_client_sees_it(replicas, cap
     assert r["after"]["replica_shares"][0] >= EVEN / 2, r
     # its prefixes came back from the disk tier (its own slot, or the others' for those they took while it was down)
     assert sum(s["disk_hit_chunks"] for s in r["warm"]["slices"]) > 0, r
+    assert r["warm"]["second_half_hit_share"] >= F.WARM_FRACTION * r["warm"]["steady_hit_share"], r["warm"]
 
 
 def test_a_replica_that_dies_costs_no_client_an_error(replicas, capsys):
