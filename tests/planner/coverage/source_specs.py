@@ -92,11 +92,18 @@ def flint(config: dict) -> dict:
     global: Attention.get_kv_cache_spec gives a SlidingWindowSpec or a FullAttentionSpec, which FlashInfer's
     customize_spec leaves as they are outside NVFP4."""
     window = config["sliding_window"] if config.get("use_sliding_window", True) else None
-    heads = {"num_kv_heads": config["num_key_value_heads"], "head_size": config["head_dim"],
-             "head_size_v": config["head_dim"], "dtype": {"__str__": "torch.bfloat16"}}
+    return _sliding_or_full(config, "model.layers", window)
+
+
+def _sliding_or_full(text: dict, prefix: str, window: int | None) -> dict:
+    """Each of a text config's layers one plain Attention of num_key_value_heads heads of head_dim: a
+    SlidingWindowSpec of `window` where layer_types names it sliding (and a window is set), else a
+    FullAttentionSpec (Attention.get_kv_cache_spec), both as the backends named by the callers leave them."""
+    heads = {"num_kv_heads": text["num_key_value_heads"], "head_size": text["head_dim"],
+             "head_size_v": text["head_dim"], "dtype": {"__str__": "torch.bfloat16"}}
     specs = {}
-    for i, layer_type in enumerate(config["layer_types"][:config["num_hidden_layers"]]):
-        name = f"model.layers.{i}.self_attn.attn"
+    for i, layer_type in enumerate(text["layer_types"][:text["num_hidden_layers"]]):
+        name = f"{prefix}.{i}.self_attn.attn"
         if layer_type == "sliding_attention" and window is not None:
             specs[name] = {"class": "SlidingWindowSpec", "fields": {
                 "block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, **heads, "sliding_window": window,
@@ -220,20 +227,7 @@ def muse_spark(config: dict) -> dict:
     FullAttentionSpec. On Hopper a bf16 cache runs FLASH_ATTN, whose customize_spec leaves both as they are, at
     CUDA's default 16-token block. Its vision and audio towers keep no cache."""
     text = config["text_config"]
-    heads = {"num_kv_heads": text["num_key_value_heads"], "head_size": text["head_dim"],
-             "head_size_v": text["head_dim"], "dtype": {"__str__": "torch.bfloat16"}}
-    specs = {}
-    for i, layer_type in enumerate(text["layer_types"][:text["num_hidden_layers"]]):
-        name = f"language_model.model.layers.{i}.self_attn.attn"
-        if layer_type == "sliding_attention":
-            specs[name] = {"class": "SlidingWindowSpec", "fields": {
-                "block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, **heads, "sliding_window": text["sliding_window"],
-                "extra_retained_tokens": 0}}
-        else:
-            specs[name] = {"class": "FullAttentionSpec", "fields": {
-                "block_size": TRITON_BLOCK, **_ATTENTION_FIELDS, **heads, "sliding_window": None,
-                "attention_chunk_size": None, "non_causal": False}}
-    return {"layer_specs": specs, "block_size": TRITON_BLOCK, "mamba_ssm_cache_dtype": "auto", "attention_free": False}
+    return _sliding_or_full(text, "language_model.model.layers", text["sliding_window"])
 
 
 def dots3_note(config: dict) -> dict:
