@@ -116,10 +116,12 @@ def placement(kwargs: dict[str, Any], region_cls: Any) -> tuple[dict[str, Any] |
         return None, fallback + f"the region's {total} bytes are not whole 2 MiB pages"
     name = link_name(directory)
     file = os.path.join(directory, f"{POOL_FILE_PREFIX}{kwargs['engine_id']}.mmap")
-    # A rank that comes after the creator joins its file whatever pages are left (the creator's are taken).
-    if not os.path.exists(file) and available_huge_pages() < total // HUGE_PAGE:
-        return None, fallback + (f"{available_huge_pages()} free 2 MiB pages (node and cgroup), the pool needs "
-                                 f"{total // HUGE_PAGE}")
+    # A rank that comes after the creator joins its file whatever pages are left (the creator's are taken). The
+    # pages are read before the file is looked for: the creator makes the file before its mapping takes the pages,
+    # so a rank that saw them taken also sees the file, and no two ranks of one engine choose different backings.
+    free = available_huge_pages()
+    if free < total // HUGE_PAGE and not os.path.exists(file):
+        return None, fallback + f"{free} free 2 MiB pages (node and cgroup), the pool needs {total // HUGE_PAGE}"
     link = f"{SHM_PREFIX}{name}"
     try:
         os.symlink(directory, link)
@@ -133,6 +135,14 @@ def placement(kwargs: dict[str, Any], region_cls: Any) -> tuple[dict[str, Any] |
         placed["num_segments"] = 1
     return placed, (f"spillway_connector: the CPU offload pool ({total / 2**30:.2f} GiB) is on 2 MiB huge pages: "
                     f"{file} on the hugetlbfs mount {point}")
+
+
+def not_placed_line() -> str:
+    """The log line where the plan asked for huge pages but the region's spec keeps it off them; "" if not asked."""
+    if not os.environ.get(POOL_HUGEPAGES_DIR_ENV, "").strip():
+        return ""
+    return ("spillway_connector: the CPU offload pool is on 4 KiB pages in /dev/shm, not 2 MiB huge pages: vLLM's "
+            "tiering spec maps the pool in the engine core at its own /dev/shm path (spec.tiering_region)")
 
 
 def check_huge_pages(required_bytes: int, shm_path: str = "/dev/shm", *, allocation_name: str = "") -> None:

@@ -40,7 +40,7 @@ from spillway_connector.compat import (
     pool_capacity_chunks,
 )
 from spillway_connector.disk_tier import guarded_tier_configs, guarded_tiers
-from spillway_connector.hugetlb_pool import HUGE_PAGE, huge_page_check, placement
+from spillway_connector.hugetlb_pool import HUGE_PAGE, huge_page_check, not_placed_line, placement
 from spillway_connector.probes import PoolProbe, TransferProbe
 from spillway_connector.source_guard import logger, verified
 
@@ -130,16 +130,20 @@ def _populate_write_supported(base: int) -> bool:
     return _madvise()(base, mmap.PAGESIZE, _MADV_POPULATE_WRITE) == 0
 
 
-def shared_region(threads: int | None = None, region_cls: Any = None, **kwargs: Any) -> Any:
+def shared_region(threads: int | None = None, region_cls: Any = None, huge_pages: bool = True, **kwargs: Any) -> Any:
     """vLLM's SharedOffloadRegion(**kwargs), with the pages vLLM would pre-fault (this worker's slots, its shard of
     a replicated region, or the whole region) faulted from several threads. vLLM's constructor is told to fault
     none (populate_shard with no share of its own, which adds one barrier, on every worker alike), the same ranges
     are faulted here, and a replicated region's workers meet once more after, as vLLM's do after their shards.
     Where the region's code does not read as verified, or the kernel lacks MADV_POPULATE_WRITE, vLLM's own
     constructor does all of it. Where the plan put the pool on huge pages (SPILLWAY_POOL_HUGEPAGES_DIR), its file
-    is on that hugetlbfs mount (hugetlb_pool.py). `region_cls`: vLLM's class (tests pass another release's)."""
+    is on that hugetlbfs mount (hugetlb_pool.py), unless `huge_pages` is off. `region_cls`: vLLM's class (tests pass
+    another release's)."""
     region_cls = SharedOffloadRegion if region_cls is None else region_cls
-    placed, line = placement(kwargs, region_cls) if region_cls is not None else (None, "")
+    if not huge_pages:
+        placed, line = None, not_placed_line()
+    else:
+        placed, line = placement(kwargs, region_cls) if region_cls is not None else (None, "")
     if line:
         (logger.info if placed is not None else logger.warning)(line)
     if placed is None:
@@ -242,10 +246,15 @@ class SpillwayOffloadingSpec(_Probed, CPUOffloadingSpec):
 
 
 def tiering_region(spec: Any) -> Any:
-    """The region vLLM's TieringOffloadingSpec.create_worker builds for `spec`'s worker, by shared_region."""
+    """The region vLLM's TieringOffloadingSpec.create_worker builds for `spec`'s worker, by shared_region, never on
+    huge pages: vLLM's tiering get_manager maps the same region in the engine core (rank None, at its own
+    /dev/shm path: tiering/spec.py), which the connector does not build. A worker's region on the hugetlbfs mount
+    would be another file, and the disk tier would store bytes the workers never wrote and load chunks where the
+    workers never read them. The planner keeps a pool with a disk tier on 4 KiB pages (footprint.pool_pages)."""
     rank = 0 if spec.replicated_layout else spec.config.parallel.rank
     return shared_region(engine_id=spec._engine_id, num_chunks=spec.num_chunks, rank=rank,
-                         kv_bytes_per_chunk=spec.kv_bytes_per_chunk, cpu_page_size=spec.cpu_page_size_per_worker)
+                         kv_bytes_per_chunk=spec.kv_bytes_per_chunk, cpu_page_size=spec.cpu_page_size_per_worker,
+                         huge_pages=False)
 
 
 def tiering_create_worker_verified() -> bool:

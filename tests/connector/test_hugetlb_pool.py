@@ -275,3 +275,25 @@ def test_the_kubelets_root_owned_mount_needs_the_pods_group(huge_pages):
         if os.path.islink(_link(mount)):
             os.unlink(_link(mount))
         shutil.rmtree(holder, ignore_errors=True)
+
+
+def test_the_tiering_specs_region_never_goes_to_huge_pages(monkeypatch, caplog):
+    """vLLM's tiering spec maps the pool in the engine core too, at its own /dev/shm path, which the connector does
+    not build: a worker's region placed on the hugetlbfs mount would be another file than the disk tier reads and
+    writes. tiering_region keeps it in /dev/shm, and says so where the plan asked for huge pages."""
+    from types import SimpleNamespace
+
+    module = _region_module("0.34.0")
+    monkeypatch.setattr(spec, "SharedOffloadRegion", module.SharedOffloadRegion)
+    monkeypatch.setenv(V.ENV_POOL_HUGEPAGES_DIR, "/dev/hugepages-never-read")
+    monkeypatch.setattr(hugetlb_pool, "placement", lambda *_: pytest.fail("a tiering region was placed"))
+    tiering = SimpleNamespace(replicated_layout=False, config=SimpleNamespace(parallel=SimpleNamespace(rank=0)),
+                              _engine_id=f"test-{uuid.uuid4().hex[:8]}", num_chunks=4, kv_bytes_per_chunk=2 * MiB,
+                              cpu_page_size_per_worker=2 * MiB)
+    with caplog.at_level(logging.INFO, logger="spillway_connector"):
+        region = spec.tiering_region(tiering)
+    try:
+        assert region.mmap_path == f"/dev/shm/vllm_offload_{tiering._engine_id}.mmap"
+    finally:
+        region.cleanup()
+    assert any("vLLM's tiering spec maps the pool in the engine core" in r.getMessage() for r in caplog.records)

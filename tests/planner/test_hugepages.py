@@ -72,6 +72,21 @@ def test_the_native_connector_keeps_vllms_own_region():
                                 "(Spillway's connector puts it on the hugepages volume)")
 
 
+def test_a_disk_tier_keeps_the_pool_on_4k_pages():
+    """vLLM's tiering spec maps the pool in the engine core at its own /dev/shm path: a worker's region on the
+    hugetlbfs mount would be another file, and the disk tier would read and write bytes the workers never see."""
+    from spillway.core import disk_tier as dt
+
+    disk = dt.DiskTierRequest(enabled=True)
+    request = ServingRequest(offload=OffloadRequest(size="32Gi", disk=disk), vllm_version="0.34.0")
+    facts = {**NODE, "ephemeral_storage": 28 * 2**40}
+    p = plan(LLAMA, request, NodeFacts(**facts, hugepages_2mi=8 * 40 * GiB))
+    assert dt.active(p.disk) is not None and not p.pages.huge_pages, p.pages.why
+    assert p.pages.why.endswith("but with the disk tier vLLM's engine core maps the pool at its own path in /dev/shm")
+    assert V.ENV_POOL_HUGEPAGES_DIR not in p.env
+    assert p.pod == plan(LLAMA, request, NodeFacts(**facts)).pod
+
+
 def test_032_builds_its_own_region():
     p = planned(8 * 40 * GiB, version="0.32.0")
     assert not p.pages.huge_pages and "builds its region itself, in /dev/shm" in p.pages.why

@@ -179,10 +179,12 @@ class PoolPages:
 
 
 def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hugepages: int | None, replicas: int,
-               node_name: str, spillway_spec: bool = True) -> PoolPages:
+               node_name: str, spillway_spec: bool = True, disk_tier: bool = False) -> PoolPages:
     """Huge pages when Spillway's spec places the release's region on hugetlbfs and the replica's share of the node's
     hugepages-2Mi holds the pool, its rows rounded down to whole 2 MiB pages; else 4 KiB pages, pre-faulted, and
-    the reason."""
+    the reason. Never with a disk tier: vLLM's tiering spec maps the pool in the engine core too, at its own path in
+    /dev/shm (vllm/v1/kv_offload/tiering/spec.py get_manager), which the connector does not place, so the tier would
+    read and write another file than the workers' (spillway_connector/spec.py tiering_region)."""
     pool_bytes = chunks * chunk_bytes
     needed = -(-pool_bytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
     share = None if node_hugepages is None else node_hugepages // max(1, replicas) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
@@ -192,6 +194,10 @@ def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hug
     if share < needed:
         return PoolPages(False, 0, share, f"{fallback}: the replica's share of node {node_name}'s hugepages-2Mi is "
                                           f"{_gib(share)}, the pool needs {_gib(needed)}")
+    if disk_tier:
+        return PoolPages(False, 0, share, f"{fallback}: node {node_name}'s hugepages-2Mi would hold the pool "
+                                          f"({_gib(share)} per replica), but with the disk tier vLLM's engine core "
+                                          "maps the pool at its own path in /dev/shm")
     if release not in HUGETLBFS_REGION_RELEASES or not spillway_spec:
         how = ("pins torch tensors, which no file backs" if release < CHUNKED_PINNING_SINCE
                else "builds its region itself, in /dev/shm (Spillway's spec builds it from 0.33)" if release < (0, 33)

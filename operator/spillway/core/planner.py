@@ -520,7 +520,8 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
         prefault = prefault_env(engine, pool, request)
         if pool is not None:
             pages = pool_pages(groups.release, pool.chunks, pool.chunk_bytes, node.hugepages_2mi,
-                               node_plan.replicas_per_node, node.name, request.offload.connector == Connector.SPILLWAY)
+                               node_plan.replicas_per_node, node.name, request.offload.connector == Connector.SPILLWAY,
+                               disk_tier.active(disk) is not None)
             if pages.huge_pages:
                 pool = _on_huge_pages(shape, pool, pages.chunks)
                 huge_env = {api.ENV_POOL_HUGEPAGES_DIR: names.POOL_HUGEPAGES_MOUNT}  # the connector's hugetlbfs
