@@ -6,9 +6,7 @@ shares from the replicas' own /metrics.
 - 3 router pods (`--router-pods 3`, as the operator runs routing.router.replicas) hold 1 pod's CPU-pool hit
   share within 5 points: placement is a function of the prompt and the replica set, so every pod places a
   prefix where the others do;
-- a replica that joins takes at least half its even share of the next requests, through 1 router pod and 3,
-  and serves the prefixes it took over from the chunks the others wrote (the replicas share one node-disk
-  tier's directory, as a ModelServer's pods share a volume: each writes its own slot and reads the others');
+- a replica that joins takes at least half its even share of the next requests, through 1 router pod and 3;
 - a replica stopped and started again on its port, between requests, while requests keep coming: no client
   sees an error (a failed connection goes on to the next replica along the ring), every router pod sees the
   restart, and the replica takes at least half its even share of the requests after its Ready, through 1
@@ -42,8 +40,8 @@ LEAST_RING_SHARE = 0.2
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory):
-    with start_replicas(disk_root=tmp_path_factory.mktemp("node-disk")) as servers:
+def replicas():
+    with start_replicas() as servers:
         yield servers
 
 
@@ -84,8 +82,6 @@ def test_a_joining_replica_takes_its_share(replicas, capsys, pods):
     _show(capsys, scale_up=r)
     assert r["first_half_errors"] == 0 and r["client_errors"] == 0, r["error_samples"]
     assert r["joined_share"] >= EVEN / 2, r
-    # the prefixes its arcs took over were computed by the others: it read them from their disk-tier slots
-    assert r["sibling_chunks"][-1] > 0, r
 
 
 @pytest.mark.parametrize("pods", [1, 3])
@@ -125,11 +121,10 @@ def test_a_restarted_replica_takes_its_share_and_no_client_sees_it(replicas, cap
     """Requests through 1 or 3 router pods; replica 0's vLLM is stopped between requests (none in flight to it)
     and started again on its port; requests come while it starts, the replica still listed as in the seconds
     before DNS drops a pod. Its refused connections go on along the ring; once it is Ready its arcs are its own
-    again (its pool empty), so it takes its share of the next requests at once, and its prefixes come back from
-    the node-disk tier: its own slot, or the others' for the prefixes they computed while it was down. Over the
-    second half of the phase after Ready its own hit share is at least 90% of the steady share of the replicas
-    whose pools kept their prefixes (issue 39's goal; per slice in `warm`). Without the tier it stayed under
-    that in 2 runs of 4, with it it was the best possible in every slice of 6 runs (bench/fleet/README.md)."""
+    again (its pool empty), so it takes its share of the next requests at once. Its own hit share per slice after
+    Ready is printed (`warm`): on its pool alone it misses each prefix its arcs bring back once, and stayed under
+    issue 39's 90% of the steady share in 2 runs of 4; test_fleet_warm.py asserts the goal where the replicas
+    share a disk tier (bench/fleet/README.md)."""
     r = asyncio.run(F.restart(replicas, pods, _workload(replicas, f"restart-{pods}"), restarted=0,
                               before_requests=40, down_requests=30, after_requests=120, concurrency=CONCURRENCY))
     _show(capsys, restart=r)
@@ -138,9 +133,6 @@ def test_a_restarted_replica_takes_its_share_and_no_client_sees_it(replicas, cap
     assert r["down"]["requests"] > 0 and r["retries"] > 0, r  # requests did meet the stopped replica
     assert r["restarts_seen"] == pods, r  # every router pod read the new process start on its /metrics
     assert r["after"]["replica_shares"][0] >= EVEN / 2, r
-    # its prefixes came back from the disk tier (its own slot, or the others' for those they took while it was down)
-    assert sum(s["disk_hit_chunks"] for s in r["warm"]["slices"]) > 0, r
-    assert r["warm"]["second_half_hit_share"] >= F.WARM_FRACTION * r["warm"]["steady_hit_share"], r["warm"]
 
 
 def test_a_replica_that_dies_costs_no_client_an_error(replicas, capsys):
@@ -153,7 +145,6 @@ def test_a_replica_that_dies_costs_no_client_an_error(replicas, capsys):
         r = asyncio.run(F.die(replicas, 3, _workload(replicas, "die"), died=died, listed_requests=60,
                               after_requests=60, concurrency=CONCURRENCY))
     finally:
-        F.gone(replicas[died], len(replicas) - 1)  # its slot back, for the tests after this
         replicas[died].launch()
         replicas[died].wait_started()
     _show(capsys, die=r)

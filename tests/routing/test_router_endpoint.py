@@ -401,6 +401,36 @@ def test_a_lone_router_pod_reads_the_pods_only_at_their_resolve_pace(tmp_path, p
         assert reads >= 20, reads  # about 40 at 0.05 s
 
 
+def test_a_lone_router_pod_takes_a_restarted_pod_back_before_its_cooldown(tmp_path):
+    """A lone router pod reads every pod at --poll-seconds (here 30 s), but a pod whose circuit is open every
+    --load-poll-seconds: a pod that failed while it restarted is routed to again as soon as its new process is
+    read, not after the circuit's 10 s cooldown or the next read of every pod."""
+    pods = [Upstream(), Upstream()]
+    port = int(pods[0].url.rsplit(":", 1)[1])
+    router = RouterProcess(workers_file(tmp_path / "w", *pods), "--router-pods", "1", "--poll-seconds", "30",
+                           "--load-poll-seconds", "0.05")
+    back = None
+    try:
+        owned = [p for p in range(40) if json.loads(router.post(prompt(p, 0))[2])["worker"] == pods[0].url]
+        pods[0].stop()
+        for p in owned[:3]:  # three refused connections open its circuit; each request is served by the other
+            assert router.post(prompt(p, 1))[0] == 200
+        back = Upstream(port=port)
+        back.start_time = 2_000.0  # a new process
+        deadline = time.monotonic() + 5
+        while routing.ROUTER_METRIC_RESTARTS + f'{{worker="{pods[0].url}"}} 1.0' not in router.metrics():
+            assert time.monotonic() < deadline, "the restart was not read within 5 s"
+            time.sleep(0.05)
+        status, _, body = router.post(prompt(owned[0], 2))
+        assert (status, json.loads(body)["worker"]) == (200, pods[0].url)
+    finally:
+        log = router.stop()
+        pods[1].stop()
+        if back is not None:
+            back.stop()
+    assert len(_log_lines(log, "its circuit is open")) == 1
+
+
 def test_a_read_does_not_count_this_pods_own_answered_requests_as_anothers():
     """A replica's count is taken while its /metrics is read; requests this pod sends and sees answered in that
     time are in it, though in flight neither when the read began nor when it ended. They are this pod's own,

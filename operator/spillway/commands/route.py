@@ -699,17 +699,28 @@ def _start_probes(router: Router, tasks: set[asyncio.Task], workers) -> None:
 
 
 def loads_poll_s(settings: affinity.AffinitySettings, poll_s: float, load_poll_s: float) -> float:
-    """How often each pod's /metrics is read. A lone router pod counts every request in flight itself and uses
-    no report (affinity.loads), so it reads a pod only for its restart marks, at the pace it resolves the pods:
-    at load_poll_s it fetched each vLLM pod's whole /metrics (79 KB) four times a second for nothing."""
+    """How often every pod's /metrics is read. A lone router pod counts every request in flight itself and uses no
+    report (affinity.loads), so it reads the pods for their restart marks, at the pace it resolves them: at
+    load_poll_s it fetched each vLLM pod's whole /metrics (79 KB) four times a second for nothing. Pods whose
+    circuit is open are still read every load_poll_s (follow_loads): their restart closes the circuit."""
     return load_poll_s if settings.peers > 1 else max(poll_s, load_poll_s)
 
 
-async def follow_loads(router: Router, poll_s: float, stopped: asyncio.Event, tasks: set[asyncio.Task]) -> None:
-    """Read every worker's /metrics every poll_s."""
+async def follow_loads(router: Router, poll_s: float, stopped: asyncio.Event, tasks: set[asyncio.Task],
+                       all_every_s: float | None = None) -> None:
+    """Read every worker's /metrics every `all_every_s` (poll_s unless given), and those whose circuit is open
+    every poll_s: a pod that failed while restarting is taken back the moment its new process is read (its
+    restart forgets the circuit), not after the cooldown or the next read of every pod."""
+    every = poll_s if all_every_s is None else all_every_s
+    last_all = -math.inf
     while not stopped.is_set():
         if router.session is not None:
-            _start_probes(router, tasks, router.index.replicas)
+            now = time.monotonic()
+            if now - last_all >= every:
+                last_all = now
+                _start_probes(router, tasks, router.index.replicas)
+            else:
+                _start_probes(router, tasks, router.breaker.open(now))
         try:
             await asyncio.wait_for(stopped.wait(), poll_s)
         except TimeoutError:
@@ -834,8 +845,8 @@ async def serve(router: Router, discover: Callable[[], list[str]], *, host: str 
                 reason = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
                 raise ListenError(f"spillway route: cannot listen on {host[:80]}:{bind}: {reason}") from None
         probes: set[asyncio.Task] = set()
-        loads = asyncio.ensure_future(follow_loads(router, loads_poll_s(router.index.settings, poll_s, load_poll_s),
-                                                   stopped, probes))
+        loads = asyncio.ensure_future(follow_loads(router, load_poll_s, stopped, probes,
+                                                   loads_poll_s(router.index.settings, poll_s, load_poll_s)))
         try:
             await follow_workers(router, discover, poll_s, stopped, probes)
         finally:
