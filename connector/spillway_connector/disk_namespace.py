@@ -257,7 +257,10 @@ class SiblingFiles:
         return self._slots
 
     def get_file_name(self, key: Any) -> str:
-        path = self.own(key)
+        return self.locate(self.own(key))
+
+    def locate(self, path: str) -> str:
+        """Where the chunk whose own file is `path` can be read: `path` where it exists, else a sibling's."""
         if os.path.exists(path) or not path.startswith(self._own + os.sep):
             return path
         rest = path[len(self._own):]

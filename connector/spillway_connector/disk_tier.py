@@ -211,8 +211,9 @@ if FileSystemTierManager is not None:
             base = disk_namespace.rebase(self.file_mapper, self.spillway_slot.path, fields)
             own = self.spillway_slot.path
             self._own_file = self.file_mapper.get_file_name
-            if share is not None:
-                self.file_mapper = disk_namespace.SiblingFiles(self.file_mapper, root_dir, own)
+            self._siblings = None if share is None else disk_namespace.SiblingFiles(self.file_mapper, root_dir, own)
+            if self._siblings is not None:
+                self.file_mapper = self._siblings  # vLLM's lookup names files through it
             logger.info("disk tier: chunks under %s (namespace fields %s), checksum %s, sibling slots %s", base,
                         fields, "on" if self.checksums else "off", "read" if share is not None else "not read")
             self.spillway_index = DiskTierIndex(own, self.spillway_bound, namespace=os.path.basename(base),
@@ -275,7 +276,7 @@ if FileSystemTierManager is not None:
             self._load_job_keys[job_id] = keys
             self._job_block_counts[job_id] = len(keys)
             offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
-            found = [self.file_mapper.get_file_name(key) for key in keys]
+            found = paths if self._siblings is None else [self._siblings.locate(path) for path in paths]
             siblings = sum(f != p for f, p in zip(found, paths))
             if siblings:
                 self._spillway_sibling_jobs[job_id] = siblings

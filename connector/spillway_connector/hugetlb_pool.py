@@ -37,6 +37,7 @@ HUGE_PAGE = 2 << 20
 SHM_PREFIX = "/dev/shm/vllm_offload_"  # vLLM's f"/dev/shm/vllm_offload_{engine_id}.mmap", verified below
 POOL_FILE_PREFIX = "vllm_offload_"  # the file's name on the mount: the stale-pool sweep's pattern
 _SYSFS = "/sys/kernel/mm/hugepages/hugepages-2048kB"
+_FALLBACK = "spillway_connector: the CPU offload pool is on 4 KiB pages in /dev/shm, not 2 MiB huge pages: "
 _CGROUP = "/sys/fs/cgroup"
 
 # The code the huge-page placement relies on (0.33.0 and 0.34.0): the constructor's path, check, single-file mmap and
@@ -94,26 +95,26 @@ def link_name(directory: str) -> str:
 def placement(kwargs: dict[str, Any], region_cls: Any) -> tuple[dict[str, Any] | None, str]:
     """The region's arguments with its file on the hugetlbfs mount SPILLWAY_POOL_HUGEPAGES_DIR names, and a line
     for the log; (None, why) where the pool stays on 4 KiB pages."""
-    raw = os.environ.get(POOL_HUGEPAGES_DIR_ENV, "").strip()
+    raw = _planned_dir()
     if not raw:
         return None, ""
-    fallback = "spillway_connector: the CPU offload pool is on 4 KiB pages in /dev/shm, not 2 MiB huge pages: "
     if not verified("the pool on huge pages (hugetlb_pool.py)", hugetlbfs_functions(region_cls), HUGETLBFS_CODE) \
             or not hasattr(sys.modules[region_cls.__module__], "check_shm_free_space"):
-        return None, fallback + "vLLM's region code is not the code this was verified on (PATCHES.md entry 10)"
+        return None, _FALLBACK + "vLLM's region code is not the code this was verified on (PATCHES.md entry 10)"
     directory = os.path.realpath(raw)
     point, fstype = _mount_of(directory)
     if fstype != "hugetlbfs" or not os.path.isdir(directory):
-        return None, fallback + f"{raw} is not a hugetlbfs directory ({fstype or 'no mount'} at {point or '?'})"
+        return None, _FALLBACK + f"{raw} is not a hugetlbfs directory ({fstype or 'no mount'} at {point or '?'})"
     if not os.access(directory, os.W_OK | os.X_OK):  # the kubelet mounts it root's, 0755: the pod's fsGroup opens it
         info = os.stat(directory)
-        return None, fallback + (f"{raw} is not writable by uid {os.geteuid()} (owner {info.st_uid}:{info.st_gid}, "
+        return None, _FALLBACK + (f"{raw} is not writable by uid {os.geteuid()} (owner {info.st_uid}:{info.st_gid}, "
                                  f"mode {info.st_mode & 0o7777:o}; the pod's fsGroup makes it the pod's)")
-    if os.statvfs(directory).f_bsize != HUGE_PAGE:
-        return None, fallback + f"{raw}'s hugetlbfs pages are {os.statvfs(directory).f_bsize} bytes, not 2 MiB"
+    page = os.statvfs(directory).f_bsize
+    if page != HUGE_PAGE:
+        return None, _FALLBACK + f"{raw}'s hugetlbfs pages are {page} bytes, not 2 MiB"
     total = kwargs["num_chunks"] * kwargs["kv_bytes_per_chunk"]
     if total % HUGE_PAGE:
-        return None, fallback + f"the region's {total} bytes are not whole 2 MiB pages"
+        return None, _FALLBACK + f"the region's {total} bytes are not whole 2 MiB pages"
     name = link_name(directory)
     file = os.path.join(directory, f"{POOL_FILE_PREFIX}{kwargs['engine_id']}.mmap")
     # A rank that comes after the creator joins its file whatever pages are left (the creator's are taken). The
@@ -121,15 +122,15 @@ def placement(kwargs: dict[str, Any], region_cls: Any) -> tuple[dict[str, Any] |
     # so a rank that saw them taken also sees the file, and no two ranks of one engine choose different backings.
     free = available_huge_pages()
     if free < total // HUGE_PAGE and not os.path.exists(file):
-        return None, fallback + f"{free} free 2 MiB pages (node and cgroup), the pool needs {total // HUGE_PAGE}"
+        return None, _FALLBACK + f"{free} free 2 MiB pages (node and cgroup), the pool needs {total // HUGE_PAGE}"
     link = f"{SHM_PREFIX}{name}"
     try:
         os.symlink(directory, link)
     except FileExistsError:  # another rank made it, or a previous container in this pod
         if not (os.path.islink(link) and os.readlink(link) == directory):
-            return None, fallback + f"{link} exists and is not a link to {directory}"
+            return None, _FALLBACK + f"{link} exists and is not a link to {directory}"
     except OSError as exc:
-        return None, fallback + f"cannot link {link} to {directory}: {exc.strerror}"
+        return None, _FALLBACK + f"cannot link {link} to {directory}: {exc.strerror}"
     placed = dict(kwargs, engine_id=f"{name}/{POOL_FILE_PREFIX}{kwargs['engine_id']}")
     if "num_segments" in placed:
         placed["num_segments"] = 1
@@ -137,12 +138,17 @@ def placement(kwargs: dict[str, Any], region_cls: Any) -> tuple[dict[str, Any] |
                     f"{file} on the hugetlbfs mount {point}")
 
 
+def _planned_dir() -> str:
+    """The hugetlbfs directory the plan named (SPILLWAY_POOL_HUGEPAGES_DIR), or "" where it asked for none."""
+    return os.environ.get(POOL_HUGEPAGES_DIR_ENV, "").strip()
+
+
 def not_placed_line() -> str:
     """The log line where the plan asked for huge pages but the region's spec keeps it off them; "" if not asked."""
-    if not os.environ.get(POOL_HUGEPAGES_DIR_ENV, "").strip():
+    if not _planned_dir():
         return ""
-    return ("spillway_connector: the CPU offload pool is on 4 KiB pages in /dev/shm, not 2 MiB huge pages: vLLM's "
-            "tiering spec maps the pool in the engine core at its own /dev/shm path (spec.tiering_region)")
+    return _FALLBACK + "vLLM's tiering spec maps the pool in the engine core at its own /dev/shm path " \
+                       "(spec.tiering_region)"
 
 
 def check_huge_pages(required_bytes: int, shm_path: str = "/dev/shm", *, allocation_name: str = "") -> None:
