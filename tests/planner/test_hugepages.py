@@ -114,6 +114,92 @@ def test_share_rounds_down_to_whole_pages():
     assert pages.share_bytes == 4 * MiB  # 5 MiB + a byte per replica holds two 2 MiB pages
 
 
+TiB = 1024 * GiB
+
+
+def auto(memory: int, hugepages: int | None, version: str = "0.34.0", **offload):
+    request = ServingRequest(offload=OffloadRequest(**offload), vllm_version=version)
+    return plan(LLAMA, request, NodeFacts(memory, 8, name="h200", hugepages_2mi=hugepages))
+
+
+def test_auto_keeps_the_memory_pool_where_the_huge_page_share_holds_less():
+    """2 TiB of memory beside 400 GiB of huge pages, 8 replicas: 50 GiB of them each, the memory share 227.73 GiB."""
+    p, plain = auto(2 * TiB, 400 * GiB), auto(2 * TiB, None)
+    assert not p.pages.huge_pages and p.pool == plain.pool and p.pod == plain.pod
+    assert round(p.pool.gib, 2) == 227.73 and p.pages.share_bytes == 50 * GiB
+    assert p.pages.why == ("4 KiB pages: auto sized the pool from the replica's memory share, 227.73 GiB; its "
+                           "50.00 GiB of node h200's hugepages-2Mi hold less (50.00 GiB in whole pages of rows)")
+
+
+def test_auto_fills_the_huge_page_share_where_it_holds_more_than_memory():
+    """A node that reserved most of its memory as huge pages (allocatable memory excludes them): 400 GiB of memory
+    and 1600 GiB of hugepages-2Mi, 8 replicas. The memory share alone held 32.41 GiB; the pages hold 200 GiB."""
+    p, plain = auto(400 * GiB, 1600 * GiB), auto(400 * GiB, None)
+    assert round(plain.pool.gib, 2) == 32.41
+    assert p.pages.huge_pages and p.pool.bytes == p.pod.hugepages_bytes == p.pages.hugepages_bytes == 200 * GiB
+    assert p.pool.chunks == p.pages.chunks == 200 * GiB // p.pool.chunk_bytes
+    assert p.pool.tokens == 200 * GiB // (128 * 1024) and p.pool.requested == "auto"
+    assert p.pages.why == ("2 MiB huge pages: auto sized the pool from node h200's hugepages-2Mi, 200.00 GiB of the "
+                           "replica's 200.00 GiB, at least the 32.41 GiB its memory share holds; memory holds only "
+                           "its page tables")
+    # what the node holds for all its replicas: Guaranteed memory and huge pages, neither overcommitted
+    assert p.node.replicas_per_node * p.pod.memory_limit_bytes <= 400 * GiB
+    assert p.node.replicas_per_node * p.pod.hugepages_bytes <= 1600 * GiB
+    assert p.pod.memory_limit_bytes >= p.pool.footprint_bytes + SHM_EXTRA_BYTES + p.pod.process_reserve_bytes
+    assert p.pod.shm_bytes == SHM_EXTRA_BYTES and p.pod.memory_limit_bytes < plain.pod.memory_limit_bytes
+    config = json.loads(p.args[p.args.index(V.FLAG_KV_TRANSFER_CONFIG) + 1])
+    assert config["kv_connector_extra_config"][V.EXTRA_CPU_BYTES] == 200 * GiB
+    assert p.env[V.ENV_POOL_HUGEPAGES_DIR] == names.POOL_HUGEPAGES_MOUNT
+
+
+@pytest.mark.parametrize("size", ["32Gi", "0.5"])
+def test_a_size_or_a_fraction_is_not_grown_by_huge_pages(size):
+    p, plain = auto(400 * GiB, 1600 * GiB, size=size), auto(400 * GiB, None, size=size)
+    assert p.pages.huge_pages and p.pool.bytes == plain.pool.bytes
+
+
+@pytest.mark.parametrize(("version", "offload", "reason"), [
+    ("0.32.0", {}, "builds its region itself"), ("0.26.0", {}, "pins torch tensors"),
+    ("0.34.0", {"connector": "native"}, "creates its own region in /dev/shm with the native connector")])
+def test_auto_keeps_the_memory_pool_where_the_pool_cannot_be_on_huge_pages(version, offload, reason):
+    p, plain = auto(400 * GiB, 1600 * GiB, version, **offload), auto(400 * GiB, None, version, **offload)
+    assert not p.pages.huge_pages and p.pool == plain.pool and p.pod == plain.pod and reason in p.pages.why
+
+
+def test_auto_with_a_disk_tier_keeps_the_memory_pool():
+    from spillway.core import disk_tier as dt
+
+    request = ServingRequest(offload=OffloadRequest(disk=dt.DiskTierRequest(enabled=True)), vllm_version="0.34.0")
+    huge, plain = (plan(LLAMA, request, NodeFacts(400 * GiB, 8, "h200", ephemeral_storage=28 * TiB, hugepages_2mi=h))
+                   for h in (1600 * GiB, None))
+    assert dt.active(huge.disk) is not None and not huge.pages.huge_pages and huge.pool == plain.pool
+    assert huge.pages.why.endswith("but with the disk tier vLLM's engine core maps the pool at its own path in /dev/shm")
+
+
+def test_auto_pool_pages_at_the_boundary():
+    """At least the memory pool's rows: an equal count goes on huge pages; one row short keeps the memory pool;
+    rows of 3 MiB (whole pages every 2 rows) keep today's placement of the memory pool, a row given up."""
+    big = 64 * GiB
+    equal = fp.auto_pool_pages((0, 34), 10, 8 * MiB, 80 * MiB, 1, "n", big, 1)
+    assert equal.huge_pages and equal.chunks == 10
+    short = fp.auto_pool_pages((0, 34), 10, 8 * MiB, 78 * MiB, 1, "n", big, 1)
+    assert not short.huge_pages and short.why == ("4 KiB pages: auto sized the pool from the replica's memory share, "
+                                                  "0.08 GiB; its 0.08 GiB of node n's hugepages-2Mi hold less "
+                                                  "(0.07 GiB in whole pages of rows)")
+    odd = fp.auto_pool_pages((0, 34), 5, 3 * MiB, 16 * MiB, 1, "n", big, 1)
+    assert odd == fp.pool_pages((0, 34), 5, 3 * MiB, 16 * MiB, 1, "n") and odd.huge_pages and odd.chunks == 4
+
+
+def test_the_memory_budget_bounds_a_huge_pool_by_its_page_tables():
+    """Huge pages take the pool out of memory, but not its page tables (8 bytes per 2 MiB page per rank) and slack:
+    the pod's memory limit holds them, so they bound the pool too."""
+    budget = fp.MMAP_POOL_OVERHEAD + 1000 * 8 * 2  # page tables of 1000 pages on 2 ranks
+    pages = fp.auto_pool_pages((0, 34), 10, 2 * MiB, 64 * TiB, 1, "n", budget, 2)
+    assert pages.huge_pages and pages.chunks == 1000
+    assert fp.huge_page_footprint((0, 34), pages.hugepages_bytes, 2).charged_bytes <= budget
+    assert fp.huge_page_footprint((0, 34), pages.hugepages_bytes + 2 * MiB, 2).charged_bytes > budget
+
+
 def _trees() -> list[Path]:
     return [Path(t) for t in os.environ.get("SPILLWAY_VLLM_TREES", "").split(os.pathsep) if t]
 

@@ -126,3 +126,15 @@ def test_node_hugepages_put_the_pool_on_them_and_say_so():
     plan = json.loads(out.stdout)
     assert plan["pod"]["hugepages_bytes"] == 32 * 2**30 and plan["pages"]["huge_pages"]
     assert plan["vllm"]["env"][api.ENV_POOL_HUGEPAGES_DIR]
+
+
+def test_auto_says_which_share_sized_the_pool():
+    base = ("plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpus-per-node", "8")
+    memory = spillway(*base, "--node-memory", "2Ti", "--node-hugepages", "400Gi")
+    assert memory.returncode == 0, memory.stderr
+    assert "pages        4 KiB pages: auto sized the pool from the replica's memory share, 227.73 GiB; its 50.00 GiB" \
+        in memory.stdout
+    huge = spillway(*base, "--node-memory", "400Gi", "--node-hugepages", "1600Gi")
+    assert huge.returncode == 0, huge.stderr
+    assert "size         200.0 GiB (--kv-offloading-size 200.000 GiB, asked: auto)" in huge.stdout
+    assert "hugepages-2Mi    200.0 GiB (request = limit: the pool)" in huge.stdout

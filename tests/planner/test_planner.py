@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from spillway.adapters.model_config import catalog_ids, geometry_of, resolve_geometry
+from spillway.core import footprint as fp
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec, ModelGeometryUnknown, NoEligibleNodes, PoolDoesNotFit, SpillwayError
 from spillway.core.geometry import DEFAULT_BLOCK_SIZE, ModelGeometry, geometry_from_config
@@ -124,7 +125,8 @@ def test_plan_invariants(geometry, node, size, tp, block_size, cache_dtype, vers
        st.floats(0, 1.5), st.data())
 def test_plan_invariants_with_huge_pages(geometry, node, size, tp, version, fraction, data):
     """The pool on hugepages-2Mi (footprint.pool_pages): whole 2 MiB pages of rows within the replica's share, out
-    of the memory limit and /dev/shm; else the pod planned without them."""
+    of the memory limit and /dev/shm; else the pod planned without them. `auto` fills the share where it holds at
+    least the memory share's pool (footprint.auto_pool_pages)."""
     assume(geometry.num_attention_heads % tp == 0 and tp <= node.gpus)
     assume(geometry.attention == "mla" or geometry.num_kv_heads % tp == 0 or tp % geometry.num_kv_heads == 0)
     replicas = data.draw(st.one_of(st.none(), st.integers(1, node.gpus // tp)))
@@ -142,8 +144,16 @@ def test_plan_invariants_with_huge_pages(geometry, node, size, tp, version, frac
         return
     step = 2 * MiB // math.gcd(pool.chunk_bytes, 2 * MiB)
     assert pool.bytes % (2 * MiB) == 0 and pool.bytes == pool.chunks * pool.chunk_bytes
-    assert plain.pool.chunks - step < pool.chunks <= plain.pool.chunks  # whole pages, at most a step of rows less
+    if size == "auto" and pool.chunks >= plain.pool.chunks:
+        event("auto on the huge pages' share")
+        more = fp.huge_page_footprint(result.groups.release, pool.bytes + step * pool.chunk_bytes, tp).charged_bytes
+        # as large as the share allows, unless the memory share cannot hold a step more of page tables
+        assert pool.bytes + step * pool.chunk_bytes > pages.share_bytes or \
+            more > result.node.share_bytes - result.node.fixed_bytes
+    else:
+        assert plain.pool.chunks - step < pool.chunks <= plain.pool.chunks  # whole pages, at most a step of rows less
     assert pod.hugepages_bytes == pool.bytes <= pages.share_bytes <= hugepages // result.node.replicas_per_node
+    assert result.node.replicas_per_node * pod.memory_limit_bytes <= node.allocatable_memory
     assert pool.shm_pool_bytes == 0 and pod.shm_bytes == SHM_EXTRA_BYTES
     assert pod.memory_limit_bytes >= pool.footprint_bytes + SHM_EXTRA_BYTES + pod.process_reserve_bytes
     assert pod.memory_limit_bytes < plain.pod.memory_limit_bytes

@@ -156,10 +156,14 @@ HUGE_PAGE_TABLE_FRACTION = 8 / HUGE_PAGE_BYTES  # one 8-byte PMD entry per 2 MiB
 def huge_page_footprint(release: tuple[int, int], pool_bytes: int, ranks: int) -> Footprint:
     """The pool's cost to the memory cgroup on huge pages: its pages are the hugetlb cgroup's (the hugepages-2Mi
     request), so only page tables and the slack stay; nothing in /dev/shm."""
-    charged = int(pool_bytes * HUGE_PAGE_TABLE_FRACTION * ranks) + MMAP_POOL_OVERHEAD
+    charged = _huge_charged(pool_bytes, ranks)
     rule = (f"vLLM {release[0]}.{release[1]} maps one {_gib(pool_bytes)} region on 2 MiB huge pages (hugepages-2Mi, "
             f"not memory): page tables of {ranks} rank(s) and a slack are what memory holds")
     return Footprint(pool_bytes, charged, 0, 1, rule)
+
+
+def _huge_charged(pool_bytes: int, ranks: int) -> int:
+    return int(pool_bytes * HUGE_PAGE_TABLE_FRACTION * ranks) + MMAP_POOL_OVERHEAD
 
 
 def huge_page_rows(chunk_bytes: int) -> int:
@@ -175,7 +179,8 @@ class PoolPages:
     hugepages_bytes: int  # the hugepages-2Mi request = limit; 0 on 4 KiB pages
     share_bytes: int | None  # the replica's share of the node's allocatable hugepages-2Mi; None when unknown
     why: str  # one line, for the status and `spillway plan`
-    chunks: int = 0  # the pool's chunks on huge pages: whole pages of rows (at most the planned chunks); 0 on 4 KiB
+    chunks: int = 0  # the pool's chunks on huge pages: whole pages of rows (auto: as many as the share holds); 0 on
+    # 4 KiB pages
 
 
 def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hugepages: int | None, replicas: int,
@@ -187,7 +192,7 @@ def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hug
     read and write another file than the workers' (spillway_connector/spec.py tiering_region)."""
     pool_bytes = chunks * chunk_bytes
     needed = -(-pool_bytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
-    share = None if node_hugepages is None else node_hugepages // max(1, replicas) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    share = hugepage_share(node_hugepages, replicas)
     fallback = "4 KiB pages"  # pre-faulted as the plan's env and connector say (SPILLWAY_PREFAULT_THREADS)
     if share is None:
         return PoolPages(False, 0, None, f"{fallback}: node {node_name}'s allocatable hugepages-2Mi is not known")
@@ -198,7 +203,7 @@ def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hug
         return PoolPages(False, 0, share, f"{fallback}: node {node_name}'s hugepages-2Mi would hold the pool "
                                           f"({_gib(share)} per replica), but with the disk tier vLLM's engine core "
                                           "maps the pool at its own path in /dev/shm")
-    if release not in HUGETLBFS_REGION_RELEASES or not spillway_spec:
+    if not on_hugetlbfs(release, spillway_spec):
         how = ("pins torch tensors, which no file backs" if release < CHUNKED_PINNING_SINCE
                else "builds its region itself, in /dev/shm (Spillway's spec builds it from 0.33)" if release < (0, 33)
                else "creates its own region in /dev/shm with the native connector (Spillway's connector puts it on "
@@ -214,6 +219,57 @@ def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hug
     return PoolPages(True, whole * chunk_bytes, share,
                      f"2 MiB huge pages: {_gib(whole * chunk_bytes)} of node {node_name}'s hugepages-2Mi "
                      f"({_gib(share)} per replica){given_up}; memory holds only its page tables", whole)
+
+
+def hugepage_share(node_hugepages: int | None, replicas: int) -> int | None:
+    """One replica's whole 2 MiB pages of the node's allocatable hugepages-2Mi; None when unknown."""
+    if node_hugepages is None:
+        return None
+    return node_hugepages // max(1, replicas) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+
+
+def on_hugetlbfs(release: tuple[int, int], spillway_spec: bool) -> bool:
+    """Whether the pool's region is a file Spillway's spec places, so that it can be on the hugetlbfs mount."""
+    return release in HUGETLBFS_REGION_RELEASES and spillway_spec
+
+
+def largest_huge_pool(share: int, chunk_bytes: int, memory_budget: int, ranks: int) -> int:
+    """The most chunk rows, whole 2 MiB pages of them, that `share` bytes of hugepages-2Mi hold while their page
+    tables and slack (huge_page_footprint) fit `memory_budget`: the pod's memory still holds what the pool costs it."""
+    step = huge_page_rows(chunk_bytes)
+    step_bytes = step * chunk_bytes
+    steps = share // step_bytes
+    tables = step_bytes * HUGE_PAGE_TABLE_FRACTION * ranks
+    steps = min(steps, max(0, int((memory_budget - MMAP_POOL_OVERHEAD) // tables)))
+    while steps > 0 and _huge_charged(steps * step_bytes, ranks) > memory_budget:
+        steps -= 1  # the float division above may round one step over
+    return steps * step
+
+
+def auto_pool_pages(release: tuple[int, int], memory_chunks: int, chunk_bytes: int, node_hugepages: int | None,
+                    replicas: int, node_name: str, memory_budget: int, ranks: int, spillway_spec: bool = True,
+                    disk_tier: bool = False) -> PoolPages:
+    """offload.size auto's pages and size. On Kubernetes allocatable memory excludes the huge pages a node reserves,
+    so a node that reserved them meant them for something: where the replica's share of them holds at least the
+    `memory_chunks` its memory share holds, the pool is as large as that share allows (largest_huge_pool), however
+    small its memory share. Else the memory pool, placed as pool_pages places any pool (on huge pages still where
+    whole pages of its rows fit the share), with the comparison said."""
+    pages = pool_pages(release, memory_chunks, chunk_bytes, node_hugepages, replicas, node_name, spillway_spec,
+                       disk_tier)
+    if pages.share_bytes is None or disk_tier or not on_hugetlbfs(release, spillway_spec):
+        return pages
+    share, memory = pages.share_bytes, _gib(memory_chunks * chunk_bytes)
+    chunks = largest_huge_pool(share, chunk_bytes, memory_budget, ranks)
+    if chunks >= memory_chunks:
+        return PoolPages(True, chunks * chunk_bytes, share,
+                         f"2 MiB huge pages: auto sized the pool from node {node_name}'s hugepages-2Mi, "
+                         f"{_gib(chunks * chunk_bytes)} of the replica's {_gib(share)}, at least the {memory} its "
+                         "memory share holds; memory holds only its page tables", chunks)
+    if pages.huge_pages:
+        return pages
+    return PoolPages(False, 0, share, f"4 KiB pages: auto sized the pool from the replica's memory share, {memory}; "
+                                      f"its {_gib(share)} of node {node_name}'s hugepages-2Mi hold less "
+                                      f"({_gib(chunks * chunk_bytes)} in whole pages of rows)")
 
 
 def _gib(n: int) -> str:

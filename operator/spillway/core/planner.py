@@ -11,7 +11,8 @@ Memory model of one replica (one pod, `tensor_parallel_size` GPUs):
     shm         = what the pool holds in /dev/shm + SHM_EXTRA_BYTES (NCCL, vLLM's message queues)
     huge pages  = where the node's hugepages-2Mi hold the pool (footprint.pool_pages): the pool's rows rounded down
                   to whole 2 MiB pages, requested as hugepages-2Mi (request = limit) on a hugetlbfs emptyDir; the
-                  footprint is then its page tables only and /dev/shm holds none of it
+                  footprint is then its page tables only and /dev/shm holds none of it. `auto` fills the replica's
+                  share of them where it holds at least the pool its memory share holds (footprint.auto_pool_pages)
     reserve     = PROCESS_RESERVE_BASE + PROCESS_RESERVE_PER_RANK x TP
                   (API server, engine core, one worker per rank: Python, torch, CUDA context,
                   model loading buffers, NCCL; #53042 saw ~8.75 GiB anonymous memory per rank)
@@ -38,6 +39,7 @@ from .footprint import (
     MAX_PIN_CALL_BYTES,
     Footprint,
     PoolPages,
+    auto_pool_pages,
     footprint,
     huge_page_footprint,
     largest_pin_call,
@@ -393,6 +395,19 @@ def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> Po
                     str(offload.size), cost.charged_bytes, cost.shm_bytes, cost.rule, f"{release[0]}.{release[1]}")
 
 
+def _pool_pages(shape: _PoolShape, pool: PoolPlan, node: NodeFacts, node_plan: NodePlan, offload: OffloadRequest,
+                tiered: bool) -> PoolPages:
+    """Where the pool's pages come from; for auto also how many rows (footprint.auto_pool_pages): a node's huge
+    pages can hold a larger pool than its memory share."""
+    spillway = offload.connector == Connector.SPILLWAY
+    if parse_size(offload.size, "offload size")[0] == "auto":
+        return auto_pool_pages(shape.groups.release, pool.chunks, pool.chunk_bytes, node.hugepages_2mi,
+                               node_plan.replicas_per_node, node.name, node_plan.share_bytes - node_plan.fixed_bytes,
+                               shape.ranks, spillway, tiered)
+    return pool_pages(shape.groups.release, pool.chunks, pool.chunk_bytes, node.hugepages_2mi,
+                      node_plan.replicas_per_node, node.name, spillway, tiered)
+
+
 def _on_huge_pages(shape: _PoolShape, pool: PoolPlan, chunks: int) -> PoolPlan:
     """`pool` with `chunks` rows (whole 2 MiB pages) on huge pages: hugepages-2Mi, not memory, holds them."""
     cost = huge_page_footprint(shape.groups.release, chunks * pool.chunk_bytes, shape.ranks)
@@ -519,9 +534,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
                                    reload.qualified_gbps if reload else None, qualified is not None)
         prefault = prefault_env(engine, pool, request)
         if pool is not None:
-            pages = pool_pages(groups.release, pool.chunks, pool.chunk_bytes, node.hugepages_2mi,
-                               node_plan.replicas_per_node, node.name, request.offload.connector == Connector.SPILLWAY,
-                               disk_tier.active(disk) is not None)
+            pages = _pool_pages(shape, pool, node, node_plan, request.offload, disk_tier.active(disk) is not None)
             if pages.huge_pages:
                 pool = _on_huge_pages(shape, pool, pages.chunks)
                 huge_env = {api.ENV_POOL_HUGEPAGES_DIR: names.POOL_HUGEPAGES_MOUNT}  # the connector's hugetlbfs
