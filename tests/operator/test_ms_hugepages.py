@@ -103,3 +103,41 @@ def test_nodes_without_the_pages_keep_every_pod_on_4k_pages():
     assert not any(k.startswith("hugepages-") for part in container["resources"].values() for k in part)
     both = desired(body, [nodes[0], summarize_node(hugepage_node("c-huge", "800Gi"))])
     assert both.plan.pages.huge_pages
+
+
+def test_auto_fills_the_nodes_huge_page_share_in_the_status_and_the_pod():
+    """A node whose memory is mostly reserved as huge pages: allocatable memory 400 GiB beside 1600 GiB of
+    hugepages-2Mi, 8 replicas. The memory share alone holds a 32.41 GiB pool; the huge pages hold 200 GiB each."""
+    body = modelserver()
+    result = desired(body, [summarize_node(hugepage_node("g", "1600Gi", memory="400Gi"))])
+    status = status_plan(result)
+    assert status["offloadBytes"] == 200 * GiB and status["cachedTokens"] == 200 * GiB // (128 * 1024)
+    assert status["poolPages"].startswith("2 MiB huge pages: auto sized the pool from node g's hugepages-2Mi, "
+                                          "200.00 GiB of the replica's 200.00 GiB, at least the 32.41 GiB")
+    container = next(o for o in result.objects if o["kind"] == "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]
+    limits = container["resources"]["limits"]
+    assert limits[names.HUGEPAGES_2MI_RESOURCE] == "204800Mi"
+    assert 8 * parse_bytes(limits["memory"]) <= 400 * GiB
+
+
+def test_auto_on_nodes_of_which_some_lack_huge_pages_is_the_memory_pool():
+    """The mixed rule holds for auto too: every class plans its memory pool on 4 KiB pages, the one the node without
+    huge pages would plan."""
+    nodes = [summarize_node(hugepage_node("a-huge", "1600Gi", memory="400Gi")),
+             summarize_node(hugepage_node("b-plain", None, memory="400Gi"))]
+    result = desired(modelserver(), nodes)
+    alone = desired(modelserver(), nodes[1:])
+    assert not result.plan.pages.huge_pages and result.plan.pool == alone.plan.pool
+    assert result.plan.pod.hugepages_bytes == 0 and round(result.plan.pool.gib, 2) == 32.41
+    assert status_plan(result)["poolPages"].startswith("4 KiB pages: the hugepages-2Mi of node(s) a-huge would hold")
+
+
+def test_node_classes_with_huge_pages_of_different_shares_get_the_smallest():
+    """auto sizes each class's pool from its own share of huge pages, and their memory limits differ by page tables
+    alone (here the same MiB): the pod with the larger pool would stay pending on the class with fewer pages."""
+    nodes = [summarize_node(hugepage_node("a-large", "1600Gi", memory="400Gi")),
+             summarize_node(hugepage_node("b-small", "800Gi", memory="400Gi"))]
+    result = desired(modelserver(), nodes)
+    assert result.plan.pod.hugepages_bytes == result.plan.pool.bytes == 100 * GiB
+    assert result.node.name == "b-small"

@@ -78,7 +78,9 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
         # class holds it, every class plans it on 4 KiB pages, so the pod still fits wherever it lands.
         plans = [(plan_cache.cached_plan(geometry, key, request, replace(c[0].facts(), hugepages_2mi=None))
                   if c[0].name in huge else p, n) for (p, n), c in zip(plans, smallest_first, strict=True)]
-    chosen, node = min(plans, key=lambda p: (p[0].pod.memory_limit_bytes, p[1].name))
+    # The fewest huge pages first: where every class holds the pool on them, an auto pool is sized from each class's
+    # own share of them, and a pod with less memory but more huge pages would stay pending on the class with fewer.
+    chosen, node = min(plans, key=lambda p: (p[0].pod.hugepages_bytes, p[0].pod.memory_limit_bytes, p[1].name))
     if huge and len(huge) < len(plans) and chosen.pages is not None:
         others = [n.name for _, n in plans if n.name not in huge]
         chosen = replace(chosen, pages=replace(chosen.pages, huge_pages=False, hugepages_bytes=0, chunks=0, why=(
