@@ -43,6 +43,24 @@ def test_described_node_cpus_set_the_api_servers_like_a_node_with_that_cpu():
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--node-cpus" in bad.stderr
 
 
+def test_described_node_hugepages_render_the_pool_on_them_like_a_node_with_them():
+    done = spillway("-f", str(EXAMPLE), "--node-memory", "400Gi", "--gpus-per-node", "8", "--node-hugepages", "1600Gi")
+    assert done.returncode == 0, done.stderr
+    deployment = next(yaml.safe_load_all(done.stdout))
+    pod = deployment["spec"]["template"]["spec"]
+    resources = pod["containers"][0]["resources"]
+    # auto on 200 GiB of huge pages a replica: the memory share alone held 32.41 GiB
+    assert resources["limits"][names.HUGEPAGES_2MI_RESOURCE] == resources["requests"][names.HUGEPAGES_2MI_RESOURCE] \
+        == "204800Mi"
+    assert {"name": names.VOLUME_POOL_HUGEPAGES, "emptyDir": {"medium": "HugePages-2Mi"}} in pod["volumes"]
+    assert "200.0 GiB of hugepages-2Mi" in done.stdout.splitlines()[0]
+    body = yaml.safe_load(EXAMPLE.read_text())
+    node = summarize_node(synthetic_node("400Gi", 8, labels=body["spec"]["nodeSelector"], hugepages_2mi="1600Gi"))
+    assert deployment == json.loads(json.dumps(desired(body, [node]).objects[0]))
+    bad = spillway("-f", str(EXAMPLE), "--node-memory", "400Gi", "--gpus-per-node", "8", "--node-hugepages", "lots")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--node-hugepages" in bad.stderr
+
+
 def test_nodes_file_json_output_and_pod_monitor(tmp_path):
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [

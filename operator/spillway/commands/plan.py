@@ -29,8 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--node-memory", help="node allocatable memory, e.g. 512Gi")
     p.add_argument("--gpus-per-node", type=int)
     p.add_argument("--node-cpus", help="node allocatable CPU, e.g. 16 or 15500m (sets the API servers)")
-    p.add_argument("--node-hugepages", help="node allocatable hugepages-2Mi, e.g. 320Gi (the pool goes on 2 MiB "
-                   "huge pages where the replica's share holds it)")
+    add_node_hugepages(p)
     p.add_argument("--offload-size", default="auto", help="auto | fraction of the replica's share | quantity")
     p.add_argument("--offload-block-size", type=int, help="tokens per offloaded chunk (multiple of --block-size)")
     p.add_argument("--eviction-policy", default=EvictionPolicy.LRU.value, choices=choices(EvictionPolicy))
@@ -62,6 +61,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--revision", default="main", help="model revision for --allow-hub")
     p.add_argument("--output", "-o", default="text", choices=["text", "json"])
     p.set_defaults(func=run)
+
+
+def add_node_hugepages(parser: argparse.ArgumentParser) -> None:
+    """--node-hugepages, one flag for the two commands that describe a node (`spillway plan`, `spillway render`)."""
+    parser.add_argument("--node-hugepages", help="node allocatable hugepages-2Mi, e.g. 1600Gi (the pool goes on 2 MiB "
+                        "huge pages where the replica's share holds it; auto fills that share where it holds at least "
+                        "the pool the memory share would)")
 
 
 def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None = None,

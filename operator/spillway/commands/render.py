@@ -19,6 +19,7 @@ from ..controller.spec import ModelServerSpec, check_document, parse_spec
 from ..core import k8s_names as names
 from ..core.errors import InvalidSpec
 from ..core.quantity import parse_bytes, parse_cpu_millis
+from .plan import add_node_hugepages
 
 MAX_INPUT_BYTES = 16 * 2**20  # ModelServer, Node and config.json files: far more than any real one
 
@@ -32,6 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--node-cpus", help="allocatable CPU of the GPU nodes, e.g. 128 (sets the API servers)")
     p.add_argument("--node-ephemeral-storage", help="allocatable ephemeral storage of the GPU nodes, e.g. 3Ti "
                    "(sizes an emptyDir disk tier)")
+    add_node_hugepages(p)
     p.add_argument("--nodes", metavar="PATH", help="Node objects (kubectl get nodes -o yaml) instead of the two above")
     p.add_argument("--model-config", metavar="PATH", help="config.json for a modelConfig.configMapRef")
     p.add_argument("--pod-monitor", action="store_true", help="also render the PodMonitor (clusters with the "
@@ -90,11 +92,12 @@ def _nodes(args: argparse.Namespace, spec: ModelServerSpec) -> list[NodeSummary]
     if args.node_cpus is not None:
         parse_cpu_millis(args.node_cpus, "--node-cpus")  # a bad value is an error here, not an unknown CPU
     # The described node carries the spec's nodeSelector labels: it stands for the pool the spec selects.
-    ephemeral = getattr(args, "node_ephemeral_storage", None)
-    if ephemeral is not None:
-        parse_bytes(ephemeral, "--node-ephemeral-storage")
+    ephemeral, hugepages = getattr(args, "node_ephemeral_storage", None), getattr(args, "node_hugepages", None)
+    for flag, value in (("--node-ephemeral-storage", ephemeral), ("--node-hugepages", hugepages)):
+        if value is not None:
+            parse_bytes(value, flag)  # a bad value is an error here: the Node's reader would take it as unknown
     summary = summarize_node(synthetic_node(args.node_memory, args.gpus_per_node, labels=spec.node_selector,
-                                            cpu=args.node_cpus, ephemeral_storage=ephemeral))
+                                            cpu=args.node_cpus, ephemeral_storage=ephemeral, hugepages_2mi=hugepages))
     if summary is None:
         raise InvalidSpec(f"--node-memory {args.node_memory} / --gpus-per-node {args.gpus_per_node} "
                           "describe no GPU node")

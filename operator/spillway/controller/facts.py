@@ -128,10 +128,13 @@ def summarize_node(node: Mapping[str, Any]) -> NodeSummary | None:
 
 
 def synthetic_node(memory: str, gpus: int, name: str = "described-node", labels: Mapping[str, str] | None = None,
-                   cpu: str | None = None, ephemeral_storage: str | None = None) -> dict:
-    """A Node object with the given allocatable memory, GPUs, CPU and ephemeral storage, if given (`spillway render`)."""
+                   cpu: str | None = None, ephemeral_storage: str | None = None,
+                   hugepages_2mi: str | None = None) -> dict:
+    """A Node object with the given allocatable memory, GPUs, CPU, ephemeral storage and hugepages-2Mi, if given
+    (`spillway render`)."""
     allocatable = {"memory": memory, names.GPU_RESOURCE: str(gpus), **({"cpu": cpu} if cpu is not None else {}),
-                   **({"ephemeral-storage": ephemeral_storage} if ephemeral_storage is not None else {})}
+                   **({"ephemeral-storage": ephemeral_storage} if ephemeral_storage is not None else {}),
+                   **({names.HUGEPAGES_2MI_RESOURCE: hugepages_2mi} if hugepages_2mi is not None else {})}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(labels or {})},
             "status": {"capacity": dict(allocatable), "allocatable": allocatable}}
 
