@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
+from . import deepseek_v4 as dsv4
 from .errors import InvalidSpec, ModelGeometryUnknown
 from .model_facts import (
     CHUNKED,
@@ -89,16 +90,22 @@ class LayerCache:
     block_tokens: int = 0  # a block the spec fixes itself (Inkling's conv state, a ring), else the cache's block
     tokens_per_state: int = 1  # > 1: token_bytes are one state's, covering that many tokens (a kpool indexer)
     min_kernel_tokens: int = 0  # the smallest kernel block its backend takes, where the hybrid block must tile it
+    page_alignment: int = 0  # the spec's `alignment`: a page padded to whole rows of it (DeepSeek-V4's 576 bytes)
 
     def page_bytes(self, block_size: int) -> int:
-        return (self.block_tokens or block_size) // self.tokens_per_state * self.token_bytes
+        return self._padded((self.block_tokens or block_size) // self.tokens_per_state * self.token_bytes)
 
     def stride_alignment(self, block_size: int) -> int:
-        """KVCacheSpec.get_block_stride_alignment: the bytes every block stride is a multiple of."""
+        """KVCacheSpec.get_block_stride_alignment: the bytes every block stride is a multiple of (the page of one
+        kernel block, padded as the spec pads its pages)."""
         if self.stride_bytes:
             return self.stride_bytes
         kernel = math.gcd(self.stride_tokens, block_size) if self.stride_tokens else block_size
-        return 1 if kernel == block_size else kernel // self.tokens_per_state * self.token_bytes
+        return 1 if kernel == block_size else self._padded(kernel // self.tokens_per_state * self.token_bytes)
+
+    def _padded(self, page: int) -> int:
+        # kv_cache_interface.py _apply_alignment_padding: page_size_padded, the page rounded up to the alignment
+        return _round_up(page, self.page_alignment) if self.page_alignment else page
 
 
 @dataclass(frozen=True)
@@ -284,6 +291,8 @@ def _distinct_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[t
     if cache_dtype not in DTYPE_BYTES or cache_dtype == "float32":
         raise InvalidSpec(f"kv cache dtype {kv_cache_dtype!r} unknown (auto, bfloat16, float16, fp8)")
     dtype_bytes = DTYPE_BYTES[cache_dtype]
+    if facts.compressed is not None:
+        return facts.compressed.ratios, {r: _compressed_caches(r, facts) for r in dict.fromkeys(facts.compressed.ratios)}
     if facts.mla:
         token = facts.head_dim * dtype_bytes  # one latent (kv_lora_rank + qk_rope_head_dim), on every rank
     else:
@@ -347,6 +356,32 @@ def _caches_of(kinds: tuple[str, ...], token: int, state: int, facts: ModelFacts
     return tuple(out)
 
 
+def _compressed_caches(ratio: int, facts: ModelFacts) -> tuple[LayerCache, ...]:
+    """One DeepSeek-V4 layer's caches (core/deepseek_v4.py) in the order the layer registers them: the indexer's keys
+    and its compressor's state first (DeepseekV4Attention builds its indexer before its window), then the window,
+    the compressed latent and the latent compressor's state. vLLM buckets layers by first appearance, so the order
+    is the order of its groups."""
+    row = dsv4.PAGE_ALIGNMENT
+
+    def state(head_dim: int) -> LayerCache:
+        # CompressorStateCache: kv and score states of coff x head_dim each (coff 2 where windows overlap, ratio 4),
+        # a window of coff x ratio tokens, in blocks of the ratio's own size
+        coff = 2 if ratio == dsv4.INDEXED_RATIO else 1
+        return LayerCache(SLIDING, 2 * coff * head_dim * dsv4.STATE_DTYPE_BYTES, coff * ratio,
+                          block_tokens=dsv4.STATE_BLOCK[ratio], page_alignment=row)
+
+    window = LayerCache(SLIDING, dsv4.LATENT_ROW_BYTES, facts.window, block_tokens=dsv4.SWA_BLOCK, page_alignment=row)
+    if ratio == 1:
+        return (window,)
+    caches = []
+    if ratio == dsv4.INDEXED_RATIO:
+        caches += [LayerCache(INDEXER, facts.indexer_bytes, tokens_per_state=ratio, stride_tokens=dsv4.KERNEL_BLOCK,
+                              page_alignment=row), state(facts.compressed.index_head_dim)]
+    latent = LayerCache(MLA, dsv4.LATENT_ROW_BYTES, tokens_per_state=ratio, stride_tokens=dsv4.KERNEL_BLOCK,
+                        page_alignment=row)
+    return (*caches, window, latent, state(facts.head_dim))
+
+
 def clear_group_caches() -> None:
     _layer_caches.cache_clear()
     _kv_groups.cache_clear()
@@ -372,6 +407,8 @@ def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size:
         # 0.33 and 0.34): Qwen3-Next at --block-size 16 gets 576-token blocks, not 544. The CPU engine has no
         # FlashInfer and keeps its kernel's alignment.
         state_chunk = math.lcm(state_chunk or 1, GDN_CHECKPOINT_ALIGNMENT)
+    if facts.compressed is not None:
+        dsv4.check_serving(kv_cache_dtype, block_size, facts.name)
     runs = _layer_runs(facts, tp, kv_cache_dtype)
     if release < NATIVE_SINCE.get(facts.model_type, release):
         # before its own model code, vLLM serves the architecture through its Transformers backend
@@ -575,6 +612,10 @@ def _packed_buckets(buckets: list[list], name: str) -> tuple[CacheGroup, ...]:
             n = max(n, _cdiv(sum(pages.values()), max(anchor // next(iter(pages)), 1)))
         if n > 1 and not balanced[i]:
             raise ModelGeometryUnknown(f"{name}: an unbalanced bucket of {kind} layers split in groups is not modelled")
+        if n == 1:  # the bucket whole, balanced or not (DeepSeek-V4's latents and indexer keys: 23, 20 and 20)
+            groups.append(CacheGroup(kind, sum(pages.values()), sum(p * c for p, c in pages.items()), block, window,
+                                     True, alignment))
+            continue
         for g in range(n):
             reps = len(range(g, maxper[i], n))
             groups.append(CacheGroup(kind, reps * len(pages), reps * sum(pages), block, window, True, alignment))

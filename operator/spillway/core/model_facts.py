@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Any
 
+from .deepseek_v4 import INDEXED_RATIO, CompressedAttention, read_ratios
+from .deepseek_v4 import MODEL_TYPE as DEEPSEEK_V4
 from .errors import ModelGeometryUnknown
 
 FULL = "full_attention"
@@ -110,9 +112,7 @@ ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_atte
            "hidden_size": ("n_embd", "d_model"), "max_position_embeddings": ("n_positions", "max_sequence_length")}
 # Model types whose vLLM model code builds caches the config fields above do not describe; refused by name until
 # the planner models them (each reason says what vLLM does differently).
-UNMODELLED = {
-    "deepseek_v4": "compressed sparse attention (compress_ratios)",
-}
+UNMODELLED: dict[str, str] = {}
 
 # Model types of recurrent layers only (vllm/model_executor/models/mamba.py, mamba2.py; FalconMamba is mamba.py's):
 # one group of MambaSpec pages at the block the plan gives, which vLLM offloads with prefix caching on (the plan
@@ -204,6 +204,7 @@ class ModelFacts:
     sconv: tuple[int, int, int] | None = None  # Inkling: (KV heads, packed head size, kernel) of its conv state
     indexer_tokens: int = 1  # tokens each indexer state covers (GLM-5.3-Flash's kpool: index_kpool)
     ring_bytes: int = 0  # GLM-5.3-Flash's tail ring: bytes per token (K and gate score of index_head_dim, bf16)
+    compressed: CompressedAttention | None = None  # DeepSeek-V4: each layer's compress ratio (core/deepseek_v4.py)
 
     __hash__ = cached_hash  # the planner's memoized steps key on the facts, whose per-layer tuple is long
 
@@ -769,6 +770,22 @@ def _mistral_large_4_modelled(config: Mapping[str, Any], name: str) -> None:
                                    "modelled")
 
 
+def _deepseek_v4_facts(text: Mapping[str, Any], architecture: str, name: str, multimodal: bool) -> ModelFacts:
+    """DeepSeek-V4 (vllm/models/deepseek_v4): an MLA model (is_deepseek_mla: its head_dim is the latent, one KV head on
+    every rank) whose layers keep the caches core/deepseek_v4.py describes, by each layer's compress ratio."""
+    num_layers = _int(text, "num_hidden_layers", name)
+    ratios = read_ratios(text, num_layers, name)
+    compressed = CompressedAttention(ratios, _int(text, "index_head_dim", name) if INDEXED_RATIO in ratios else 0)
+    # descriptive only: the caches are built from the ratios (groups.py); a window, the compressed latent and its
+    # compressor's state, the indexer's keys on a ratio-4 layer
+    kinds = [(SLIDING,) if r == 1 else (INDEXER, SLIDING, MLA) if r == 4 else (SLIDING, MLA)
+             for r in compressed.ratios]
+    return ModelFacts(name, architecture, DEEPSEEK_V4, _dtype(text, name), num_layers,
+                      _int(text, "num_attention_heads", name), 1, _int(text, "head_dim", name), 0, True, tuple(kinds),
+                      _int(text, "sliding_window", name), compressed.index_key_bytes if compressed.index_head_dim else 0,
+                      None, None, None, 2048, _max_model_len(text, DEEPSEEK_V4), multimodal, compressed=compressed)
+
+
 def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     """The facts of a config.json mapping, or ModelGeometryUnknown saying what is missing or impossible."""
     architecture = check_config(config, name)
@@ -779,6 +796,8 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
                                    f"{UNMODELLED[model_type]}")
     if model_type == "mistral_large_4":
         _mistral_large_4_modelled(text, name)
+    if model_type == DEEPSEEK_V4:
+        return _deepseek_v4_facts(text, architecture, name, multimodal)
     if text.get("num_hidden_layers") is None and model_type == "nemotron_h" and text.get("layers_block_type"):
         # transformers' NemotronHConfig.num_hidden_layers is the length of its layers_block_type
         text = {**text, "num_hidden_layers": len(text["layers_block_type"])}

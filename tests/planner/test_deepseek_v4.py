@@ -1,0 +1,85 @@
+"""DeepSeek-V4's compressed sparse attention as vLLM 0.33 and 0.34 cache it (core/deepseek_v4.py): each layer's pages
+from the source's formulas, the groups vLLM's packed grouping makes of them, its recorded answer, and vLLM's own
+refusals of settings it cannot serve."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from spillway.core.errors import InvalidSpec, ModelGeometryUnknown
+from spillway.core.groups import INDEXER, MLA, SLIDING, kv_groups, layer_caches
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "coverage"))
+from compare import RELEASES, entry_of, statuses
+
+HCA, CSA = "heavily_compressed_attention", "compressed_sparse_attention"
+
+
+def _config(layer_types: list[str], **fields) -> dict:
+    return {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "dtype": "bfloat16",
+            "num_hidden_layers": len(layer_types), "num_attention_heads": 64, "head_dim": 512, "qk_rope_head_dim": 64,
+            "sliding_window": 128, "index_head_dim": 128, "layer_types": layer_types,
+            "compress_rates": {CSA: 4, HCA: 128}, **fields}
+
+
+def test_each_layer_keeps_its_caches_in_pages_padded_to_576_byte_rows():
+    caches = layer_caches(_config([HCA, CSA, "sliding_attention"]))
+    assert [(c.kind, c.block_tokens or 256, c.window, c.page_bytes(256)) for c in caches] == [
+        # HCA: the window (64 x 584 B = 37376 -> 37440), the latent (256 / 128 = 2 states of 584 B -> 1728), its
+        # compressor's fp32 state (8 x 1024 x 4 = 32768 -> 32832) over 128 tokens
+        (SLIDING, 64, 128, 37440), (MLA, 256, None, 1728), (SLIDING, 8, 128, 32832),
+        # CSA: the indexer's keys (64 x 132 = 8448 -> 8640) and their compressor's state (4 x 512 x 4 -> 8640), then
+        # the window, the latent (64 states -> 37440) and its compressor's state (4 x 2048 x 4 -> 32832) over 8 tokens
+        (INDEXER, 256, None, 8640), (SLIDING, 4, 8, 8640), (SLIDING, 64, 128, 37440), (MLA, 256, None, 37440),
+        (SLIDING, 4, 8, 32832),
+        # a layer type compress_rates does not name: its window only
+        (SLIDING, 64, 128, 37440)]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("arch", ["DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration"])
+def test_the_recorded_model_is_sized_as_vllm_sizes_it(arch, version):
+    """vLLM's answer (truth.json): five groups, the window's 43 layers split 22 + 21, the latents and indexer keys
+    one bucket of three pages, the two compressor-state buckets whole; a 961,344-byte row."""
+    row = next(s for s in statuses(version) if s.arch == arch)
+    assert row.status == "sized" and row.ours == row.theirs
+    assert [g[:4] for g in row.ours["groups"]] == [("uniform", 22, 823680, 64), ("uniform", 21, 786240, 64),
+                                                   ("uniform", 63, 961344, 256), ("uniform", 23, 755136, 8),
+                                                   ("uniform", 40, 829440, 4)]
+
+
+def test_the_fp8_cache_it_keeps_is_the_same_at_any_tensor_parallel_size():
+    """Every cache is one head replicated on every rank (max_tp_shards 1), and vLLM keeps one host copy of an MLA
+    model's row (replicated_layout); auto and fp8 both select the fp8_ds_mla layout."""
+    config = entry_of("DeepseekV4ForCausalLM")["config"]
+    one = kv_groups(config, (0, 34), 1, 256)
+    assert kv_groups(config, (0, 34), 8, 256, "fp8") == kv_groups(config, (0, 34), 8, 256)
+    assert kv_groups(config, (0, 34), 8, 256).groups == one.groups and kv_groups(config, (0, 34), 8, 256).copies == 1
+
+
+def test_a_larger_block_keeps_whole_256_token_kernel_pages():
+    groups = kv_groups(_config([HCA, CSA] * 2), (0, 34), 1, 512)
+    latents = next(g for g in groups.groups if g.block_size == 512)
+    assert latents.layers == 6 and latents.page_bytes == 2 * 2880 + 2 * 74880 + 2 * 17280  # 4 / 128 states, padded
+    # each block stride a multiple of each latent's and key's page at the 256-token kernel block
+    assert all(groups.row_bytes % page == 0 for page in (1728, 37440, 8640))
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    ({"kv_cache_dtype": "bfloat16"}, "fp8_ds_mla layout only supports fp8 kv-cache"),
+    ({"block_size": 64}, "256-token kernel blocks only"),
+])
+def test_settings_vllm_cannot_serve_are_refused_with_its_reason(settings, match):
+    with pytest.raises(InvalidSpec, match=match):
+        kv_groups(_config([HCA, CSA]), (0, 33), **{"block_size": 256, **settings})
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    ({"compress_rates": {CSA: 2, HCA: 128}}, "ratios 4 and 128"),
+    ({"head_dim": 256}, "not modelled"),
+    ({"num_hidden_layers": 3}, "layer_types for each"),
+])
+def test_a_config_vllm_would_not_build_as_modelled_is_refused(fields, match):
+    with pytest.raises(ModelGeometryUnknown, match=match):
+        kv_groups(_config([HCA, CSA], **fields), (0, 33), block_size=256)
