@@ -158,3 +158,20 @@ def test_mistral_large_4_is_sized_only_where_every_layer_keeps_its_own_caches(ch
     config = {**entry["config"], "num_hidden_layers": 2, **change}
     with pytest.raises(ModelGeometryUnknown, match="Mistral Large 4"):
         geometry_from_config(config, "MistralLarge4ForCausalLM")
+
+
+@pytest.mark.parametrize("arch", ["Kolibri1ForCausalLM", "NanbeigeForCausalLM"])
+def test_a_checkpoint_of_its_own_code_is_refused_as_vllm_refuses_it(arch):
+    """transformers ships neither the class nor the model type: vLLM's Transformers backend builds it from the
+    checkpoint's code, which vLLM's config loader refuses to run without --trust-remote-code (a plan never renders
+    it); the planner quotes that refusal, on both releases."""
+    from configs import REMOTE_CODE
+    from transformers import CONFIG_MAPPING
+
+    config = entry_of(arch)["config"]
+    assert config["model_type"] == REMOTE_CODE[arch] not in CONFIG_MAPPING and config["auto_map"]
+    for rows in (ROWS, *LATER.values()):
+        assert rows[arch].vllm_offloads is False and "trust_remote_code=True" in rows[arch].vllm_refusal
+        assert rows[arch].vllm_refusal.endswith("(vllm/transformers_utils/config.py)")
+    with pytest.raises(ModelGeometryUnknown, match="trust_remote_code=True"):
+        geometry_from_config(config, arch)

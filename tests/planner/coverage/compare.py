@@ -36,16 +36,15 @@ MODEL_REFUSALS = {"are not supported for now": "vllm/model_executor/models/regis
                   "dispatches attention from more than one module": "vllm/model_executor/models/transformers/base.py",
                   "not found in the forward method of": "vllm/compilation/decorators.py",
                   # a model's own config hook (Unlimited-OCR-2's) refusing the --kv-transfer-config a plan renders
-                  "does not support KV transfer": "vllm/model_executor/models/config.py"}
+                  "does not support KV transfer": "vllm/model_executor/models/config.py",
+                  # a checkpoint of its own code (configs.REMOTE_CODE) without --trust-remote-code, which a plan never
+                  # renders: transformers' refusal, raised through vLLM's config loader (HFConfigParser.parse)
+                  "contains custom code which must be executed": "vllm/transformers_utils/config.py"}
 
 
 # Why no vLLM answer can be recorded for these, where the recorder's own error would not say: each needs code or a
 # config no stored tree holds, or layers not yet written from source.
-_REMOTE = ("vLLM's Transformers backend builds it from the checkpoint's own modeling code (auto_map, "
-           "--trust-remote-code; transformers ships no class for it), which no stored tree holds")
 NO_TRUTH = {
-    "Kolibri1ForCausalLM": _REMOTE,
-    "NanbeigeForCausalLM": _REMOTE,
     "DeepseekV41ForCausalLM": "CUDA and ROCm only (vllm/models/deepseek_v41 has no CPU implementation), its config "
                               "class has no text defaults, and its compressed sparse attention is not written from "
                               "source",

@@ -323,6 +323,22 @@ PATCHES["Dots3NoteForCausalLM"] = {
 # not published). vLLM checks the KV transfer setting there too (KV_TRANSFER_CHECKED).
 SERVED_THROUGH = {"UnlimitedOCR2TextForCausalLM": "UnlimitedOCRForCausalLM"}
 
+# Architectures vLLM names only in its Transformers-backend registry whose class and model type transformers does not
+# ship (5.19: neither in its model tables nor its config mapping): the backend builds them with AutoModel.from_config
+# from the checkpoint's own code (its config.json's auto_map), so vLLM loads such a checkpoint only with
+# --trust-remote-code, which a plan never renders. Recorded as that checkpoint reaches vLLM: a model type transformers
+# does not know and an auto_map to its code (record_specs.py registers no stand-in class for it). The model type:
+# kolibri1 as vLLM names it (vllm/utils/deep_gemm.py), nanbeige by the same rule (the architecture's stem); any name
+# transformers does not know gets the same answer.
+REMOTE_CODE = {"Kolibri1ForCausalLM": "kolibri1", "NanbeigeForCausalLM": "nanbeige"}
+
+
+def _remote_code(arch: str) -> dict:
+    stem = arch.removesuffix("ForCausalLM")
+    return {**GENERIC_TEXT, "model_type": REMOTE_CODE[arch], "auto_map": {
+        "AutoConfig": f"configuration_{REMOTE_CODE[arch]}.{stem}Config",
+        "AutoModelForCausalLM": f"modeling_{REMOTE_CODE[arch]}.{arch}"}}
+
 
 def _unlimited_ocr2(config: dict) -> dict:
     text = config.pop("text_config")
@@ -790,6 +806,8 @@ def build_config(arch: str, module: str) -> dict:
         config = _known_config(TEXT_OF[arch])["text_config"]
     elif arch in WRITTEN:
         config = WRITTEN[arch]() if callable(WRITTEN[arch]) else WRITTEN[arch]
+    elif arch in REMOTE_CODE:
+        config = _remote_code(arch)
     elif model_type in known_model_types():
         config = _known_config(model_type)
     else:

@@ -2,7 +2,7 @@
 
     make coverage-truth        # PYTHONPATH/SPILLWAY_VLLM_TREES as for the tests; 17 minutes on 2 shared cores
     generate.py ARCH ...       # only these architectures, merged into truth.json (while iterating)
-    generate.py --releases     # only the later releases' sizing on the recorded specs, and their new architectures
+    generate.py --releases [ARCH]  # only the later releases' sizing on the recorded specs (of these), and their new ones
     generate.py --new [ARCH]   # only the later releases' new architectures (these), with their own code
 
 1. A config per architecture (configs.py): transformers' or vLLM's own config class with its defaults.
@@ -298,8 +298,8 @@ def main() -> None:
             later = _tree(version)
             if later is None:
                 sys.exit(f"generate.py: SPILLWAY_VLLM_TREES names no {version} source tree (make vllm-src)")
-            if sys.argv[1] == "--releases":
-                add_release(truth, version, later, work)
+            if sys.argv[1] == "--releases":  # --releases [ARCH ...]: only those recorded architectures
+                add_release(truth, version, later, work, set(sys.argv[2:]))
             record_new(truth, version, later, work, set(sys.argv[2:]))
         _write(truth["architectures"], {"registries": truth["registries"], "new": truth.get("new", {})})
         print(f"{len(truth['architectures'])} architectures, releases {', '.join(LATER_RELEASES)} -> "

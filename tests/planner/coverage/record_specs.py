@@ -244,7 +244,8 @@ def main() -> None:
     known = known_model_types()
     for config in cases.values():  # remote-code model types: a plain config of that name (configs.GENERIC_TEXT)
         model_type = config.get("model_type")
-        if model_type and model_type not in known:
+        # a config with an auto_map is the checkpoint's own code (configs.REMOTE_CODE): vLLM's loader answers for it
+        if model_type and model_type not in known and "auto_map" not in config:
             AutoConfig.register(model_type, _generic_config(model_type, PretrainedConfig))
             known.add(model_type)
     from vllm.model_executor.models import registry
@@ -337,7 +338,9 @@ def main() -> None:
             except BaseException as exc:
                 if isinstance(exc, KeyboardInterrupt):
                     raise
-                record = {"arch": arch, "error": f"{type(exc).__name__}: {str(exc)[:600]}"}
+                # the case's directory stands for the checkpoint a message names (transformers' remote-code refusal)
+                said = str(exc).replace(f"hf.co/{directory}", "hf.co/<checkpoint>").replace(str(directory), "<checkpoint>")
+                record = {"arch": arch, "error": f"{type(exc).__name__}: {said[:600]}"}
             finally:
                 signal.alarm(0)
                 shutil.rmtree(directory, ignore_errors=True)
