@@ -83,3 +83,12 @@ def test_settings_vllm_cannot_serve_are_refused_with_its_reason(settings, match)
 def test_a_config_vllm_would_not_build_as_modelled_is_refused(fields, match):
     with pytest.raises(ModelGeometryUnknown, match=match):
         kv_groups(_config([HCA, CSA], **fields), (0, 33), block_size=256)
+
+
+def test_a_long_prefix_costs_the_latent_row_per_256_tokens():
+    """Past the windows only the latents' group grows with a prefix, a row per 256-token block, not per 4-token block
+    of the smallest window group."""
+    from spillway.core.geometry import geometry_from_config, kv_layout
+
+    layout = kv_layout(geometry_from_config(entry_of("DeepseekV4ForCausalLM")["config"]), 2, 256)
+    assert layout.block_bytes == 961344 and layout.bytes_per_token == 961344 * 2 // 256

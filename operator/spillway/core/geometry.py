@@ -181,7 +181,7 @@ def kv_layout(
         kv_heads_per_rank=heads_per_rank,
         layer_page_bytes=groups.attention_page_bytes // kv_per_layer,
         block_bytes=block_bytes,
-        bytes_per_token=block_bytes * groups.prefix_rows * tensor_parallel_size // groups.block_size,
+        bytes_per_token=groups.prefix_bytes_per_token(tensor_parallel_size),
         replicated=replicated,
         groups=groups,
     )

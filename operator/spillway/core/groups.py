@@ -28,6 +28,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from itertools import chain
 from typing import Any
 
@@ -158,6 +159,14 @@ class KVGroups:
         A window or Mamba group keeps only its last chunks, so past them it adds no bytes a token; a model of
         windows only (Mistral v0.1) still takes one row a block up to its window."""
         return max(1, sum(1 for g in self.offloaded if self.window_chunks(g) is None))
+
+    def prefix_bytes_per_token(self, tensor_parallel_size: int) -> int:
+        """A long prefix's bytes per token, all ranks: a row per block of each group that keeps the whole prefix, each
+        at its own block (DeepSeek-V4's latents take a row per 256 tokens beside windows in blocks of 64, 8 and 4),
+        or one row a block of the smallest where only windows do (prefix_rows)."""
+        keeping = [g for g in self.offloaded if self.window_chunks(g) is None] or \
+            [min(self.offloaded, key=lambda g: g.block_size)]
+        return int(self.row_bytes * tensor_parallel_size * sum(Fraction(1, g.block_size) for g in keeping))
 
     @property
     def row_layers(self) -> int:
