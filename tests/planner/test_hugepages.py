@@ -14,6 +14,7 @@ from spillway.adapters.model_config import catalog_config
 from spillway.core import footprint as fp
 from spillway.core import k8s_names as names
 from spillway.core import vllm_api as V
+from spillway.core.errors import PoolDoesNotFit
 from spillway.core.geometry import geometry_from_config
 from spillway.core.planner import SHM_EXTRA_BYTES, NodeFacts, OffloadRequest, ServingRequest, plan
 from spillway.core.quantity import GiB, MiB
@@ -152,10 +153,92 @@ def test_auto_fills_the_huge_page_share_where_it_holds_more_than_memory():
     assert p.env[V.ENV_POOL_HUGEPAGES_DIR] == names.POOL_HUGEPAGES_MOUNT
 
 
-@pytest.mark.parametrize("size", ["32Gi", "0.5"])
-def test_a_size_or_a_fraction_is_not_grown_by_huge_pages(size):
-    p, plain = auto(400 * GiB, 1600 * GiB, size=size), auto(400 * GiB, None, size=size)
+def test_a_size_is_not_grown_by_huge_pages():
+    p, plain = auto(400 * GiB, 1600 * GiB, size="32Gi"), auto(400 * GiB, None, size="32Gi")
     assert p.pages.huge_pages and p.pool.bytes == plain.pool.bytes
+
+
+def test_a_size_beyond_the_memory_share_goes_on_the_huge_pages_that_hold_it():
+    """400 GiB of memory and 1600 GiB of hugepages-2Mi, 8 replicas: the memory share holds 32.41 GiB, the huge-page
+    share 200 GiB. 200Gi asked is 200 GiB on huge pages, as auto plans it, not a refusal."""
+    p = auto(400 * GiB, 1600 * GiB, size="200Gi")
+    assert p.pages.huge_pages and p.pool.bytes == p.pod.hugepages_bytes == 200 * GiB and p.pool.requested == "200Gi"
+    assert p.pages.why == ("2 MiB huge pages: 200.00 GiB of node h200's hugepages-2Mi (200.00 GiB per replica), more "
+                           "than the 32.41 GiB its memory share holds; memory holds only its page tables")
+    assert p.pod == auto(400 * GiB, 1600 * GiB).pod
+    assert p.node.replicas_per_node * p.pod.memory_limit_bytes <= 400 * GiB
+    assert p.pod.memory_limit_bytes >= p.pool.footprint_bytes + SHM_EXTRA_BYTES + p.pod.process_reserve_bytes
+    # the largest pool the user sees is the larger of the two, each said on its own
+    node = p.to_dict()["node"]
+    assert node["max_pool_bytes"] == node["max_hugepage_pool_bytes"] == 200 * GiB
+    assert round(node["max_memory_pool_bytes"] / GiB, 2) == 32.41
+    # a size both hold keeps today's placement: on huge pages, as asked
+    assert auto(400 * GiB, 1600 * GiB, size="16Gi").pool.hugepages_bytes == 16 * GiB
+
+
+def test_a_size_neither_holds_is_refused_naming_both_limits():
+    with pytest.raises(PoolDoesNotFit) as error:
+        auto(400 * GiB, 1600 * GiB, size="500Gi")
+    assert str(error.value).endswith("the largest pool that fits is 32.41 GiB in memory and 200.0 GiB on its "
+                                     "hugepages-2Mi (200.0 GiB per replica, whole 2 MiB pages of rows)")
+    with pytest.raises(PoolDoesNotFit) as error:
+        auto(400 * GiB, None, size="200Gi")
+    assert str(error.value).endswith("the largest pool that fits is 32.41 GiB in memory and none on huge pages "
+                                     "(node h200's allocatable hugepages-2Mi is not known)")
+
+
+@pytest.mark.parametrize(("version", "offload", "reason"), [
+    ("0.32.0", {}, "but vLLM 0.32 builds its region itself"), ("0.26.0", {}, "but vLLM 0.26 pins torch tensors"),
+    ("0.34.0", {"connector": "native"}, "creates its own region in /dev/shm with the native connector")])
+def test_a_size_beyond_memory_where_the_pool_cannot_be_on_huge_pages_is_refused(version, offload, reason):
+    with pytest.raises(PoolDoesNotFit, match="the largest pool that fits is .* in memory and none on huge pages") \
+            as error:
+        auto(400 * GiB, 1600 * GiB, version, size="200Gi", **offload)
+    assert reason in str(error.value)
+
+
+def test_a_size_beyond_memory_with_a_disk_tier_is_refused_for_the_tier():
+    from spillway.core import disk_tier as dt
+
+    request = ServingRequest(offload=OffloadRequest(size="200Gi", disk=dt.DiskTierRequest(enabled=True)),
+                             vllm_version="0.34.0")
+    with pytest.raises(PoolDoesNotFit, match=r"in memory and none on huge pages \(.*but with the disk tier vLLM's "
+                                             r"engine core maps the pool at its own path in /dev/shm\)"):
+        plan(LLAMA, request, NodeFacts(400 * GiB, 8, "h200", ephemeral_storage=28 * TiB, hugepages_2mi=1600 * GiB))
+
+
+def test_a_size_whose_page_tables_overflow_the_memory_share_is_not_on_huge_pages():
+    """Whole pages of the asked rows fit the huge-page share, but their page tables do not fit the memory budget: no
+    pod whose own pool would OOMKill it."""
+    budget = fp.MMAP_POOL_OVERHEAD + 1000 * 8 * 2  # page tables of 1000 pages on 2 ranks
+    fits = fp.place_pool((0, 34), 1000, 2 * MiB, 64 * TiB, 1, "n", budget, 2, size=("bytes", 1000 * 2 * MiB),
+                         memory_max_chunks=10)
+    assert fits.huge_pages and fits.chunks == 1000
+    over = fp.place_pool((0, 34), 1001, 2 * MiB, 64 * TiB, 1, "n", budget, 2, size=("bytes", 1001 * 2 * MiB),
+                         memory_max_chunks=10)
+    assert not over.huge_pages and over.why.startswith("4 KiB pages: the page tables of 1.96 GiB on huge pages")
+
+
+def test_a_fraction_is_of_each_share_and_one_is_auto():
+    """A fraction f sizes two pools as auto does (auto is f = 1): the pod taking f of its memory share, and f of its
+    hugepages-2Mi share in whole pages of rows; the huge one where it holds at least as many rows."""
+    half = auto(400 * GiB, 1600 * GiB, size="0.5")
+    assert half.pages.huge_pages and half.pool.bytes == half.pod.hugepages_bytes == 100 * GiB
+    assert half.pages.why.startswith("2 MiB huge pages: offload size 0.5 sized the pool from node h200's "
+                                     "hugepages-2Mi, 100.00 GiB of the replica's 200.00 GiB, at least the 8.71 GiB "
+                                     "0.5 of its memory share holds")
+    whole, full = auto(400 * GiB, 1600 * GiB, size="1.0"), auto(400 * GiB, 1600 * GiB)
+    assert whole.pool.bytes == full.pool.bytes and whole.pod == full.pod
+    # 0.1 of the memory share does not hold the process, 0.1 of the huge pages hold 20 GiB
+    tenth = auto(400 * GiB, 1600 * GiB, size="0.1")
+    assert tenth.pages.huge_pages and tenth.pool.bytes == 20 * GiB
+    with pytest.raises(PoolDoesNotFit, match="the smallest fraction that fits is"):
+        auto(400 * GiB, None, size="0.1")
+    # where memory holds the larger pool, the fraction is the memory share's, as before
+    memory, plain = auto(2 * TiB, 400 * GiB, size="0.5"), auto(2 * TiB, None, size="0.5")
+    assert memory.pool.chunks == plain.pool.chunks and not memory.pages.huge_pages
+    assert memory.pages.why.endswith("; 0.5 of its 50.00 GiB of node h200's hugepages-2Mi hold less (25.00 GiB in "
+                                     "whole pages of rows)")
 
 
 @pytest.mark.parametrize(("version", "offload", "reason"), [
@@ -180,13 +263,13 @@ def test_auto_pool_pages_at_the_boundary():
     """At least the memory pool's rows: an equal count goes on huge pages; one row short keeps the memory pool;
     rows of 3 MiB (whole pages every 2 rows) keep today's placement of the memory pool, a row given up."""
     big = 64 * GiB
-    equal = fp.auto_pool_pages((0, 34), 10, 8 * MiB, 80 * MiB, 1, "n", big, 1)
+    equal = fp.place_pool((0, 34), 10, 8 * MiB, 80 * MiB, 1, "n", big, 1)
     assert equal.huge_pages and equal.chunks == 10
-    short = fp.auto_pool_pages((0, 34), 10, 8 * MiB, 78 * MiB, 1, "n", big, 1)
+    short = fp.place_pool((0, 34), 10, 8 * MiB, 78 * MiB, 1, "n", big, 1)
     assert not short.huge_pages and short.why == ("4 KiB pages: auto sized the pool from the replica's memory share, "
                                                   "0.08 GiB; its 0.08 GiB of node n's hugepages-2Mi hold less "
                                                   "(0.07 GiB in whole pages of rows)")
-    odd = fp.auto_pool_pages((0, 34), 5, 3 * MiB, 16 * MiB, 1, "n", big, 1)
+    odd = fp.place_pool((0, 34), 5, 3 * MiB, 16 * MiB, 1, "n", big, 1)
     assert odd == fp.pool_pages((0, 34), 5, 3 * MiB, 16 * MiB, 1, "n") and odd.huge_pages and odd.chunks == 4
 
 
@@ -194,7 +277,7 @@ def test_the_memory_budget_bounds_a_huge_pool_by_its_page_tables():
     """Huge pages take the pool out of memory, but not its page tables (8 bytes per 2 MiB page per rank) and slack:
     the pod's memory limit holds them, so they bound the pool too."""
     budget = fp.MMAP_POOL_OVERHEAD + 1000 * 8 * 2  # page tables of 1000 pages on 2 ranks
-    pages = fp.auto_pool_pages((0, 34), 10, 2 * MiB, 64 * TiB, 1, "n", budget, 2)
+    pages = fp.place_pool((0, 34), 10, 2 * MiB, 64 * TiB, 1, "n", budget, 2)
     assert pages.huge_pages and pages.chunks == 1000
     assert fp.huge_page_footprint((0, 34), pages.hugepages_bytes, 2).charged_bytes <= budget
     assert fp.huge_page_footprint((0, 34), pages.hugepages_bytes + 2 * MiB, 2).charged_bytes > budget

@@ -138,3 +138,20 @@ def test_auto_says_which_share_sized_the_pool():
     assert huge.returncode == 0, huge.stderr
     assert "size         200.0 GiB (--kv-offloading-size 200.000 GiB, asked: auto)" in huge.stdout
     assert "hugepages-2Mi    200.0 GiB (request = limit: the pool)" in huge.stdout
+
+
+def test_a_size_only_the_huge_pages_hold_is_planned_on_them_and_one_neither_holds_names_both():
+    base = ("plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpus-per-node", "8", "--node-memory", "400Gi",
+            "--node-hugepages", "1600Gi")
+    huge = spillway(*base, "--offload-size", "200Gi")
+    assert huge.returncode == 0, huge.stderr
+    assert "size         200.0 GiB (--kv-offloading-size 200.000 GiB, asked: 200Gi)" in huge.stdout
+    assert "hugepages-2Mi    200.0 GiB (request = limit: the pool)" in huge.stdout
+    assert "more than the 32.41 GiB its memory share holds" in huge.stdout
+    node = json.loads(spillway(*base, "--offload-size", "200Gi", "-o", "json").stdout)["node"]
+    assert node["max_pool_bytes"] == node["max_hugepage_pool_bytes"] == 200 * 2**30
+    assert round(node["max_memory_pool_bytes"] / 2**30, 2) == 32.41
+    neither = spillway(*base, "--offload-size", "500Gi")
+    assert neither.returncode == 2 and not neither.stdout
+    assert neither.stderr.strip().endswith("the largest pool that fits is 32.41 GiB in memory and 200.0 GiB on its "
+                                           "hugepages-2Mi (200.0 GiB per replica, whole 2 MiB pages of rows)")

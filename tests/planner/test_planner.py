@@ -22,6 +22,7 @@ from spillway.core.planner import (
     plan,
     process_reserve,
 )
+from spillway.core.quantity import parse_size
 
 GiB = 2**30
 MiB = 2**20
@@ -125,18 +126,22 @@ def test_plan_invariants(geometry, node, size, tp, block_size, cache_dtype, vers
        st.floats(0, 1.5), st.data())
 def test_plan_invariants_with_huge_pages(geometry, node, size, tp, version, fraction, data):
     """The pool on hugepages-2Mi (footprint.pool_pages): whole 2 MiB pages of rows within the replica's share, out
-    of the memory limit and /dev/shm; else the pod planned without them. `auto` fills the share where it holds at
-    least the memory share's pool (footprint.auto_pool_pages)."""
+    of the memory limit and /dev/shm; else the pod planned without them. `auto` fills the share, a fraction that
+    fraction of it, where it holds at least the memory share's pool (footprint.place_pool)."""
     assume(geometry.num_attention_heads % tp == 0 and tp <= node.gpus)
     assume(geometry.attention == "mla" or geometry.num_kv_heads % tp == 0 or tp % geometry.num_kv_heads == 0)
     replicas = data.draw(st.one_of(st.none(), st.integers(1, node.gpus // tp)))
     req = ServingRequest(tp, DEFAULT_BLOCK_SIZE, "auto", replicas, OffloadRequest(size=size), vllm_version=version)
+    hugepages = int(fraction * node.allocatable_memory)  # beside the memory, a share of it at most 1.5x
+    huge_node = NodeFacts(node.allocatable_memory, node.gpus, hugepages_2mi=hugepages)
     try:
         plain = plan(geometry, req, node)
+    except PoolDoesNotFit:
+        _only_huge_pages_hold_it(geometry, req, huge_node, size)
+        return
     except SpillwayError:
         return
-    hugepages = int(fraction * node.allocatable_memory)  # beside the memory, a share of it at most 1.5x
-    result = plan(geometry, req, NodeFacts(node.allocatable_memory, node.gpus, hugepages_2mi=hugepages))
+    result = plan(geometry, req, huge_node)
     pool, pod, pages = result.pool, result.pod, result.pages
     event(f"huge pages: {pages.huge_pages}")
     if not pages.huge_pages:
@@ -144,11 +149,14 @@ def test_plan_invariants_with_huge_pages(geometry, node, size, tp, version, frac
         return
     step = 2 * MiB // math.gcd(pool.chunk_bytes, 2 * MiB)
     assert pool.bytes % (2 * MiB) == 0 and pool.bytes == pool.chunks * pool.chunk_bytes
-    if size == "auto" and pool.chunks >= plain.pool.chunks:
-        event("auto on the huge pages' share")
+    kind, value = parse_size(size, "size")
+    if kind != "bytes" and pool.chunks >= plain.pool.chunks:
+        event(f"{kind} on the huge pages' share")
         more = fp.huge_page_footprint(result.groups.release, pool.bytes + step * pool.chunk_bytes, tp).charged_bytes
-        # as large as the share allows, unless the memory share cannot hold a step more of page tables
-        assert pool.bytes + step * pool.chunk_bytes > pages.share_bytes or \
+        # as large as the share (auto) or the fraction of it allows, unless the memory share cannot hold a step more
+        # of page tables
+        target = int((value or 1.0) * pages.share_bytes) // (2 * MiB) * (2 * MiB)
+        assert pool.bytes + step * pool.chunk_bytes > target or \
             more > result.node.share_bytes - result.node.fixed_bytes
     else:
         assert plain.pool.chunks - step < pool.chunks <= plain.pool.chunks  # whole pages, at most a step of rows less
@@ -160,6 +168,28 @@ def test_plan_invariants_with_huge_pages(geometry, node, size, tp, version, frac
     assert result.env[api.ENV_POOL_HUGEPAGES_DIR]
     config = json.loads(result.args[result.args.index(api.FLAG_KV_TRANSFER_CONFIG) + 1])
     assert config["kv_connector_extra_config"][api.EXTRA_CPU_BYTES] == pool.bytes
+
+
+def _only_huge_pages_hold_it(geometry, req, node, size):
+    """A request the memory share refuses: refused on huge pages too, or on them within their share, its page tables
+    in the memory limit, and a quantity kept to whole pages of its rows."""
+    try:
+        result = plan(geometry, req, node)
+    except SpillwayError:
+        return
+    event("only huge pages hold it")
+    pool, pod, pages = result.pool, result.pod, result.pages
+    assert pages.huge_pages and pod.hugepages_bytes == pool.bytes <= pages.share_bytes
+    assert result.node.replicas_per_node * pod.memory_limit_bytes <= node.allocatable_memory
+    assert pod.memory_limit_bytes >= pool.footprint_bytes + SHM_EXTRA_BYTES + pod.process_reserve_bytes
+    figures = result.node
+    assert figures.max_pool_bytes == max(figures.max_memory_pool_bytes, figures.max_hugepage_pool_bytes)
+    assert figures.max_hugepage_pool_bytes >= pool.bytes
+    kind, value = parse_size(size, "size")
+    if kind == "bytes":
+        step = 2 * MiB // math.gcd(pool.chunk_bytes, 2 * MiB)
+        asked = int(value) // pool.chunk_bytes
+        assert asked - step < pool.chunks <= asked
 
 
 def test_llama_8b_on_an_8_gpu_node():

@@ -66,8 +66,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def add_node_hugepages(parser: argparse.ArgumentParser) -> None:
     """--node-hugepages, one flag for the two commands that describe a node (`spillway plan`, `spillway render`)."""
     parser.add_argument("--node-hugepages", help="node allocatable hugepages-2Mi, e.g. 1600Gi (the pool goes on 2 MiB "
-                        "huge pages where the replica's share holds it; auto fills that share where it holds at least "
-                        "the pool the memory share would)")
+                        "huge pages where the replica's share holds it; auto or a fraction fills that share, or that "
+                        "fraction of it, where it holds at least the pool the memory share would; a quantity beyond "
+                        "the memory share goes on them where they hold it)")
 
 
 def node_from_args(memory: str | None, gpus: int | None, dma_gbps: float | None = None,

@@ -246,29 +246,69 @@ def largest_huge_pool(share: int, chunk_bytes: int, memory_budget: int, ranks: i
     return steps * step
 
 
-def auto_pool_pages(release: tuple[int, int], memory_chunks: int, chunk_bytes: int, node_hugepages: int | None,
-                    replicas: int, node_name: str, memory_budget: int, ranks: int, spillway_spec: bool = True,
-                    disk_tier: bool = False) -> PoolPages:
-    """offload.size auto's pages and size. On Kubernetes allocatable memory excludes the huge pages a node reserves,
-    so a node that reserved them meant them for something: where the replica's share of them holds at least the
-    `memory_chunks` its memory share holds, the pool is as large as that share allows (largest_huge_pool), however
-    small its memory share. Else the memory pool, placed as pool_pages places any pool (on huge pages still where
-    whole pages of its rows fit the share), with the comparison said."""
+def huge_pool_limit(release: tuple[int, int], chunk_bytes: int, node_hugepages: int | None, replicas: int,
+                    memory_budget: int, ranks: int, spillway_spec: bool = True, disk_tier: bool = False) -> int:
+    """The most chunk rows the replica's share of the node's hugepages-2Mi can hold (largest_huge_pool); 0 where
+    the pool cannot be on huge pages at all (their share unknown, a release or connector whose region Spillway's
+    spec does not place, a disk tier: pool_pages says each)."""
+    share = hugepage_share(node_hugepages, replicas)
+    if share is None or disk_tier or not on_hugetlbfs(release, spillway_spec):
+        return 0
+    return largest_huge_pool(share, chunk_bytes, memory_budget, ranks)
+
+
+def place_pool(release: tuple[int, int], memory_chunks: int, chunk_bytes: int, node_hugepages: int | None,
+               replicas: int, node_name: str, memory_budget: int, ranks: int, spillway_spec: bool = True,
+               disk_tier: bool = False, size: tuple[str, float | int | None] = ("auto", None),
+               memory_max_chunks: int | None = None) -> PoolPages:
+    """Where the pool goes and, on huge pages, how many rows: the one rule for every offload.size (`size` as
+    quantity.parse_size reads it). On Kubernetes allocatable memory excludes the huge pages a node reserves, so
+    memory and hugepages-2Mi are two budgets, and the pool may come out of either; only its page tables and slack
+    stay in memory on huge pages, bounded by `memory_budget` (largest_huge_pool).
+
+    auto and a fraction f size two pools, f of each share (auto: f = 1): `memory_chunks`, what f of the memory
+    share holds beside the process, and the rows f of the hugepages-2Mi share holds in whole pages. The huge pool
+    is taken where it holds at least as many rows; else the memory pool, placed as pool_pages places any pool.
+    A quantity (`memory_chunks` its rows) is kept, never grown: where it is within `memory_max_chunks`, the memory
+    share's largest pool, it is placed as any pool; beyond it, on huge pages where whole pages of its rows and their
+    page tables fit, else not at all (huge_pages False, the reason in `why`; the planner refuses it)."""
     pages = pool_pages(release, memory_chunks, chunk_bytes, node_hugepages, replicas, node_name, spillway_spec,
                        disk_tier)
-    if pages.share_bytes is None or disk_tier or not on_hugetlbfs(release, spillway_spec):
+    largest = huge_pool_limit(release, chunk_bytes, node_hugepages, replicas, memory_budget, ranks, spillway_spec,
+                              disk_tier)
+    share = pages.share_bytes
+    kind, value = size
+    if kind == "bytes":
+        assert memory_max_chunks is not None, "a quantity is placed against the memory share's largest pool"
+        if memory_chunks <= memory_max_chunks:
+            return pages
+        if pages.huge_pages and pages.chunks <= largest:
+            return PoolPages(True, pages.hugepages_bytes, share, pages.why.replace(
+                "; memory holds only its page tables", f", more than the {_gib(memory_max_chunks * chunk_bytes)} "
+                "its memory share holds; memory holds only its page tables"), pages.chunks)
+        if pages.huge_pages:  # whole pages fit the share, but their page tables not the memory budget
+            return PoolPages(False, 0, share, f"4 KiB pages: the page tables of {_gib(pages.hugepages_bytes)} on huge "
+                                              f"pages would not fit the replica's memory share beside the process")
         return pages
-    share, memory = pages.share_bytes, _gib(memory_chunks * chunk_bytes)
-    chunks = largest_huge_pool(share, chunk_bytes, memory_budget, ranks)
-    if chunks >= memory_chunks:
+    if share is None or disk_tier or not on_hugetlbfs(release, spillway_spec):
+        return pages
+    fraction = 1.0 if kind == "auto" else float(value or 0)
+    sized = "auto" if kind == "auto" else f"offload size {value:g}"
+    of = "" if kind == "auto" else f"{value:g} of "
+    memory = _gib(memory_chunks * chunk_bytes)
+    target = int(fraction * share) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    chunks = min(largest, largest_huge_pool(target, chunk_bytes, memory_budget, ranks))
+    if chunks >= max(memory_chunks, 1):
         return PoolPages(True, chunks * chunk_bytes, share,
-                         f"2 MiB huge pages: auto sized the pool from node {node_name}'s hugepages-2Mi, "
-                         f"{_gib(chunks * chunk_bytes)} of the replica's {_gib(share)}, at least the {memory} its "
-                         "memory share holds; memory holds only its page tables", chunks)
+                         f"2 MiB huge pages: {sized} sized the pool from node {node_name}'s hugepages-2Mi, "
+                         f"{_gib(chunks * chunk_bytes)} of the replica's {_gib(share)}, " + (
+                             f"at least the {memory} {of}its memory share holds" if memory_chunks else
+                             f"where {of}its memory share holds no pool beside the process")
+                         + "; memory holds only its page tables", chunks)
     if pages.huge_pages:
         return pages
-    return PoolPages(False, 0, share, f"4 KiB pages: auto sized the pool from the replica's memory share, {memory}; "
-                                      f"its {_gib(share)} of node {node_name}'s hugepages-2Mi hold less "
+    return PoolPages(False, 0, share, f"4 KiB pages: {sized} sized the pool from the replica's memory share, {memory}; "
+                                      f"{of}its {_gib(share)} of node {node_name}'s hugepages-2Mi hold less "
                                       f"({_gib(chunks * chunk_bytes)} in whole pages of rows)")
 
 

@@ -11,8 +11,9 @@ Memory model of one replica (one pod, `tensor_parallel_size` GPUs):
     shm         = what the pool holds in /dev/shm + SHM_EXTRA_BYTES (NCCL, vLLM's message queues)
     huge pages  = where the node's hugepages-2Mi hold the pool (footprint.pool_pages): the pool's rows rounded down
                   to whole 2 MiB pages, requested as hugepages-2Mi (request = limit) on a hugetlbfs emptyDir; the
-                  footprint is then its page tables only and /dev/shm holds none of it. `auto` fills the replica's
-                  share of them where it holds at least the pool its memory share holds (footprint.auto_pool_pages)
+                  footprint is then its page tables only and /dev/shm holds none of it. `auto` (a fraction: that
+                  fraction of each share) takes the huge-page share's pool where it holds at least the memory
+                  share's; a quantity beyond the memory share goes on them where they hold it (footprint.place_pool)
     reserve     = PROCESS_RESERVE_BASE + PROCESS_RESERVE_PER_RANK x TP
                   (API server, engine core, one worker per rank: Python, torch, CUDA context,
                   model loading buffers, NCCL; #53042 saw ~8.75 GiB anonymous memory per rank)
@@ -39,13 +40,15 @@ from .footprint import (
     MAX_PIN_CALL_BYTES,
     Footprint,
     PoolPages,
-    auto_pool_pages,
     footprint,
     huge_page_footprint,
+    huge_page_rows,
+    huge_pool_limit,
     largest_pin_call,
     largest_pool,
     pinned_tensors,
     pins,
+    place_pool,
     pool_pages,
 )
 from .geometry import DEFAULT_BLOCK_SIZE, KVLayout, ModelGeometry, kv_layout
@@ -161,7 +164,9 @@ class NodePlan:
     replicas_per_node: int
     share_bytes: int  # one replica's share of the node
     fixed_bytes: int  # process reserve + shm extra: what the pod needs with no pool
-    max_pool_bytes: int
+    max_pool_bytes: int  # the largest pool the replica can have: of the two below, the larger
+    max_memory_pool_bytes: int = 0  # the largest pool the memory share holds (on 4 KiB pages)
+    max_hugepage_pool_bytes: int = 0  # the largest the hugepages-2Mi share holds; 0 where the pool can't be on them
     __hash__ = cached_hash  # memoized steps hash it on every call (model_facts.cached_hash)
 
 
@@ -293,7 +298,7 @@ def _node_plan(node: NodeFacts, request: ServingRequest, multimodal: bool) -> tu
             f"({format_bytes(node.allocatable_memory)} allocatable - {format_bytes(reserve)} node reserve, "
             f"/ {replicas} replicas) but the vLLM process alone needs {format_bytes(fixed)}"
         )
-    return NodePlan(node.name, node.allocatable_memory, reserve, replicas, share, fixed, 0), engine
+    return NodePlan(node.name, node.allocatable_memory, reserve, replicas, share, fixed, 0, 0, 0), engine
 
 
 def model_groups(geometry: ModelGeometry, request: ServingRequest) -> KVGroups:
@@ -344,78 +349,104 @@ def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingReque
 
 
 @functools.lru_cache(maxsize=256)
-def _pool_plan(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> PoolPlan:
+def _memory_rows(shape: _PoolShape, node: NodePlan, offload: OffloadRequest) -> int:
+    """The rows the request asks of the replica's memory share: auto's largest pool, a fraction's (0 where the
+    fraction does not hold the process), or a quantity's rows, which may exceed the share: huge pages may hold
+    them (footprint.place_pool decides, _refuse_unplaced refuses)."""
     kind, value = parse_size(offload.size, "offload size")
-    budget = node.share_bytes - node.fixed_bytes  # what the pool's footprint may cost
     chunk = shape.chunk_bytes
     if kind == "auto":
-        chunks = node.max_pool_bytes // chunk  # the node's largest pool: searched once, in plan()
-    elif kind == "fraction":
+        return node.max_memory_pool_bytes // chunk  # the node's largest pool: searched once, in plan()
+    if kind == "fraction":
         # The pod (pool footprint + process) takes this fraction of the replica's share.
         room = int(value * node.share_bytes) - node.fixed_bytes
-        if room <= 0:
-            raise PoolDoesNotFit(
-                f"offload size {value} of a {format_bytes(node.share_bytes)} replica share is "
-                f"{format_bytes(int(value * node.share_bytes))}, less than the vLLM process alone needs "
-                f"({format_bytes(node.fixed_bytes)}); the smallest fraction that fits is "
-                f"{math.ceil(node.fixed_bytes / node.share_bytes * 100) / 100}"
-            )
-        chunks = shape.largest(room)
-    else:
-        chunks = int(value) // chunk
-        release = shape.groups.release
-        if not pins(release, chunks * chunk, shape.ranks, shape.tensors):
-            call = largest_pin_call(release, chunks * chunk, shape.ranks, shape.tensors)
-            raise PoolDoesNotFit(
-                f"offload size {offload.size} needs one pinned allocation of {format_bytes(call)} per rank on vLLM "
-                f"{release[0]}.{release[1]}, which registers each pool tensor in one call; a registration of "
-                f"{format_bytes(MAX_PIN_CALL_BYTES)} or more fails (vllm#51080, fixed by chunked registration in "
-                f"vLLM 0.32): ask for less, more tensor-parallel ranks, or vLLM 0.32+")
-        cost = shape.footprint(chunks)
-        if cost.charged_bytes > budget:
-            largest = node.max_pool_bytes
-            raise PoolDoesNotFit(
-                f"offload size {offload.size} costs {format_bytes(cost.charged_bytes)} of host memory ({cost.rule}) "
-                f"plus {format_bytes(node.fixed_bytes)} for the vLLM process, but one replica's share of node "
-                f"{node.name} is {format_bytes(node.share_bytes)} ({node.replicas_per_node} per node); "
-                f"the largest pool that fits is {format_bytes(largest)}"
-            )
-    if chunks < 1:
+        return shape.largest(room) if room > 0 else 0
+    chunks = int(value) // chunk
+    release = shape.groups.release
+    if not pins(release, chunks * chunk, shape.ranks, shape.tensors):
+        call = largest_pin_call(release, chunks * chunk, shape.ranks, shape.tensors)
+        raise PoolDoesNotFit(
+            f"offload size {offload.size} needs one pinned allocation of {format_bytes(call)} per rank on vLLM "
+            f"{release[0]}.{release[1]}, which registers each pool tensor in one call; a registration of "
+            f"{format_bytes(MAX_PIN_CALL_BYTES)} or more fails (vllm#51080, fixed by chunked registration in "
+            f"vLLM 0.32): ask for less, more tensor-parallel ranks, or vLLM 0.32+")
+    return chunks
+
+
+def _placed(shape: _PoolShape, rows: int, node: NodeFacts, node_plan: NodePlan, offload: OffloadRequest,
+            tiered: bool) -> PoolPages:
+    """Where the pool's pages come from and, on huge pages, its rows (footprint.place_pool, for every size)."""
+    return place_pool(shape.groups.release, rows, shape.chunk_bytes, node.hugepages_2mi, node_plan.replicas_per_node,
+                      node.name, node_plan.share_bytes - node_plan.fixed_bytes, shape.ranks,
+                      offload.connector == Connector.SPILLWAY, tiered, parse_size(offload.size, "offload size"),
+                      node_plan.max_memory_pool_bytes // shape.chunk_bytes)
+
+
+def _huge_limit(shape: _PoolShape, node: NodeFacts, node_plan: NodePlan, offload: OffloadRequest,
+                tiered: bool) -> int:
+    """The largest pool, in bytes, the replica's share of the node's hugepages-2Mi holds (0: none can be on them)."""
+    return huge_pool_limit(shape.groups.release, shape.chunk_bytes, node.hugepages_2mi, node_plan.replicas_per_node,
+                           node_plan.share_bytes - node_plan.fixed_bytes, shape.ranks,
+                           offload.connector == Connector.SPILLWAY, tiered) * shape.chunk_bytes
+
+
+def _refuse_unplaced(shape: _PoolShape, rows: int, pages: PoolPages, node: NodeFacts, node_plan: NodePlan,
+                     offload: OffloadRequest, tiered: bool) -> None:
+    """Raise PoolDoesNotFit where neither the memory share nor the huge pages hold the request, naming both."""
+    if pages.huge_pages:
+        return
+    kind, value = parse_size(offload.size, "offload size")
+    budget = node_plan.share_bytes - node_plan.fixed_bytes  # what the pool's footprint may cost
+    huge = _huge_limit(shape, node, node_plan, offload, tiered)
+    pages_say = (f"{format_bytes(huge)} on its hugepages-2Mi ({format_bytes(pages.share_bytes or 0)} per replica, "
+                 "whole 2 MiB pages of rows)" if huge else f"none on huge pages ({_no_huge_pages(shape, node, node_plan, offload, tiered)})")
+    if kind == "fraction" and rows < 1 and int(value * node_plan.share_bytes) <= node_plan.fixed_bytes:
+        raise PoolDoesNotFit(
+            f"offload size {value} of a {format_bytes(node_plan.share_bytes)} replica share is "
+            f"{format_bytes(int(value * node_plan.share_bytes))}, less than the vLLM process alone needs "
+            f"({format_bytes(node_plan.fixed_bytes)}); the smallest fraction that fits is "
+            f"{math.ceil(node_plan.fixed_bytes / node_plan.share_bytes * 100) / 100}; "
+            f"{value} of its huge pages hold no whole page of rows: {pages_say}"
+        )
+    if kind == "bytes" and rows * shape.chunk_bytes > node_plan.max_memory_pool_bytes:
+        cost = shape.footprint(rows)
+        raise PoolDoesNotFit(
+            f"offload size {offload.size} costs {format_bytes(cost.charged_bytes)} of host memory ({cost.rule}) "
+            f"plus {format_bytes(node_plan.fixed_bytes)} for the vLLM process, but one replica's share of node "
+            f"{node_plan.name} is {format_bytes(node_plan.share_bytes)} ({node_plan.replicas_per_node} per node); "
+            f"the largest pool that fits is {format_bytes(node_plan.max_memory_pool_bytes)} in memory and {pages_say}"
+        )
+    if rows < 1:
         raise PoolDoesNotFit(
             f"offload pool of {format_bytes(max(budget, 0) if kind != 'bytes' else int(value))} is smaller than one "
-            f"offload block ({format_bytes(chunk)} = {shape.blocks_per_chunk} x {format_bytes(shape.groups.row_bytes)} "
-            f"x {shape.groups.copies} ranks)"
+            f"offload block ({format_bytes(shape.chunk_bytes)} = {shape.blocks_per_chunk} x "
+            f"{format_bytes(shape.groups.row_bytes)} x {shape.groups.copies} ranks)"
         )
-    cost = shape.footprint(chunks)
-    pool_bytes = chunks * chunk
-    blocks = chunks * shape.blocks_per_chunk
-    tokens = shape.groups.tokens_held(chunks, shape.max_model_len, shape.blocks_per_chunk)
+
+
+def _no_huge_pages(shape: _PoolShape, node: NodeFacts, node_plan: NodePlan, offload: OffloadRequest,
+                   tiered: bool) -> str:
+    """Why no pool at all can be on the node's huge pages: pool_pages' reason for the smallest pool of whole pages
+    (the asked pool's own reason may be only its size), less its "4 KiB pages: "."""
+    step = huge_page_rows(shape.chunk_bytes)
+    probe = pool_pages(shape.groups.release, step, shape.chunk_bytes, node.hugepages_2mi, node_plan.replicas_per_node,
+                       node.name, offload.connector == Connector.SPILLWAY, tiered)
+    if probe.huge_pages:
+        return "the page tables of one page of rows would not fit the replica's memory share beside the process"
+    return probe.why.partition(": ")[2]
+
+
+@functools.lru_cache(maxsize=256)
+def _pool_plan(shape: _PoolShape, chunks: int, requested: str, huge_pages: bool) -> PoolPlan:
+    """`chunks` rows in /dev/shm (as the release maps its region), or on huge pages: hugepages-2Mi, not memory, holds
+    them there (whole 2 MiB pages of rows)."""
     release = shape.groups.release
-    return PoolPlan(pool_bytes, pool_bytes / GiB, chunks, blocks, tokens, chunk, shape.groups.copies,
-                    str(offload.size), cost.charged_bytes, cost.shm_bytes, cost.rule, f"{release[0]}.{release[1]}")
-
-
-def _pool_pages(shape: _PoolShape, pool: PoolPlan, node: NodeFacts, node_plan: NodePlan, offload: OffloadRequest,
-                tiered: bool) -> PoolPages:
-    """Where the pool's pages come from; for auto also how many rows (footprint.auto_pool_pages): a node's huge
-    pages can hold a larger pool than its memory share."""
-    spillway = offload.connector == Connector.SPILLWAY
-    if parse_size(offload.size, "offload size")[0] == "auto":
-        return auto_pool_pages(shape.groups.release, pool.chunks, pool.chunk_bytes, node.hugepages_2mi,
-                               node_plan.replicas_per_node, node.name, node_plan.share_bytes - node_plan.fixed_bytes,
-                               shape.ranks, spillway, tiered)
-    return pool_pages(shape.groups.release, pool.chunks, pool.chunk_bytes, node.hugepages_2mi,
-                      node_plan.replicas_per_node, node.name, spillway, tiered)
-
-
-def _on_huge_pages(shape: _PoolShape, pool: PoolPlan, chunks: int) -> PoolPlan:
-    """`pool` with `chunks` rows (whole 2 MiB pages) on huge pages: hugepages-2Mi, not memory, holds them."""
-    cost = huge_page_footprint(shape.groups.release, chunks * pool.chunk_bytes, shape.ranks)
-    return replace(pool, bytes=cost.pool_bytes, gib=cost.pool_bytes / GiB, chunks=chunks,
-                   blocks=chunks * shape.blocks_per_chunk,
-                   tokens=shape.groups.tokens_held(chunks, shape.max_model_len, shape.blocks_per_chunk),
-                   footprint_bytes=cost.charged_bytes, shm_pool_bytes=0, footprint=cost.rule,
-                   hugepages_bytes=cost.pool_bytes)
+    pool_bytes = chunks * shape.chunk_bytes
+    cost = (huge_page_footprint(release, pool_bytes, shape.ranks) if huge_pages else shape.footprint(chunks))
+    tokens = shape.groups.tokens_held(chunks, shape.max_model_len, shape.blocks_per_chunk)
+    return PoolPlan(pool_bytes, pool_bytes / GiB, chunks, chunks * shape.blocks_per_chunk, tokens, shape.chunk_bytes,
+                    shape.groups.copies, requested, cost.charged_bytes, cost.shm_bytes, cost.rule,
+                    f"{release[0]}.{release[1]}", pool_bytes if huge_pages else 0)
 
 
 _CHOICES = {kind: choices(kind) for kind in (EvictionPolicy, Layout, Connector)}
@@ -495,7 +526,7 @@ def _warnings(layout: KVLayout, node: NodePlan | None, node_facts: NodeFacts | N
 
 def clear_caches() -> None:
     """Forget every memoized step (the benchmark's cold plans; nothing else needs it: each step is pure)."""
-    for step in (_node_plan, _pool_shape, _pool_plan, _pod_plan, _engine_args, api_servers, kv_layout,
+    for step in (_node_plan, _pool_shape, _memory_rows, _pool_plan, _pod_plan, _engine_args, api_servers, kv_layout,
                  clear_group_caches):
         getattr(step, "cache_clear", step)()
 
@@ -519,25 +550,36 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
         shape = _pool_shape(geometry, groups, request)
         node_plan = _with_max_pool(node_plan, shape.largest(node_plan.share_bytes - node_plan.fixed_bytes)
                                    * shape.chunk_bytes)
+        tiered = False
         if request.offload.enabled:
-            pool = _pool_plan(shape, node_plan, request.offload)
-        if pool is not None and request.offload.disk.enabled:
-            disk = disk_tier.plan_disk_tier(request.offload.disk, pool.chunk_bytes, pool.tokens // pool.chunks,
-                                            node.ephemeral_storage, node.name, node_plan.replicas_per_node,
-                                            request.offload.disk.replicas, groups.release)
-            # a disk hit is read into the pool, then reloaded: at the node's qualified rate, else the default link's
-            qualified = _transfer_plan(layout, request, node)
-            reload = qualified or _transfer_plan(layout, request,
-                                                 replace(node, dma_gbps=disk_tier.DEFAULT_RELOAD_GBPS))
-            disk = disk_tier.judge(disk, geometry.config, request.tensor_parallel_size, geometry.max_model_len,
-                                   node.disk_read_gbps, reload.reload_tokens_per_s if reload else None,
-                                   reload.qualified_gbps if reload else None, qualified is not None)
-        prefault = prefault_env(engine, pool, request)
-        if pool is not None:
-            pages = _pool_pages(shape, pool, node, node_plan, request.offload, disk_tier.active(disk) is not None)
+            offload = request.offload
+            rows = _memory_rows(shape, node_plan, offload)
+            pages = _placed(shape, rows, node, node_plan, offload, tiered)
+            _refuse_unplaced(shape, rows, pages, node, node_plan, offload, tiered)
+            if offload.disk.enabled:
+                # A chunk holds the same tokens in a pool of any size: tokens_held(c) // c is the one row's.
+                chunk_tokens = groups.tokens_held(1, shape.max_model_len, shape.blocks_per_chunk)
+                disk = disk_tier.plan_disk_tier(offload.disk, shape.chunk_bytes, chunk_tokens, node.ephemeral_storage,
+                                                node.name, node_plan.replicas_per_node, offload.disk.replicas,
+                                                groups.release)
+                # a disk hit is read into the pool, then reloaded: at the node's qualified rate, else the default
+                # link's
+                qualified = _transfer_plan(layout, request, node)
+                reload = qualified or _transfer_plan(layout, request,
+                                                     replace(node, dma_gbps=disk_tier.DEFAULT_RELOAD_GBPS))
+                disk = disk_tier.judge(disk, geometry.config, request.tensor_parallel_size, geometry.max_model_len,
+                                       node.disk_read_gbps, reload.reload_tokens_per_s if reload else None,
+                                       reload.qualified_gbps if reload else None, qualified is not None)
+                if disk_tier.active(disk) is not None:  # the tier keeps the pool off huge pages (pool_pages)
+                    tiered = True
+                    pages = _placed(shape, rows, node, node_plan, offload, tiered)
+                    _refuse_unplaced(shape, rows, pages, node, node_plan, offload, tiered)
+            pool = _pool_plan(shape, pages.chunks if pages.huge_pages else rows, str(offload.size), pages.huge_pages)
             if pages.huge_pages:
-                pool = _on_huge_pages(shape, pool, pages.chunks)
                 huge_env = {api.ENV_POOL_HUGEPAGES_DIR: names.POOL_HUGEPAGES_MOUNT}  # the connector's hugetlbfs
+        node_plan = _with_max_pool(node_plan, node_plan.max_memory_pool_bytes,
+                                   _huge_limit(shape, node, node_plan, request.offload, tiered))
+        prefault = prefault_env(engine, pool, request)
         pod = _pod_plan(pool, process_reserve(request.tensor_parallel_size, engine.api_servers, multimodal),
                         request.tensor_parallel_size, prefault_threads(prefault))
     active_disk = disk_tier.active(disk)
@@ -553,10 +595,11 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     return Plan(layout, node_plan, pool, pod, args, env, warnings, transfer, groups, engine, disk, pages)
 
 
-def _with_max_pool(node: NodePlan, max_pool_bytes: int) -> NodePlan:
+def _with_max_pool(node: NodePlan, memory_pool_bytes: int, hugepage_pool_bytes: int = 0) -> NodePlan:
     # dataclasses.replace, spelled out: replace inspects the fields on every call, on the cold path of every plan
     return NodePlan(node.name, node.allocatable_bytes, node.reserve_bytes, node.replicas_per_node, node.share_bytes,
-                    node.fixed_bytes, max_pool_bytes)
+                    node.fixed_bytes, max(memory_pool_bytes, hugepage_pool_bytes), memory_pool_bytes,
+                    hugepage_pool_bytes)
 
 
 @functools.lru_cache(maxsize=256)
