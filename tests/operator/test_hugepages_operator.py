@@ -43,3 +43,18 @@ def test_auto_takes_the_huge_page_share_and_gives_it_back_when_a_node_without_th
     eventually(lambda: api.get()["status"]["plan"]["offloadBytes"] == want.pool.bytes, what="the memory pool")
     assert api.get()["status"]["plan"]["poolPages"].startswith("4 KiB pages: the hugepages-2Mi of node(s) ")
     eventually(lambda: names.HUGEPAGES_2MI_RESOURCE not in resources(api)["limits"], what="no huge pages asked")
+
+
+def test_a_size_only_huge_pages_hold_is_planned_on_them_and_one_neither_holds_is_degraded_naming_both(api):
+    hugepage_node(api, "a", "1600Gi")
+    api.modelserver(offload={"size": "200Gi"})
+    api.planned(status="True")
+    plan_status = api.get()["status"]["plan"]
+    assert plan_status["offloadBytes"] == 200 * GiB, plan_status  # the memory share alone holds 32.41 GiB
+    assert "more than the 32.41 GiB its memory share holds" in plan_status["poolPages"], plan_status
+    assert resources(api)["limits"][names.HUGEPAGES_2MI_RESOURCE] == "204800Mi"
+
+    api.patch({"spec": {"offload": {"size": "500Gi"}}})
+    refused = api.planned(status="False", reason="PoolDoesNotFit")
+    assert refused["message"].endswith("the largest pool that fits is 32.41 GiB in memory and 200.0 GiB on its "
+                                       "hugepages-2Mi (200.0 GiB per replica, whole 2 MiB pages of rows)"), refused

@@ -141,3 +141,18 @@ def test_node_classes_with_huge_pages_of_different_shares_get_the_smallest():
     result = desired(modelserver(), nodes)
     assert result.plan.pod.hugepages_bytes == result.plan.pool.bytes == 100 * GiB
     assert result.node.name == "b-small"
+
+
+def test_a_size_only_one_class_holds_on_huge_pages_is_refused_saying_why():
+    """Node class a holds 200Gi only on its hugepages-2Mi, class b (memory only) holds it in memory: the pod may land
+    on either, so a plans it on 4 KiB pages too, where its memory share does not hold it."""
+    from spillway.core.errors import PoolDoesNotFit
+
+    nodes = [summarize_node(hugepage_node("a", "1600Gi", "400Gi")), summarize_node(hugepage_node("b", None, "2Ti"))]
+    with pytest.raises(PoolDoesNotFit) as error:
+        desired(modelserver(offload={"size": "200Gi"}), nodes)
+    assert str(error.value).startswith("node a holds the pool only on its hugepages-2Mi, which node(s) b lack, and "
+                                       "the pod may land on any of them; planned on 4 KiB pages: offload size 200Gi")
+    # where every class holds it on huge pages, it is planned on them
+    both = [summarize_node(hugepage_node(n, "1600Gi", "400Gi")) for n in "ab"]
+    assert desired(modelserver(offload={"size": "200Gi"}), both).plan.pod.hugepages_bytes == 200 * GiB

@@ -18,7 +18,7 @@ from ..adapters.model_config import ConfigMapReader, HubFetcher, resolve_geometr
 from ..core import disk_tier
 from ..core import k8s_names as names
 from ..core import vllm_api as api
-from ..core.errors import InvalidSpec
+from ..core.errors import InvalidSpec, PoolDoesNotFit
 from ..core.planner import Plan, replica_share_bytes, with_disk, with_engine
 from ..core.quantity import format_bytes, to_quantity
 from . import autoscaling, disk_objects, hardening, plan_cache
@@ -76,7 +76,7 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
     if huge and len(huge) < len(plans):
         # A pool on huge pages asks for hugepages-2Mi, which a node without them cannot give: where not every node
         # class holds it, every class plans it on 4 KiB pages, so the pod still fits wherever it lands.
-        plans = [(plan_cache.cached_plan(geometry, key, request, replace(c[0].facts(), hugepages_2mi=None))
+        plans = [(_on_4k_pages(geometry, key, request, c[0], [n.name for _, n in plans if n.name not in huge])
                   if c[0].name in huge else p, n) for (p, n), c in zip(plans, smallest_first, strict=True)]
     # The fewest huge pages first: where every class holds the pool on them, an auto pool is sized from each class's
     # own share of them, and a pod with less memory but more huge pages would stay pending on the class with fewer.
@@ -94,6 +94,16 @@ def plan_for_nodes(geometry, spec: ModelServerSpec, eligible: Iterable[NodeSumma
     if fewest.api_servers < chosen.engine.api_servers:
         chosen = with_engine(chosen, fewest, geometry)
     return chosen, node
+
+
+def _on_4k_pages(geometry, key, request, node: NodeSummary, without: list[str]) -> Plan:
+    """`node`'s plan with its huge pages left out; a size only they hold is refused, and the refusal says why."""
+    try:
+        return plan_cache.cached_plan(geometry, key, request, replace(node.facts(), hugepages_2mi=None))
+    except PoolDoesNotFit as exc:
+        raise PoolDoesNotFit(f"node {node.name} holds the pool only on its hugepages-2Mi, which node(s) "
+                             f"{', '.join(without)} lack, and the pod may land on any of them; planned on 4 KiB "
+                             f"pages: {exc}") from None
 
 
 def check_name(body: Mapping[str, Any]) -> None:
