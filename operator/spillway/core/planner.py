@@ -85,6 +85,10 @@ MAX_API_SERVERS = 4
 ENGINE_START_SECONDS = 1800
 POOL_SETUP_BYTES_PER_S_PER_THREAD = 0.84 * GiB
 POOL_SETUP_BYTES_PER_S_MAX = 4.0 * GiB
+# On 2 MiB huge pages the kernel neither zeroes nor maps 4 KiB at a time: 64 GiB pre-faulted by 16 threads and
+# registered in 3.0-3.2 s (20.1-21.2 GiB/s) on the H200 (bench/pool-setup/results/pool_setup.json and
+# pool_setup-fresh-machine.json, "hugetlbfs"); at most 16 threads are planned, so the slowest rate is the figure.
+POOL_SETUP_HUGE_BYTES_PER_S = 20.0 * GiB
 # Threads that pre-fault the pool, at most: 16 took a 64 GiB pool from 41 s to 7.2-7.8 s on the H200's 16 cores
 # (bench/pool-setup/results/pool_setup.json), and from 39 s to 5.5-8.9 s in an engine
 # (bench/pool-setup/); more were not measured.
@@ -685,22 +689,24 @@ def with_disk(p: Plan, disk: disk_tier.DiskTierPlan | None, request: ServingRequ
     return replace(p, args=args, env=env, warnings=warnings, disk=disk)
 
 
-def pool_setup_seconds(footprint: int, prefault_threads: int) -> int:
+def pool_setup_seconds(footprint: int, prefault_threads: int, huge_pages: bool = False) -> int:
     """The startup probe's allowance for the pool: its setup at half the slowest rate measured for this many
-    pre-faulting threads."""
-    rate = min(prefault_threads * POOL_SETUP_BYTES_PER_S_PER_THREAD, POOL_SETUP_BYTES_PER_S_MAX) / 2
+    pre-faulting threads, or on huge pages."""
+    rate = (POOL_SETUP_HUGE_BYTES_PER_S if huge_pages
+            else min(prefault_threads * POOL_SETUP_BYTES_PER_S_PER_THREAD, POOL_SETUP_BYTES_PER_S_MAX)) / 2
     return math.ceil(footprint / rate)
 
 
 @functools.lru_cache(maxsize=256)
 def _pod_plan(pool: PoolPlan | None, reserve: int, gpus: int, prefault_threads: int = 1) -> PodPlan:
     """The pod around a pool: Guaranteed memory for the pool's footprint, /dev/shm's extra and the process, and the
-    pool's huge pages where it is on them. The startup allowance stays the 4 KiB pre-fault's on huge pages: their
-    set-up with the GPU's registration is not measured yet (bench/pool-setup/README.md)."""
+    pool's huge pages where it is on them. The startup allowance is the pool's setup at the rate of its pages."""
     footprint = pool.footprint_bytes if pool else 0
     shm = _round_up((pool.shm_pool_bytes if pool else 0) + SHM_EXTRA_BYTES, MiB)
     limit = _round_up(footprint + SHM_EXTRA_BYTES + reserve, MiB)
-    startup = ENGINE_START_SECONDS + pool_setup_seconds(max(footprint, pool.bytes if pool else 0), prefault_threads)
+    huge = bool(pool and pool.hugepages_bytes)
+    startup = ENGINE_START_SECONDS + pool_setup_seconds(max(footprint, pool.bytes if pool else 0), prefault_threads,
+                                                        huge)
     return PodPlan(limit, limit, shm, reserve, gpus, startup, pool.hugepages_bytes if pool else 0)
 
 
