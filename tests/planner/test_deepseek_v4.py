@@ -92,3 +92,29 @@ def test_a_long_prefix_costs_the_latent_row_per_256_tokens():
 
     layout = kv_layout(geometry_from_config(entry_of("DeepseekV4ForCausalLM")["config"]), 2, 256)
     assert layout.block_bytes == 961344 and layout.bytes_per_token == 961344 * 2 // 256
+
+
+V41_TEXT = {"hidden_size": 4096, "num_hidden_layers": 4, "compress_ratios": [0, 2, 2, 1],
+            "kv_source_layer_ids": [1, 3], "index_source_layer_ids": [1, 3]}
+
+
+def test_deepseek_v41_defaults_are_refused_with_vllms_own_error():
+    """DeepseekV41Config fills no text field; vLLM's model raises on hidden_size before its language model."""
+    with pytest.raises(ModelGeometryUnknown, match="vLLM refuses it: AttributeError: 'DeepseekV41Config' object has "
+                                                   "no attribute 'hidden_size'"):
+        layer_caches({"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41"})
+
+
+def test_deepseek_v41_with_its_topology_is_refused_as_not_sized_yet():
+    config = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "text_config": V41_TEXT}
+    with pytest.raises(ModelGeometryUnknown, match="deepseek_v41.*does not model yet"):
+        layer_caches(config)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_deepseek_v41_has_vllms_answer_recorded_from_its_model_code(version):
+    """truth.json: the written topology's specs from vLLM's own get_kv_cache_spec (as on Hopper), grouped and sized by
+    that release's code; the planner refuses it, not mis-sizes it."""
+    row = next(s for s in statuses(version) if s.arch == "DeepseekV41ForCausalLM")
+    assert row.status == "refused" and row.vllm_offloads and row.theirs["row"] > 0
+    assert "does not model yet" in row.reason

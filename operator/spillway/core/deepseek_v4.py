@@ -83,3 +83,23 @@ def check_serving(kv_cache_dtype: str, block_size: int, name: str) -> None:
                           f"{KERNEL_BLOCK}-token kernel blocks only, so --block-size {block_size} has no common block "
                           f"size (vllm/v1/worker/utils.py select_common_block_size); ask for a multiple of "
                           f"{KERNEL_BLOCK}")
+
+
+V41_MODEL_TYPE = "deepseek_v41"
+# vLLM's own error for DeepseekV41Config's defaults: the class copies the checkpoint's text_config and fills nothing, and
+# both platforms' DeepseekV41ForCausalLM (deepseek_v41/nvidia/vl_model.py, amd/vl_model.py) build the vision aligner,
+# which reads hidden_size, before the language model and any kernel of it
+V41_DEFAULTS_REFUSAL = ("AttributeError: 'DeepseekV41Config' object has no attribute 'hidden_size' "
+                        "(vllm/models/deepseek_v4/common/vision.py DeepseekV4Aligner, from "
+                        "vllm/models/deepseek_v41/nvidia/vl_model.py DeepseekV41ForCausalLM.__init__)")
+
+
+def refuse_v41_defaults(text: Mapping[str, Any], name: str) -> None:
+    """DeepSeek-V4.1 (vllm/models/deepseek_v41): vLLM's own refusal of a config without its text fields. With them,
+    its caches follow from a per-layer topology the planner does not model yet (model_facts.UNMODELLED)."""
+    if text.get("hidden_size") is None:
+        raise ModelGeometryUnknown(f"{name}: vLLM refuses it: {V41_DEFAULTS_REFUSAL}")
+
+
+V41_UNMODELLED = ("DeepSeek-V4.1's per-layer compressed sparse attention (compress_ratios 0, 1, 2; compressed latents, "
+                  "indexer keys and compressor rings on kv_source_layer_ids and index_source_layer_ids only)")

@@ -14,7 +14,14 @@ from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Any
 
-from .deepseek_v4 import INDEXED_RATIO, CompressedAttention, read_ratios
+from .deepseek_v4 import (
+    INDEXED_RATIO,
+    V41_MODEL_TYPE,
+    V41_UNMODELLED,
+    CompressedAttention,
+    read_ratios,
+    refuse_v41_defaults,
+)
 from .deepseek_v4 import MODEL_TYPE as DEEPSEEK_V4
 from .errors import ModelGeometryUnknown
 
@@ -112,7 +119,7 @@ ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_atte
            "hidden_size": ("n_embd", "d_model"), "max_position_embeddings": ("n_positions", "max_sequence_length")}
 # Model types whose vLLM model code builds caches the config fields above do not describe; refused by name until
 # the planner models them (each reason says what vLLM does differently).
-UNMODELLED: dict[str, str] = {}
+UNMODELLED: dict[str, str] = {V41_MODEL_TYPE: V41_UNMODELLED}
 
 # Model types of recurrent layers only (vllm/model_executor/models/mamba.py, mamba2.py; FalconMamba is mamba.py's):
 # one group of MambaSpec pages at the block the plan gives, which vLLM offloads with prefix caching on (the plan
@@ -791,6 +798,8 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     architecture = check_config(config, name)
     text, multimodal = text_config(config)
     model_type = str(text.get("model_type") or config.get("model_type") or "")
+    if model_type == V41_MODEL_TYPE:
+        refuse_v41_defaults(text, name)
     if model_type in UNMODELLED:
         raise ModelGeometryUnknown(f"{name}: model_type {model_type!r} keeps a cache Spillway does not model yet: "
                                    f"{UNMODELLED[model_type]}")

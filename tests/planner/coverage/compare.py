@@ -44,16 +44,7 @@ MODEL_REFUSALS = {"are not supported for now": "vllm/model_executor/models/regis
 
 # Why no vLLM answer can be recorded for these, where the recorder's own error would not say: each needs code or a
 # config no stored tree holds, or layers not yet written from source.
-NO_TRUTH = {
-    # Its caches follow from config fields with no default anywhere (DeepseekV41Config copies the checkpoint's
-    # text_config and adds none; vLLM raises without them) and no stored tree holds a published config: writing
-    # them would invent the model's topology, which decides every cache.
-    "DeepseekV41ForCausalLM": "CUDA and ROCm only (vllm/models/deepseek_v41 has no CPU implementation), and its "
-                              "caches follow from fields its config class leaves to the checkpoint, with no default "
-                              "and no published config in any stored tree: each layer's compress_ratios (0, 1, 2), "
-                              "kv_source_layer_ids and index_source_layer_ids (which layers keep a compressed cache "
-                              "and an indexer, the rest reading theirs), the candidate blocks; written from source "
-                              "they would be invented",
+NO_TRUTH: dict[str, str] = {
 }
 
 

@@ -299,6 +299,28 @@ def _mistral_large_4() -> dict:
 
 WRITTEN["MistralLarge4ForCausalLM"] = _mistral_large_4
 
+# DeepSeek-V4.1 (vllm/transformers_utils/configs/deepseek_v41.py DeepseekV41Config) copies the checkpoint's
+# text_config onto itself and defaults none of it; its model (vllm/models/deepseek_v41) reads DeepSeek-V4's fields and
+# a per-layer topology no stored tree publishes. Written, not a published config's values: DeepseekV4Config's own
+# defaults (43 layers, the 512-wide latent with 64 RoPE dims, a 128-token window, the indexer's 128-wide keys) less its
+# layer_types and compress_rates, and a stated topology: compress_ratios 0 (sliding window only) on the first two
+# layers, then pairs of layers alternately at ratio 2 and ratio 1; the first layer of each pair is a kv source and an
+# index source (its compressor, compressed latent and indexer keys), the second reads its pair's (kv sharing); no
+# candidate blocks (candidate_source_layer_id -1, attention.py's default). vLLM's own answer for it is recorded from
+# its model code (HOPPER). The class's defaults alone: vLLM's own refusal (compare.py V41_DEFAULTS).
+def _deepseek_v41() -> dict:
+    text = {k: v for k, v in _known_config("deepseek_v4").items()
+            if k not in ("layer_types", "compress_rates", "architectures", "model_type", "id2label", "label2id")}
+    layers = text["num_hidden_layers"]
+    ratios = [0, 0] + [2 if (i - 2) // 2 % 2 == 0 else 1 for i in range(2, layers)]
+    sources = [i for i in range(2, layers) if i % 2 == 0]
+    return {"model_type": "deepseek_v41", "text_config": {
+        **text, "compress_ratios": ratios, "kv_source_layer_ids": sources, "index_source_layer_ids": sources,
+        "candidate_source_layer_id": -1, "candidate_topk_blocks": 0, "candidate_block_size": 0}}
+
+
+WRITTEN["DeepseekV41ForCausalLM"] = _deepseek_v41
+
 # Dots3Note (vllm/transformers_utils/configs/dots3_note.py Dots3NoteConfig: DeepseekV3Config's defaults) reads its
 # sliding layers and their own MLA from fields the class does not default (vllm/models/dots3_note/nvidia/model.py):
 # layer_types, sliding_window_size and the swa_* MLA. The sliding latent is 1024 + 64 wide, the one head size its
@@ -583,10 +605,16 @@ AMX_MLA = frozenset({"BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGen
 # meta device; no KV-cache spec reads a stream). vLLM's VLLM_KIMI_K3_GEMM_AR kernel switch (vllm/envs.py) is off in
 # the recorder: its fused GEMM-all-reduce needs CUTLASS's Python DSL.
 # Inkling's MoE overlaps its shared-expert sink on a side stream the same way (inkling/nvidia/moe.py), DeepSeek-V4's
-# attention its compressor's and indexer's work (deepseek_v4/attention.py).
-CUDA_STREAMS = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration",
+# attention its compressor's and indexer's work (deepseek_v4/attention.py), DeepSeek-V4.1's the same (deepseek_v41/
+# attention.py ln_events, nvidia/model.py's aux and mHC streams).
+CUDA_STREAMS = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration", "DeepseekV41ForCausalLM",
                           "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration",
                           "InklingForCausalLM", "InklingForConditionalGeneration"})
+
+# Models whose CUDA-only build asks the GPU's compute capability (DeepSeek-V4.1: deepseek_v4/nvidia/ops/o_proj.py
+# compute_fp8_einsum_recipe asserts one; its attention class and KV record follow it): record_specs.py reports
+# Hopper's, 9.0, the GPU a plan targets, so vLLM builds what it builds there (FlashMLA sparse, the V4 record).
+HOPPER = frozenset({"DeepseekV41ForCausalLM"})
 
 # Multimodal wrappers whose KV cache is their language model's (vLLM's get_kv_cache_spec walks the attention
 # layers; their vision and audio encoders keep none) and whose towers the CPU venv cannot build (torchvision, timm)

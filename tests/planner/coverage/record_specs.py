@@ -232,13 +232,14 @@ def main() -> None:
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
     from vllm.v1.kv_cache_interface import AttentionSpec
 
     try:
         from vllm.v1.worker.utils import customize_attention_spec
     except ImportError:  # pragma: no cover - older releases
         customize_attention_spec = None
-    from configs import AMX_MLA, CUDA_STREAMS, KV_TRANSFER_CHECKED, V2_RUNNER, known_model_types
+    from configs import AMX_MLA, CUDA_STREAMS, HOPPER, KV_TRANSFER_CHECKED, V2_RUNNER, known_model_types
     from transformers import AutoConfig, PretrainedConfig
 
     known = known_model_types()
@@ -264,6 +265,7 @@ def main() -> None:
     if not as_this_host:
         torch.cpu._is_amx_tile_supported = lambda: False
     cuda_stream, cuda_event = torch.cuda.Stream, torch.cuda.Event
+    own_capability = type(current_platform).get_device_capability
     os.environ.setdefault("VLLM_KIMI_K3_GEMM_AR", "0")  # configs.CUDA_STREAMS
     signal.signal(signal.SIGALRM, _on_alarm)
     started = False
@@ -282,6 +284,9 @@ def main() -> None:
                 torch.cpu._is_amx_tile_supported = (lambda: True) if amx_on else (lambda: False)
                 selector._cached_get_attn_backend.cache_clear()
             torch.cuda.Stream, torch.cuda.Event = (_Inert, _Inert) if arch in CUDA_STREAMS else (cuda_stream, cuda_event)
+            # configs.HOPPER: the capability a CUDA-only build reads, as a Hopper GPU reports it
+            type(current_platform).get_device_capability = (
+                classmethod(lambda cls, device_id=0: DeviceCapability(9, 0)) if arch in HOPPER else own_capability)
             if arch in V2_RUNNER:
                 os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
             else:

@@ -13,6 +13,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from spillway.core.deepseek_v4 import V41_DEFAULTS_REFUSAL
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from compare import RELEASES, Status, entry_of, fallback_statuses, load_truth, new_statuses, statuses
@@ -114,6 +116,10 @@ def doc_text(rows: list[Status], later: dict[str, list[Status]] | None = None) -
            "classes' (attention.py, compressor.py, sparse_swa.py) in the fp8_ds_mla layout FlashMLA keeps, Hopper's",
            "default, at the 256-token block both take (core/deepseek_v4.py); a config with no text",
            "defaults (Nemotron-Parse, Muse Spark) is written out in configs.py WRITTEN, each value's source named.",
+           "DeepSeek-V4.1's config is written so (configs.py _deepseek_v41: DeepseekV4Config's sizes and a stated",
+           "per-layer topology, not a published one) and its specs are its CUDA model code's own get_kv_cache_spec,",
+           "built on the meta device as on Hopper (configs.py HOPPER: capability 9.0, FlashMLA sparse, the V4 record)",
+           "at the CPU platform's 128-token block; its class's defaults alone vLLM refuses: " + V41_DEFAULTS_REFUSAL + ".",
            "A Transformers-backend architecture whose class transformers does not ship (Kolibri1, Nanbeige) is",
            "recorded as its checkpoint reaches vLLM: its own model type and an auto_map to its code (configs.py",
            "REMOTE_CODE), which vLLM loads only with --trust-remote-code, a flag no plan renders.",
