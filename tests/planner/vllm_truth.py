@@ -216,9 +216,12 @@ def run_sources(cases: dict) -> dict:
                 from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
                 window_fn = scheduler.get_sliding_window_size_in_chunks
             chunk_tokens = [g.tokens_per_block * config.cache.blocks_per_chunk for g in config.groups]
+            # each offloaded group's own spec: its group_id (0.33+), not its place among the offloaded, which differ
+            # where a group before it is not prefix-cacheable (DeepSeek-V4.1's bounded-replay window on 0.34)
+            ids = [getattr(g, "group_id", i) for i, g in enumerate(config.groups)]
             windows = [window_fn(next(iter(interface.iter_layer_specs(kv_cache_config.kv_cache_groups[i].kv_cache_spec)))
                                  if hasattr(interface, "iter_layer_specs") else kv_cache_config.kv_cache_groups[i].kv_cache_spec,
-                                 tokens) for i, tokens in enumerate(chunk_tokens)]
+                                 tokens) for i, tokens in zip(ids, chunk_tokens)]
             spec = cpu_spec.CPUOffloadingSpec(config)
             info = getattr(spec, "cpu_info", None)
             results[name] = {
