@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from spillway.core.errors import InvalidSpec, ModelGeometryUnknown
-from spillway.core.groups import INDEXER, MLA, SLIDING, kv_groups, layer_caches
+from spillway.core.groups import INDEXER, MLA, RING, SLIDING, kv_groups, layer_caches
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "coverage"))
 from compare import RELEASES, entry_of, statuses
@@ -105,16 +105,62 @@ def test_deepseek_v41_defaults_are_refused_with_vllms_own_error():
         layer_caches({"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41"})
 
 
-def test_deepseek_v41_with_its_topology_is_refused_as_not_sized_yet():
-    config = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "text_config": V41_TEXT}
-    with pytest.raises(ModelGeometryUnknown, match="deepseek_v41.*does not model yet"):
-        layer_caches(config)
+def _v41(**fields) -> dict:
+    text = {"num_attention_heads": 64, "head_dim": 512, "qk_rope_head_dim": 64, "sliding_window": 128,
+            "index_head_dim": 128, "dtype": "bfloat16", **V41_TEXT, **fields}
+    return {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "text_config": text}
+
+
+def test_deepseek_v41_keeps_compressed_caches_on_its_kv_sources_only():
+    """Every layer its window in 32-token blocks (32 x 584 B = 18688 -> 19008); a kv source the compressed latent and
+    the indexer's keys, one state per ratio tokens at the block asked (ratio 2: 64 x 584 -> 37440, 64 x 132 -> 8640;
+    ratio 1: 128 x 584 -> 74880, 128 x 132 -> 17280) and, at ratio 2, its compressor's unpadded fp32 ring of
+    [kv, score] rows (8 x 1024 x 4 = 32768); the layer reading layer 1's caches keeps its window only."""
+    caches = layer_caches(_v41())
+    assert [(c.kind, c.block_tokens or 128, c.page_bytes(128)) for c in caches] == [
+        (SLIDING, 32, 19008),
+        (MLA, 128, 37440), (INDEXER, 128, 8640), (SLIDING, 32, 19008), (RING, 8, 32768),
+        (SLIDING, 32, 19008),
+        (MLA, 128, 74880), (INDEXER, 128, 17280), (SLIDING, 32, 19008)]
 
 
 @pytest.mark.parametrize("version", RELEASES)
-def test_deepseek_v41_has_vllms_answer_recorded_from_its_model_code(version):
-    """truth.json: the written topology's specs from vLLM's own get_kv_cache_spec (as on Hopper), grouped and sized by
-    that release's code; the planner refuses it, not mis-sizes it."""
+def test_deepseek_v41_is_sized_as_vllm_sizes_it(version):
+    """vLLM's answer (truth.json) for the written topology: three uniform-type groups, the 43 windows, the 21 sources'
+    latents and keys, the 11 ratio-2 rings; a 9,884,160-byte row (the largest group's block rounded to the lcm of the
+    latents' and keys' 64-token kernel pages). 0.33 offloads the windows (4 chunks a request) beside the latents;
+    0.34's windows are bounded replay, not offloaded, so each request takes 16 chunks, not 20."""
     row = next(s for s in statuses(version) if s.arch == "DeepseekV41ForCausalLM")
-    assert row.status == "refused" and row.vllm_offloads and row.theirs["row"] > 0
-    assert "does not model yet" in row.reason
+    assert row.status == "sized" and row.ours == row.theirs
+    assert [g[:4] for g in row.ours["groups"]] == [("uniform", 43, 817344, 32), ("uniform", 42, 1428480, 128),
+                                                   ("uniform", 11, 360448, 8)]
+    assert (row.ours["row"], row.ours["chunks"]) == (9884160, 434)
+    assert row.ours["tokens"] == {"0.33": 44441, "0.34": 55552}[version]
+
+
+def test_deepseek_v41_offloads_its_window_on_0_33_only():
+    config = entry_of("DeepseekV41ForCausalLM")["config"]
+    assert [g.kind for g in kv_groups(config, (0, 33), 1, 128).offloaded] == [SLIDING, MLA]
+    assert [g.kind for g in kv_groups(config, (0, 34), 1, 128).offloaded] == [MLA]
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    ({"kv_cache_dtype": "bfloat16"}, "packed KV layouts only support fp8 kv-cache"),
+    ({"block_size": 32}, "64-token kernel blocks only on Hopper"),
+])
+def test_deepseek_v41_settings_vllm_cannot_serve_are_refused_with_its_reason(settings, match):
+    with pytest.raises(InvalidSpec, match=match):
+        kv_groups(_v41(), (0, 34), **{"block_size": 128, **settings})
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    ({"compress_ratios": [0, 4, 2, 1]}, "layer 1 has compress_ratio=4; only 0"),
+    ({"kv_source_layer_ids": []}, "requires kv_source_layer_ids"),
+    ({"kv_source_layer_ids": [2, 3], "index_source_layer_ids": [2, 3]}, "compressed layer 1 has no kv or index"),
+    ({"kv_source_layer_ids": [0, 1, 3], "index_source_layer_ids": [0, 1, 3]}, "kv source layer 0 has compress_ratio 0"),
+    ({"index_source_layer_ids": [1]}, "index sources other than its kv sources"),
+    ({"candidate_source_layer_id": 1}, "candidate blocks"),
+])
+def test_deepseek_v41_topologies_vllm_refuses_or_the_planner_does_not_model(fields, match):
+    with pytest.raises(ModelGeometryUnknown, match=match):
+        layer_caches(_v41(**fields))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from itertools import chain
 from typing import Any
@@ -122,6 +122,9 @@ class CacheGroup:
     # whole group's (the sum of its layers' pages), as vLLM's spec reports it
     uniform_type: bool = False
     alignment: int = 1  # the lcm of its layers' block stride alignments, in bytes
+    # KVCacheSpec.prefix_cacheable: False for a window vLLM replays instead (0.34's bounded-replay SlidingWindowMLASpec,
+    # DeepSeek-V4.1's), which it does not offload
+    prefix_cacheable: bool = True
 
     @property
     def block_bytes(self) -> int:
@@ -144,8 +147,9 @@ class KVGroups:
 
     @property
     def offloaded(self) -> tuple[CacheGroup, ...]:
-        """The groups vLLM offloads: its prefix-cacheable ones (a ring, CircularBufferSpec, is not)."""
-        return tuple(g for g in self.groups if g.kind != RING)
+        """The groups vLLM offloads: its prefix-cacheable ones (a ring, CircularBufferSpec, is not; nor is a
+        bounded-replay window)."""
+        return tuple(g for g in self.groups if g.kind != RING and g.prefix_cacheable)
 
     @property
     def row_bytes(self) -> int:
@@ -300,6 +304,9 @@ def _distinct_layers(facts: ModelFacts, tp: int, kv_cache_dtype: str) -> tuple[t
     if cache_dtype not in DTYPE_BYTES or cache_dtype == "float32":
         raise InvalidSpec(f"kv cache dtype {kv_cache_dtype!r} unknown (auto, bfloat16, float16, fp8)")
     dtype_bytes = DTYPE_BYTES[cache_dtype]
+    if facts.compressed is not None and facts.compressed.kv_sources is not None:
+        keys = tuple(zip(facts.compressed.ratios, facts.compressed.kv_sources))
+        return keys, {key: _v41_caches(*key, facts) for key in dict.fromkeys(keys)}
     if facts.compressed is not None:
         return facts.compressed.ratios, {r: _compressed_caches(r, facts) for r in dict.fromkeys(facts.compressed.ratios)}
     if facts.mla:
@@ -391,6 +398,26 @@ def _compressed_caches(ratio: int, facts: ModelFacts) -> tuple[LayerCache, ...]:
     return (*caches, window, latent, state(facts.head_dim))
 
 
+def _v41_caches(ratio: int, kv_source: bool, facts: ModelFacts) -> tuple[LayerCache, ...]:
+    """One DeepSeek-V4.1 layer's caches (core/deepseek_v4.py) in the order it registers them: a kv source's compressed
+    latent (the attention layer itself, registered before its indexer) and its indexer's keys, one state per `ratio`
+    tokens at --block-size, strides in whole 64-token kernel pages; every layer's window in 32-token blocks; a ratio-2
+    source's compressor ring (CircularBufferSpec, float32 [kv, score] rows in blocks of 8, pages unpadded)."""
+    row = dsv4.PAGE_ALIGNMENT
+    window = LayerCache(SLIDING, dsv4.LATENT_ROW_BYTES, facts.window, block_tokens=dsv4.V41_SWA_BLOCK,
+                        page_alignment=row)
+    if not kv_source:
+        return (window,)
+    latent = LayerCache(MLA, dsv4.LATENT_ROW_BYTES, tokens_per_state=ratio, stride_tokens=dsv4.V41_KERNEL_BLOCK,
+                        page_alignment=row)
+    keys = LayerCache(INDEXER, facts.indexer_bytes, tokens_per_state=ratio, stride_tokens=dsv4.V41_KERNEL_BLOCK,
+                      page_alignment=row)
+    if ratio != dsv4.RING_RATIO:
+        return (latent, keys, window)
+    ring = LayerCache(RING, 2 * facts.head_dim * dsv4.STATE_DTYPE_BYTES, block_tokens=dsv4.RING_BLOCK)
+    return (latent, keys, window, ring)
+
+
 def clear_group_caches() -> None:
     _layer_caches.cache_clear()
     _kv_groups.cache_clear()
@@ -417,7 +444,7 @@ def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size:
         # FlashInfer and keeps its kernel's alignment.
         state_chunk = math.lcm(state_chunk or 1, GDN_CHECKPOINT_ALIGNMENT)
     if facts.compressed is not None:
-        dsv4.check_serving(kv_cache_dtype, block_size, facts.name)
+        dsv4.check_serving(kv_cache_dtype, block_size, facts.name, facts.compressed)
     runs = _layer_runs(facts, tp, kv_cache_dtype)
     if release < NATIVE_SINCE.get(facts.model_type, release):
         # before its own model code, vLLM serves the architecture through its Transformers backend
@@ -428,6 +455,10 @@ def _kv_groups(facts: ModelFacts, release: tuple[int, int], tp: int, block_size:
     refusal = release_refusal(release, groups)
     if refusal:
         raise ModelGeometryUnknown(f"{facts.name}: {refusal}")
+    if facts.compressed is not None and facts.compressed.kv_sources is not None and \
+            release >= dsv4.BOUNDED_REPLAY_SINCE:
+        # DeepSeek-V4.1's window on 0.34: bounded replay, not prefix-cacheable, so not offloaded
+        groups = tuple(replace(g, prefix_cacheable=False) if g.kind == SLIDING else g for g in groups)
     mla = facts.mla
     replicated = mla or (tp > 1 and facts.num_kv_heads < tp)
     return KVGroups(release, groups, host_copies(release, mla, tp), replicated)
@@ -455,6 +486,10 @@ def _group_runs(runs: Mapping[LayerCache, int], block_size: int, kernel_block: i
         raise ModelGeometryUnknown(f"{name}: the model has no layer with a KV cache")
     if packed and any(layer.kind == MAMBA for layer in runs) and any(layer.kind in (INDEXER, RING) for layer in runs):
         return _packed_hybrid_groups(runs, block_size, kernel_block, state_chunk, name, min_align)
+    if packed and any(layer.kind == RING and layer.block_tokens for layer in runs):
+        # a ring in blocks of its own beside caches in theirs (DeepSeek-V4.1's compressor rings, 32-token windows and
+        # compressed latents at the block asked): one bucket per type, as _get_packed_kv_cache_groups makes them
+        return _packed_attention_buckets(runs, block_size, name)
     rings = {layer: count for layer, count in runs.items() if layer.kind == RING}
     if rings:
         # CircularBufferSpec is a type of its own (one UniformTypeKVCacheSpecs group of them), after the others

@@ -16,10 +16,11 @@ from typing import Any
 
 from .deepseek_v4 import (
     INDEXED_RATIO,
+    RING_RATIO,
     V41_MODEL_TYPE,
-    V41_UNMODELLED,
     CompressedAttention,
     read_ratios,
+    read_v41_topology,
     refuse_v41_defaults,
 )
 from .deepseek_v4 import MODEL_TYPE as DEEPSEEK_V4
@@ -119,7 +120,7 @@ ALIASES = {"num_hidden_layers": ("n_layer", "n_layers", "num_layers"), "num_atte
            "hidden_size": ("n_embd", "d_model"), "max_position_embeddings": ("n_positions", "max_sequence_length")}
 # Model types whose vLLM model code builds caches the config fields above do not describe; refused by name until
 # the planner models them (each reason says what vLLM does differently).
-UNMODELLED: dict[str, str] = {V41_MODEL_TYPE: V41_UNMODELLED}
+UNMODELLED: dict[str, str] = {}
 
 # Model types of recurrent layers only (vllm/model_executor/models/mamba.py, mamba2.py; FalconMamba is mamba.py's):
 # one group of MambaSpec pages at the block the plan gives, which vLLM offloads with prefix caching on (the plan
@@ -793,6 +794,22 @@ def _deepseek_v4_facts(text: Mapping[str, Any], architecture: str, name: str, mu
                       None, None, None, 2048, _max_model_len(text, DEEPSEEK_V4), multimodal, compressed=compressed)
 
 
+def _deepseek_v41_facts(text: Mapping[str, Any], architecture: str, name: str, multimodal: bool) -> ModelFacts:
+    """DeepSeek-V4.1 (vllm/models/deepseek_v41): DeepSeek-V4's MLA and caches, kept by kv-sharing groups: every layer
+    its window, a kv source (compress ratio 1 or 2) the compressed latent, the indexer's keys and, at ratio 2, its
+    compressor's ring; the layers after it read the source's (core/deepseek_v4.py read_v41_topology)."""
+    num_layers = _int(text, "num_hidden_layers", name)
+    ratios, sources = read_v41_topology(text, num_layers, name)
+    compressed = CompressedAttention(ratios, _int(text, "index_head_dim", name) if any(sources) else 0, sources)
+    # descriptive only: groups.py builds the caches from the topology
+    kinds = [(MLA, INDEXER, SLIDING, RING) if s and r == RING_RATIO else (MLA, INDEXER, SLIDING) if s else (SLIDING,)
+             for r, s in zip(ratios, sources)]
+    return ModelFacts(name, architecture, V41_MODEL_TYPE, _dtype(text, name), num_layers,
+                      _int(text, "num_attention_heads", name), 1, _int(text, "head_dim", name), 0, True, tuple(kinds),
+                      _int(text, "sliding_window", name), compressed.index_key_bytes if compressed.index_head_dim else 0,
+                      None, None, None, 2048, _max_model_len(text, V41_MODEL_TYPE), multimodal, compressed=compressed)
+
+
 def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     """The facts of a config.json mapping, or ModelGeometryUnknown saying what is missing or impossible."""
     architecture = check_config(config, name)
@@ -800,6 +817,7 @@ def read_facts(config: Mapping[str, Any], name: str = "model") -> ModelFacts:
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     if model_type == V41_MODEL_TYPE:
         refuse_v41_defaults(text, name)
+        return _deepseek_v41_facts(text, architecture, name, multimodal)
     if model_type in UNMODELLED:
         raise ModelGeometryUnknown(f"{name}: model_type {model_type!r} keeps a cache Spillway does not model yet: "
                                    f"{UNMODELLED[model_type]}")
