@@ -8,7 +8,6 @@ from spillway.controller.spec import parse_spec
 from spillway.core import k8s_names as names
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec
-from spillway.core.geometry import DEFAULT_BLOCK_SIZE
 from spillway.core.options import Connector, EvictionPolicy, Layout
 from support.ms_examples import LLAMA_8B, modelserver
 
@@ -17,7 +16,7 @@ def test_a_spec_naming_only_a_model_takes_the_defaults():
     spec = parse_spec({"model": LLAMA_8B})
     request = spec.request
     assert request.tensor_parallel_size == 1 and spec.replicas == 1 and request.replicas_per_node is None
-    assert request.block_size == DEFAULT_BLOCK_SIZE
+    assert request.block_size is None  # none asked: the plan takes the model's (planner.block_size_for)
     assert spec.image == names.DEFAULT_VLLM_IMAGE
     assert request.offload.enabled and request.offload.size == "auto"
     offload = request.offload

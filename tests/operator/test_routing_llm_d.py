@@ -123,10 +123,10 @@ def test_the_precise_index_weights_both_tiers_and_holds_the_planned_pools():
     producer = next(p for p in config["plugins"] if p["type"] == "precise-prefix-cache-producer")["parameters"]
     tiers = {b["name"]: b["weight"] for b in producer["indexerConfig"]["kvCacheBackendConfigs"]}
     assert tiers == {"gpu": 1.0, "cpu": routing.LLM_D_CPU_TIER_WEIGHT}
-    pool_blocks = result.plan.pool.tokens // result.spec.request.block_size
+    pool_blocks = result.plan.pool.tokens // result.plan.layout.block_size
     assert producer["indexerConfig"]["kvBlockIndexConfig"]["inMemoryConfig"] == {"size": 3 * pool_blocks,
                                                                                  "podCacheSize": 6}
-    assert producer["tokenProcessorConfig"]["blockSizeTokens"] == result.spec.request.block_size
+    assert producer["tokenProcessorConfig"]["blockSizeTokens"] == result.plan.layout.block_size
 
 
 def test_pod_discovery_selects_the_vllm_pods():
@@ -237,9 +237,9 @@ def test_the_precise_producer_carries_the_plans_block_and_capacity(model):
     result = render(replicas=3, **({"model": model} if model else {}))
     block = result.plan.layout.kv_block_size
     if model:
-        assert block > result.spec.request.block_size  # a hybrid: 64 asked, vLLM's block larger
+        assert block > result.plan.layout.block_size  # a hybrid: 64 asked, vLLM's block larger
     else:
-        assert block == result.spec.request.block_size
+        assert block == result.plan.layout.block_size
     producer = _producer(result)
     assert producer["tokenProcessorConfig"]["blockSizeTokens"] == block
     assert producer["indexerConfig"]["kvBlockIndexConfig"]["inMemoryConfig"]["size"] == \

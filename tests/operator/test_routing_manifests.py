@@ -98,7 +98,7 @@ def test_kv_aware_puts_the_router_behind_the_users_service():
 
 
 def result_pool_blocks(result) -> int:
-    return result.plan.pool.tokens // result.spec.request.block_size
+    return result.plan.pool.tokens // result.plan.layout.block_size
 
 
 def test_host_tier_credit_weighs_llm_ds_cpu_tier_from_the_qualified_node_or_the_override():

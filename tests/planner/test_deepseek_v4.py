@@ -164,3 +164,27 @@ def test_deepseek_v41_settings_vllm_cannot_serve_are_refused_with_its_reason(set
 def test_deepseek_v41_topologies_vllm_refuses_or_the_planner_does_not_model(fields, match):
     with pytest.raises(ModelGeometryUnknown, match=match):
         layer_caches(_v41(**fields))
+
+
+@pytest.mark.parametrize(("arch", "block"), [("DeepseekV4ForCausalLM", 256), ("DeepseekV41ForCausalLM", 64)])
+def test_a_plan_without_a_block_size_takes_the_block_vllm_picks_for_the_model(arch, block):
+    """No --block-size asked: vLLM picks the smallest block every attention backend takes (platforms/interface.py
+    _preferred_block_size_for_backends): DeepSeek-V4's sparse MLA and indexer kernels take 256 only, so 256, not
+    Spillway's 64, which vLLM would refuse; DeepSeek-V4.1's Hopper kernels (64) take 64."""
+    from spillway.core.geometry import geometry_from_config
+    from spillway.core.planner import ServingRequest, plan
+
+    geometry = geometry_from_config(entry_of(arch)["config"])
+    rendered = plan(geometry, ServingRequest(vllm_version="0.34.0"))
+    assert rendered.layout.block_size == block
+    assert rendered.args[rendered.args.index("--block-size") + 1] == str(block)
+
+
+def test_a_block_size_asked_is_kept_and_refused_as_vllm_refuses_it():
+    from spillway.core.geometry import geometry_from_config
+    from spillway.core.planner import ServingRequest, plan
+
+    geometry = geometry_from_config(entry_of("DeepseekV4ForCausalLM")["config"])
+    with pytest.raises(InvalidSpec, match="--block-size 64 has no common block size"):
+        plan(geometry, ServingRequest(block_size=64, vllm_version="0.34.0"))
+    assert plan(geometry, ServingRequest(block_size=512, vllm_version="0.34.0")).layout.block_size == 512

@@ -24,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
     model.add_argument("--list-models", action="store_true", help="list the catalog's model ids")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
+    p.add_argument("--block-size", type=int, help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE}, or the "
+                   "block vLLM picks for a model whose kernels cannot tile it)")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto|bfloat16|float16|fp8")
     p.add_argument("--node-memory", help="node allocatable memory, e.g. 512Gi")
     p.add_argument("--gpus-per-node", type=int)

@@ -110,7 +110,7 @@ def _router_probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def pool_blocks(spec: ModelServerSpec, result: Plan) -> int:
-    return (result.pool.tokens // spec.request.block_size) if result.pool is not None else 0
+    return (result.pool.tokens // result.layout.block_size) if result.pool is not None else 0
 
 
 def router_index_bytes(spec: ModelServerSpec, index_blocks: int) -> int:
@@ -130,13 +130,14 @@ def router_memory_bytes(index_bytes: int) -> int:
     return routing.ROUTER_BASE_BYTES + routing.ROUTER_BODY_BUDGET_BYTES + index_bytes
 
 
-def router_command(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks: int) -> list[str]:
+def router_command(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks: int, block_size: int) -> list[str]:
     """`spillway route` over the replicas, recording per pod what its pool holds (the default without a pool),
-    all pods' records within the memory budget the pod's limit is rendered from."""
+    all pods' records within the memory budget the pod's limit is rendered from; `block_size`: the plan's
+    --block-size (the one asked, or the model's where none was)."""
     name = body["metadata"]["name"]
     namespace = body["metadata"].get("namespace") or "default"
     args = ["spillway", "route", "--replicas", f"{replicas_service_name(name)}.{namespace}.svc",
-            "--block-size", str(spec.request.block_size)]
+            "--block-size", str(block_size)]
     if index_blocks > 0:
         args += ["--index-blocks", str(index_blocks)]
     args += ["--index-bytes", str(router_index_bytes(spec, index_blocks))]
@@ -146,7 +147,7 @@ def router_command(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks:
 
 
 def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks: int,
-                   image: str) -> list[dict[str, Any]]:
+                   image: str, block_size: int) -> list[dict[str, Any]]:
     """The headless Service over the replicas and the router's Deployment; `image` is the router image when
     spec.routing.router.image names none (the operator's setting)."""
     name = body["metadata"]["name"]
@@ -163,7 +164,7 @@ def router_objects(body: Mapping[str, Any], spec: ModelServerSpec, index_blocks:
     container = {
         "name": names.CONTAINER_ROUTER,
         "image": spec.routing.router_image or image,
-        "command": router_command(body, spec, index_blocks),
+        "command": router_command(body, spec, index_blocks, block_size),
         "ports": [{"name": names.PORT_NAME_HTTP, "containerPort": routing.ROUTER_PORT, "protocol": "TCP"},
                   {"name": names.PORT_NAME_METRICS, "containerPort": routing.ROUTER_METRICS_PORT, "protocol": "TCP"}],
         "resources": {"requests": {**ROUTER_REQUESTS, "memory": memory, **resources.get("requests", {})},
@@ -254,7 +255,7 @@ def llm_d_block_tokens(spec: ModelServerSpec, result: Plan) -> int:
     """The tokens per block llm-d must hash by: vLLM's own KV block, which for a hybrid (Mamba or linear
     attention layers) is enlarged past --block-size (576 tokens for Qwen3-Next, 1088 for Nemotron-H at 64):
     a block of another size names no block the pods store."""
-    return result.layout.kv_block_size if result.layout is not None else spec.request.block_size
+    return result.layout.kv_block_size
 
 
 def llm_d_pod_blocks(spec: ModelServerSpec, result: Plan) -> int:
@@ -376,7 +377,8 @@ def routed(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan, objects
                 obj = with_hash(admit_router_to_events(obj))
         out.append(obj)
     if mode == routing.MODE_KV_AWARE:
-        out += [with_hash(o) for o in router_objects(body, spec, pool_blocks(spec, result), router_image)]
+        out += [with_hash(o) for o in router_objects(body, spec, pool_blocks(spec, result), router_image,
+                                                    result.layout.block_size)]
         if spec.network_policy:
             out.append(with_hash(router_network_policy(body, spec)))
     else:

@@ -14,7 +14,7 @@ from typing import Any
 from ..core import k8s_names as names
 from ..core import vllm_api as api
 from ..core.errors import InvalidSpec
-from ..core.geometry import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPE_BYTES
+from ..core.geometry import KV_CACHE_DTYPE_BYTES
 from ..core.model_source import ModelSource
 from ..core.options import Connector, EvictionPolicy, Layout, choices
 from ..core.planner import OffloadRequest, ServingRequest
@@ -325,7 +325,7 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         hf_token_secret=token_ref,
         request=ServingRequest(
             tensor_parallel_size=_int(spec, "tensorParallelSize", "spec", 1, 1),
-            block_size=_int(spec, "blockSize", "spec", DEFAULT_BLOCK_SIZE, 1),
+            block_size=_int(spec, "blockSize", "spec", None, 1),  # None: the plan takes the model's
             kv_cache_dtype=_str(spec, "kvCacheDtype", "spec", "auto", KV_CACHE_DTYPES),
             replicas_per_node=_int(spec, "replicasPerNode", "spec", None, 1),
             offload=_offload(spec),

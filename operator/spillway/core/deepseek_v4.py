@@ -16,6 +16,7 @@ bounded replay, not offloaded.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -191,3 +192,19 @@ def _check_v41_serving(kv_cache_dtype: str, block_size: int, name: str) -> None:
                           f"{V41_KERNEL_BLOCK}-token kernel blocks only on Hopper, so --block-size {block_size} has no "
                           "common block size (vllm/v1/worker/utils.py select_common_block_size); ask for a multiple "
                           f"of {V41_KERNEL_BLOCK}")
+
+
+# The window cache's backend (v1/attention/backends/mla/sparse_swa.py DeepseekSparseSWABackend): MultipleOf(32)
+SWA_KERNEL_BLOCK = 32
+
+
+def own_block_size(compressed: CompressedAttention, default: int) -> int:
+    """The block vLLM picks itself where no --block-size is given (platforms/interface.py
+    update_block_size_for_backend, _preferred_block_size_for_backends; 0.33 and 0.34 on CUDA): `default` where every
+    attention backend takes it, else the smallest lcm of one kernel block of each. DeepSeek-V4's sparse MLA and
+    indexer backends take 256, its window's multiples of 32 and its compressor's any block: 256. DeepSeek-V4.1's on
+    Hopper take 64, 64, multiples of 32 and any: a default of 64 stands."""
+    kernel = V41_KERNEL_BLOCK if compressed.kv_sources is not None else KERNEL_BLOCK
+    if default % kernel == 0 and default % SWA_KERNEL_BLOCK == 0:
+        return default
+    return math.lcm(kernel, SWA_KERNEL_BLOCK)

@@ -35,6 +35,7 @@ from spillway_connector.versions import UnsupportedVLLMVersion, require_supporte
 from . import disk_tier
 from . import k8s_names as names
 from . import vllm_api as api
+from .deepseek_v4 import own_block_size
 from .errors import InvalidSpec, NoEligibleNodes, PoolDoesNotFit
 from .footprint import (
     MAX_PIN_CALL_BYTES,
@@ -124,7 +125,8 @@ class OffloadRequest:
 @dataclass(frozen=True)
 class ServingRequest:
     tensor_parallel_size: int = 1
-    block_size: int = DEFAULT_BLOCK_SIZE
+    # tokens per GPU KV block (--block-size); None: none asked, and the plan takes the model's (block_size_for)
+    block_size: int | None = None
     kv_cache_dtype: str = "auto"
     replicas_per_node: int | None = None
     offload: OffloadRequest = field(default_factory=OffloadRequest)
@@ -310,9 +312,20 @@ def model_groups(geometry: ModelGeometry, request: ServingRequest) -> KVGroups:
     return _layout(geometry, request).groups
 
 
+def block_size_for(geometry: ModelGeometry, request: ServingRequest) -> int:
+    """The --block-size a plan renders: the one asked; else DEFAULT_BLOCK_SIZE, or, for a model whose attention kernels
+    cannot tile it, the block vLLM itself picks when none is given (DeepSeek-V4: 256, deepseek_v4.own_block_size)."""
+    if request.block_size is not None:
+        return request.block_size
+    facts = geometry.facts
+    if facts is not None and facts.compressed is not None:
+        return own_block_size(facts.compressed, DEFAULT_BLOCK_SIZE)
+    return DEFAULT_BLOCK_SIZE
+
+
 def _layout(geometry: ModelGeometry, request: ServingRequest) -> KVLayout:
-    return kv_layout(geometry, request.tensor_parallel_size, request.block_size, request.kv_cache_dtype,
-                     _version_tuple(request.vllm_version))
+    return kv_layout(geometry, request.tensor_parallel_size, block_size_for(geometry, request),
+                     request.kv_cache_dtype, _version_tuple(request.vllm_version))
 
 
 @dataclass(frozen=True)
@@ -539,7 +552,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
     """Plan one replica of `geometry` on `node` (geometry only when node is None). Its steps are pure and
     memoized: the operator re-plans an unchanged spec on every reconcile, and no search runs twice on the same
     inputs."""
-    _validate_offload(request.offload, request.block_size)
+    _validate_offload(request.offload, block_size_for(geometry, request))
     disk_tier.check_request(request.offload.disk, request.offload.enabled, request.offload.connector,
                             _version_tuple(request.vllm_version))
     layout = _layout(geometry, request)
