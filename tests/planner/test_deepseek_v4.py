@@ -3,6 +3,7 @@ from the source's formulas, the groups vLLM's packed grouping makes of them, its
 refusals of settings it cannot serve."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -188,3 +189,24 @@ def test_a_block_size_asked_is_kept_and_refused_as_vllm_refuses_it():
     with pytest.raises(InvalidSpec, match="--block-size 64 has no common block size"):
         plan(geometry, ServingRequest(block_size=64, vllm_version="0.34.0"))
     assert plan(geometry, ServingRequest(block_size=512, vllm_version="0.34.0")).layout.block_size == 512
+
+
+
+def test_an_offload_block_is_refused_where_offloaded_groups_keep_blocks_of_several_sizes():
+    """vLLM asserts that every offloaded group has one block size when the connector's block_size is given
+    (kv_connector/v1/offloading/config.py): the plan refuses it rather than render an engine that never starts.
+    DeepSeek-V4.1 on 0.34 offloads one group (its windows are replayed, not offloaded), so it may set one."""
+    from spillway.core.geometry import geometry_from_config
+    from spillway.core.planner import NodeFacts, OffloadRequest, ServingRequest, plan
+
+    def planned(arch, chunk=None):
+        request = ServingRequest(vllm_version="0.34.0", offload=OffloadRequest(offload_block_size=chunk),
+                                 kv_cache_dtype="fp8")
+        return plan(geometry_from_config(entry_of(arch)["config"]), request, NodeFacts(2**41, 8, "h200"))
+
+    assert len({g.block_size for g in planned("DeepseekV4ForCausalLM").layout.groups.offloaded}) > 1
+    with pytest.raises(InvalidSpec, match="all groups must have the same block size"):
+        planned("DeepseekV4ForCausalLM", 1024)
+    assert len({g.block_size for g in planned("DeepseekV41ForCausalLM").layout.groups.offloaded}) == 1
+    args = planned("DeepseekV41ForCausalLM", 256).args
+    assert json.loads(args[args.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]["block_size"] == 256

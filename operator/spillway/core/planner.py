@@ -345,6 +345,17 @@ class _PoolShape:
         return largest_pool(self.groups.release, budget, self.chunk_bytes, self.ranks, self.tensors)
 
 
+def _check_offload_block(groups: KVGroups, offload: OffloadRequest) -> None:
+    """An offload block needs one block size across the offloaded groups: vLLM asserts it at engine start
+    (kv_connector/v1/offloading/config.py), a crash loop the plan must not render."""
+    blocks = sorted({g.block_size for g in groups.offloaded})
+    if offload.enabled and offload.offload_block_size and len(blocks) > 1:
+        raise InvalidSpec(f"offload block size {offload.offload_block_size} cannot be set for this model: its "
+                          f"offloaded KV-cache groups keep blocks of {blocks} tokens, and vLLM requires that 'all "
+                          "groups must have the same block size' when 'block_size' is specified in "
+                          "kv_connector_extra_config; leave offload.blockSize unset (one GPU block a chunk)")
+
+
 @functools.lru_cache(maxsize=256)
 def _pool_shape(geometry: ModelGeometry, groups: KVGroups, request: ServingRequest) -> _PoolShape:
     offload = request.offload
@@ -557,6 +568,7 @@ def plan(geometry: ModelGeometry, request: ServingRequest = ServingRequest(), no
                             _version_tuple(request.vllm_version))
     layout = _layout(geometry, request)
     groups = layout.groups
+    _check_offload_block(groups, request.offload)
     node_plan = pool = pod = disk = pages = None
     huge_env: dict[str, str] = {}
     engine = NO_NODE_ENGINE
