@@ -210,3 +210,18 @@ def test_an_offload_block_is_refused_where_offloaded_groups_keep_blocks_of_sever
     assert len({g.block_size for g in planned("DeepseekV41ForCausalLM").layout.groups.offloaded}) == 1
     args = planned("DeepseekV41ForCausalLM", 256).args
     assert json.loads(args[args.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]["block_size"] == 256
+
+
+def test_the_reload_rate_counts_each_whole_prefix_group_at_its_own_block():
+    """DeepSeek-V4 reloads a latent row per 256 tokens of prefix, not per its windows' 4-token blocks: the node's
+    link moves one rank's prefix bytes a token (KVGroups.prefix_bytes_per_token)."""
+    from spillway.core.geometry import geometry_from_config
+    from spillway.core.planner import NodeFacts, ServingRequest, plan
+
+    p = plan(geometry_from_config(entry_of("DeepseekV4ForCausalLM")["config"]),
+             ServingRequest(vllm_version="0.34.0", kv_cache_dtype="fp8"), NodeFacts(2**41, 8, "h200", dma_gbps=50.0))
+    groups = p.layout.groups
+    whole = [g for g in groups.offloaded if groups.window_chunks(g) is None]
+    assert {g.block_size for g in whole} == {256} and min(g.block_size for g in groups.offloaded) < 256
+    # whole bytes a token (prefix_bytes_per_token rounds down): within 0.1%; a row per 4-token block would be 64x less
+    assert p.transfer.reload_tokens_per_s == pytest.approx(50e9 * 256 / (groups.row_bytes * len(whole)), rel=1e-3)

@@ -761,9 +761,9 @@ def _transfer_plan(layout: KVLayout, request: ServingRequest, node: NodeFacts | 
     if not gbps:
         return None
     rate = gbps * 1e9
-    # A block of prefix reloads one row per group that keeps the whole prefix (one for a model without windows).
-    return TransferPlan(gbps, unit, layout.block_bytes / rate * 1e6,
-                        rate * layout.kv_block_size / (layout.block_bytes * layout.prefix_rows))
+    # A prefix reloads a row per block of each group that keeps it whole, at that group's own block (DeepSeek-V4's
+    # latents a row per 256 tokens beside windows of 64): one rank's bytes a token, since each rank has its link.
+    return TransferPlan(gbps, unit, layout.block_bytes / rate * 1e6, rate / layout.groups.prefix_bytes_per_token(1))
 
 
 @functools.lru_cache(maxsize=64)
