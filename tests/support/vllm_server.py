@@ -87,8 +87,35 @@ def write_tiny_model(directory: Path, model: TinyLlama = TinyLlama()) -> Path:
     return directory
 
 
+_PORT_SLICE = 1500  # ports each pytest-xdist worker draws from, below the kernel's ephemeral range
+_next_port = [0]
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port free now, for a process that binds it later. Not one the kernel would pick: a port it hands out
+    (bind to 0) is also every outbound connection's source port, and vLLM's KV-event publisher binds its port a
+    minute after it was chosen, at engine start: one run lost that race ("Address already in use"). So each xdist
+    worker draws from its own slice below ip_local_port_range, in turn, skipping ports that are taken."""
+    worker = int(re.sub(r"\D", "", os.environ.get("PYTEST_XDIST_WORKER", "")) or 0)
+    low = max(1024, _ephemeral_floor() - 8 * _PORT_SLICE) + (worker % 8) * _PORT_SLICE
+    for _ in range(_PORT_SLICE):
+        port = low + _next_port[0] % _PORT_SLICE
+        _next_port[0] += 1
+        try:
+            with socket.socket() as sock:  # all interfaces: the publisher binds tcp://*:port
+                sock.bind(("", port))
+                return port
+        except OSError:
+            continue
+    with socket.socket() as sock:  # a slice all taken: the kernel's pick, as before
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
