@@ -22,6 +22,7 @@ pytestmark = pytest.mark.engine
 
 BLOCK = 32
 GPU_BLOCKS = 48
+PREEMPT_OUTPUT = 448  # tokens each preemption request decodes
 CPU_POOL_BYTES = 8 * 2**20  # 512 blocks of 16 KiB: holds every prompt of this module
 
 
@@ -214,16 +215,17 @@ def test_no_request_fails_on_a_connection_the_server_is_closing(server: VllmServ
 
 
 def test_preemption_reloads_are_counted_by_vllm_and_by_the_connector(server: VllmServer, tmp_path: Path):
-    # 8 sequences growing to 448 tokens need 112 blocks of 32; the engine has 48: it must preempt, and a preempted
-    # request's stored blocks come back from the CPU pool when it resumes.
+    # 8 sequences growing to 704 tokens need 22 blocks of 32 each; the engine has 48: any 3 running at once must
+    # preempt, and a preempted request's stored blocks come back from the CPU pool when it resumes. (Growing to 448
+    # needed 4 at once, and one CI run on a loaded machine sent them too far apart to overlap: no preemption.)
     out = loadtest("preemption", "run", "--endpoint", server.base_url, "--requests", "8", "--prompt-len", "256",
-                   "--output-tokens", "192", "--concurrency", "8", "--seed", "3", "-o", str(tmp_path / "p.json"),
-                   "--progress", "none")
+                   "--output-tokens", str(PREEMPT_OUTPUT), "--concurrency", "8", "--seed", "3", "-o",
+                   str(tmp_path / "p.json"), "--progress", "none")
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "p.json").read_text())
     assert result["status"] == "complete" and result["schema"] == "spillway.loadtest.preemption/v1"
     (run,) = result["runs"]
-    assert run["role"] == "offload" and run["ok"] == 8 and run["output_tokens"] == 8 * 192
+    assert run["role"] == "offload" and run["ok"] == 8 and run["output_tokens"] == 8 * PREEMPT_OUTPUT
     achieved = run["achieved"]
     assert achieved["preemptions"] > 0
     assert 0 < achieved["preempted_reload_requests"] <= achieved["preemptions"]
