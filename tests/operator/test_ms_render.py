@@ -93,7 +93,8 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     done = spillway("-f", str(ms), "--node-memory", "2Ti", "--gpus-per-node", "8")
     assert done.returncode == 2 and done.stdout == ""
     line, = done.stderr.strip().splitlines()
-    assert line.startswith("spillway: error: offload size 3Ti costs")
+    assert line.startswith("spillway: error: offload size 3Ti fits neither the memory nor the huge pages of one "
+                           "replica's share of node")
     assert spillway("-f", str(ms)).returncode == 2
     other = tmp_path / "other.yaml"
     other.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")

@@ -110,6 +110,10 @@ def test_rows_round_down_to_whole_pages():
     pages = fp.pool_pages((0, 34), 5, 3 * MiB, 64 * GiB, 1, "n")
     assert pages.huge_pages and pages.chunks == 4 and pages.hugepages_bytes == 12 * MiB
     assert pages.why.endswith("1 of its 5 rows given up to make whole pages; memory holds only its page tables")
+    # the share need hold only those whole pages, not the 15 MiB asked
+    exact = fp.pool_pages((0, 34), 5, 3 * MiB, 12 * MiB, 1, "n")
+    assert exact.huge_pages and exact.chunks == 4
+    assert not fp.pool_pages((0, 34), 5, 3 * MiB, 10 * MiB, 1, "n").huge_pages
     # a row of 513 x 4 KiB makes whole pages only every 512 rows
     refused = fp.pool_pages((0, 34), 100, 513 * 4096, 64 * GiB, 1, "n")
     assert not refused.huge_pages and refused.why == ("4 KiB pages: a chunk row of 2101248 bytes makes whole 2 MiB "
@@ -191,6 +195,8 @@ def test_a_size_beyond_the_memory_share_goes_on_the_huge_pages_that_hold_it():
 def test_a_size_neither_holds_is_refused_naming_both_limits():
     with pytest.raises(PoolDoesNotFit) as error:
         auto(400 * GiB, 1600 * GiB, size="500Gi")
+    assert str(error.value).startswith("offload size 500Gi fits neither the memory nor the huge pages of one "
+                                       "replica's share of node h200 (8 per node): in memory it costs ")
     assert str(error.value).endswith("the largest pool that fits is 32.41 GiB in memory and 200.0 GiB on its "
                                      "hugepages-2Mi (200.0 GiB per replica, whole 2 MiB pages of rows)")
     with pytest.raises(PoolDoesNotFit) as error:

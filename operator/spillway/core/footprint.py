@@ -186,19 +186,19 @@ class PoolPages:
 def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hugepages: int | None, replicas: int,
                node_name: str, spillway_spec: bool = True, disk_tier: bool = False) -> PoolPages:
     """Huge pages when Spillway's spec places the release's region on hugetlbfs and the replica's share of the node's
-    hugepages-2Mi holds the pool, its rows rounded down to whole 2 MiB pages; else 4 KiB pages, pre-faulted, and
+    hugepages-2Mi holds the pool's rows rounded down to whole 2 MiB pages (as largest_huge_pool counts); else 4 KiB pages, pre-faulted, and
     the reason. Never with a disk tier: vLLM's tiering spec maps the pool in the engine core too, at its own path in
     /dev/shm (vllm/v1/kv_offload/tiering/spec.py get_manager), which the connector does not place, so the tier would
     read and write another file than the workers' (spillway_connector/spec.py tiering_region)."""
-    pool_bytes = chunks * chunk_bytes
-    needed = -(-pool_bytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    step = huge_page_rows(chunk_bytes)
+    whole = chunks // step * step  # what goes on huge pages: hugetlbfs takes whole 2 MiB pages only
     share = hugepage_share(node_hugepages, replicas)
     fallback = "4 KiB pages"  # pre-faulted as the plan's env and connector say (SPILLWAY_PREFAULT_THREADS)
     if share is None:
         return PoolPages(False, 0, None, f"{fallback}: node {node_name}'s allocatable hugepages-2Mi is not known")
-    if share < needed:
+    if share < whole * chunk_bytes:
         return PoolPages(False, 0, share, f"{fallback}: the replica's share of node {node_name}'s hugepages-2Mi is "
-                                          f"{_gib(share)}, the pool needs {_gib(needed)}")
+                                          f"{_gib(share)}, the pool needs {_gib(whole * chunk_bytes)}")
     if disk_tier:
         return PoolPages(False, 0, share, f"{fallback}: node {node_name}'s hugepages-2Mi would hold the pool "
                                           f"({_gib(share)} per replica), but with the disk tier vLLM's engine core "
@@ -210,15 +210,21 @@ def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hug
                     "the hugepages volume)")
         return PoolPages(False, 0, share, f"{fallback}: node {node_name}'s hugepages-2Mi would hold the pool "
                                           f"({_gib(share)} per replica), but vLLM {release[0]}.{release[1]} {how}")
-    step = huge_page_rows(chunk_bytes)
-    whole = chunks // step * step
     if whole < 1:
         return PoolPages(False, 0, share, f"{fallback}: a chunk row of {chunk_bytes} bytes makes whole 2 MiB pages "
                                           f"only every {step} rows, more than the pool's {chunks}")
-    given_up = f", {chunks - whole} of its {chunks} rows given up to make whole pages" if whole < chunks else ""
-    return PoolPages(True, whole * chunk_bytes, share,
-                     f"2 MiB huge pages: {_gib(whole * chunk_bytes)} of node {node_name}'s hugepages-2Mi "
-                     f"({_gib(share)} per replica){given_up}; memory holds only its page tables", whole)
+    return _huge(whole, chunk_bytes, share, f"{_gib(whole * chunk_bytes)} of node {node_name}'s hugepages-2Mi "
+                                            f"({_gib(share)} per replica){_given_up(chunks, whole)}")
+
+
+def _huge(rows: int, chunk_bytes: int, share: int | None, why: str) -> PoolPages:
+    """`rows` on huge pages, the one wording every such placement shares: `why` says where from."""
+    return PoolPages(True, rows * chunk_bytes, share, f"2 MiB huge pages: {why}; memory holds only its page tables",
+                     rows)
+
+
+def _given_up(asked: int, whole: int) -> str:
+    return f", {asked - whole} of its {asked} rows given up to make whole pages" if whole < asked else ""
 
 
 def hugepage_share(node_hugepages: int | None, replicas: int) -> int | None:
@@ -283,9 +289,10 @@ def place_pool(release: tuple[int, int], memory_chunks: int, chunk_bytes: int, n
         if memory_chunks <= memory_max_chunks:
             return pages
         if pages.huge_pages and pages.chunks <= largest:
-            return PoolPages(True, pages.hugepages_bytes, share, pages.why.replace(
-                "; memory holds only its page tables", f", more than the {_gib(memory_max_chunks * chunk_bytes)} "
-                "its memory share holds; memory holds only its page tables"), pages.chunks)
+            return _huge(pages.chunks, chunk_bytes, share, f"{_gib(pages.hugepages_bytes)} of node {node_name}'s "
+                         f"hugepages-2Mi ({_gib(share or 0)} per replica), more than the "
+                         f"{_gib(memory_max_chunks * chunk_bytes)} its memory share holds"
+                         f"{_given_up(memory_chunks, pages.chunks)}")
         if pages.huge_pages:  # whole pages fit the share, but their page tables not the memory budget
             return PoolPages(False, 0, share, f"4 KiB pages: the page tables of {_gib(pages.hugepages_bytes)} on huge "
                                               f"pages would not fit the replica's memory share beside the process")
@@ -299,12 +306,10 @@ def place_pool(release: tuple[int, int], memory_chunks: int, chunk_bytes: int, n
     target = int(fraction * share) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
     chunks = min(largest, largest_huge_pool(target, chunk_bytes, memory_budget, ranks))
     if chunks >= max(memory_chunks, 1):
-        return PoolPages(True, chunks * chunk_bytes, share,
-                         f"2 MiB huge pages: {sized} sized the pool from node {node_name}'s hugepages-2Mi, "
-                         f"{_gib(chunks * chunk_bytes)} of the replica's {_gib(share)}, " + (
-                             f"at least the {memory} {of}its memory share holds" if memory_chunks else
-                             f"where {of}its memory share holds no pool beside the process")
-                         + "; memory holds only its page tables", chunks)
+        return _huge(chunks, chunk_bytes, share, f"{sized} sized the pool from node {node_name}'s hugepages-2Mi, "
+                                                 f"{_gib(chunks * chunk_bytes)} of the replica's {_gib(share)}, " + (
+                         f"at least the {memory} {of}its memory share holds" if memory_chunks else
+                         f"where {of}its memory share holds no pool beside the process"))
     if pages.huge_pages:
         return pages
     return PoolPages(False, 0, share, f"4 KiB pages: {sized} sized the pool from the replica's memory share, {memory}; "

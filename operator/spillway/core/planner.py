@@ -439,10 +439,10 @@ def _refuse_unplaced(shape: _PoolShape, rows: int, pages: PoolPages, node: NodeF
     if kind == "bytes" and rows * shape.chunk_bytes > node_plan.max_memory_pool_bytes:
         cost = shape.footprint(rows)
         raise PoolDoesNotFit(
-            f"offload size {offload.size} costs {format_bytes(cost.charged_bytes)} of host memory ({cost.rule}) "
-            f"plus {format_bytes(node_plan.fixed_bytes)} for the vLLM process, but one replica's share of node "
-            f"{node_plan.name} is {format_bytes(node_plan.share_bytes)} ({node_plan.replicas_per_node} per node); "
-            f"the largest pool that fits is {format_bytes(node_plan.max_memory_pool_bytes)} in memory and {pages_say}"
+            f"offload size {offload.size} fits neither the memory nor the huge pages of one replica's share of "
+            f"node {node_plan.name} ({node_plan.replicas_per_node} per node): in memory it costs "
+            f"{format_bytes(cost.charged_bytes)} ({cost.rule}) plus {format_bytes(node_plan.fixed_bytes)} for the "
+            f"vLLM process, more than the share's {format_bytes(node_plan.share_bytes)}; the largest pool that fits is {format_bytes(node_plan.max_memory_pool_bytes)} in memory and {pages_say}"
         )
     if rows < 1:
         raise PoolDoesNotFit(
