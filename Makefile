@@ -100,7 +100,7 @@ test-fast: setup vllm-src
 BENCH := bench/planner/plan.py bench/fleet/fleet.py bench/connector-overhead/connector_overhead.py \
 	bench/loadgen/loadgen_capacity.py bench/scheduler-side/scheduler_reservation.py bench/scheduler-side/scheduler_side.py \
 	bench/routing/routing_policies.py bench/router-overhead/router_overhead.py bench/tail/json_body.py \
-	bench/tail/ttft_phases.py bench/tail/detokenizer_window.py
+	bench/tail/ttft_phases.py bench/tail/detokenizer_window.py bench/startup-bytecode/bytecode_imports.py
 
 bench: setup
 	@for script in $(BENCH); do echo "== $$script"; PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python $$script || exit 1; echo; done

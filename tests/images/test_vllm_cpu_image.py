@@ -172,6 +172,50 @@ def test_the_images_vllm_is_stock_and_the_connectors_plugin_is_on(server):
     assert "the detokenizer window (plugin.py) is off" not in server.container.logs()
 
 
+# What a replica's processes import before serving: the CLI, the API server, the engine core, the model and the
+# connector. Run in the container as the server runs (the image's user, a read-only root).
+SERVE_IMPORTS = ("vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core",
+                 "vllm.model_executor.models.llama", "spillway_connector.connector")
+STALE_BYTECODE = """
+import importlib, importlib.util, os, site, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+roots = tuple(os.path.realpath(p) + os.sep for p in site.getsitepackages())
+checked, stale = 0, []
+for module in list(sys.modules.values()):
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None) or ""
+    if not origin.endswith(".py") or not os.path.realpath(origin).startswith(roots):
+        continue
+    checked += 1
+    source = os.stat(origin)
+    try:
+        with open(importlib.util.cache_from_source(origin), "rb") as pyc:
+            head = pyc.read(16)
+    except OSError:
+        stale.append(origin)
+        continue
+    flags = int.from_bytes(head[4:8], "little")
+    current = flags != 0 or (int.from_bytes(head[8:12], "little") == int(source.st_mtime) & 0xFFFFFFFF
+                             and int.from_bytes(head[12:16], "little") == source.st_size & 0xFFFFFFFF)
+    if head[:4] != importlib.util.MAGIC_NUMBER or not current:
+        stale.append(origin)
+print(checked, len(stale))
+print(*stale[:20], sep="\\n")
+"""
+
+
+def test_every_module_the_server_imports_has_current_bytecode_in_the_image(server):
+    """The root is read-only at run time, so a module without a current .pyc in the image is compiled again by every
+    process of every start (images/vllm/Dockerfile compiles every site directory)."""
+    done = server.container.exec("python3", "-c", STALE_BYTECODE, *SERVE_IMPORTS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts, *stale = done.stdout.splitlines()
+    checked, missing = map(int, counts.split())
+    assert checked > 1000, done.stdout  # torch, transformers and vLLM are among them
+    assert missing == 0, stale
+
+
 def transfers(text: str, direction: str) -> float:
     return total(text, names.TRANSFER_THROUGHPUT + "_count", direction=direction)
 
