@@ -5,8 +5,9 @@ Per start (run34.json beside its logs34.tgz, as hugepages34.sh leaves them under
 pages the pool sat on, from vLLM's "Created mmap file" to the worker's "Registering full CPU offload region" (the
 file made and its pages faulted: vLLM's one thread, or the connector's threads, whose own line gives the pre-fault)
 and from there to the engine core's next line (cudaHostRegister of the whole region), the process's start to ready,
-the calibration, and the 100%-hit and TTFT medians. vLLM's lines carry milliseconds under logging-ms.json; a log
-without them is read to the second.
+the calibration, and the 100%-hit and TTFT medians; and where the whole start went, milestone to milestone
+(start_phases). vLLM's lines carry milliseconds under logging-ms.json; a log without them is read to the second,
+and gives no milestones.
 
     python3 bench/pool-setup/pool_phases.py DIR [DIR ...]     (each DIR holding run34.json and logs34.tgz)
 """
@@ -59,13 +60,56 @@ def pool_phases(log: str) -> dict:
     return out
 
 
+# Where a start's time goes, milestone by milestone: (name, the first line that holds the text; "last": the last).
+_MILESTONES = (("the CLI's first line", None, "first"), ("the engine core's first line", "(EngineCore", "first"),
+               ("weights loaded", "Model loading took", "first"), ("compiled graphs loaded", "torch.compile took", "first"),
+               ("memory profiled", "Available KV cache memory", "first"),
+               ("graphs captured", "Graph capturing finished", "first"), ("pool file created", _CREATED, "first"),
+               ("pool registered", _REGISTERING, "next"), ("every API server's routes", "Available routes are", "last"))
+# Any process's line: the CLI (MainProcess, or APIServer where one server runs), the engine core, the API servers.
+_ANY_STAMP = re.compile(r"^\([^)]*\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) ")
+_ENGINE_START = re.compile(r"^\[(\d\d:\d\d:\d\d)\] engine (\S+): ")
+
+
+def start_phases(log: str, started: str | None) -> dict:
+    """Seconds from one milestone to the next in an engine's log (_MILESTONES; "pool registered" is the engine
+    core's line after the registration's: its engine init's end), and from the process's start (run34.log's "[HH:MM:SS] engine NAME:", to the second) to the
+    CLI's first line: what the CLI imports before it logs."""
+    stamped = [(datetime.strptime(m.group(1), "%m-%d %H:%M:%S.%f"), line) for line in log.splitlines()
+               if (m := _ANY_STAMP.match(line))]
+    if not stamped:
+        return {}  # no millisecond stamps: a log from before logging-ms.json
+    times: list[tuple[str, datetime | None]] = []
+    for name, text, which in _MILESTONES:
+        hits = [i for i, (_, line) in enumerate(stamped) if text is None or text in line]
+        index = None if not hits else hits[-1] if which == "last" else hits[0] + (which == "next")
+        times.append((name, stamped[index][0] if index is not None and index < len(stamped) else None))
+    out: dict = {"steps_s": {}}
+    previous = None
+    for name, when in times:
+        if when is not None and previous is not None:
+            out["steps_s"][name] = round((when - previous).total_seconds(), 3)
+        previous = when if when is not None else previous
+    first = stamped[0][0]
+    if started:
+        start = datetime.strptime(f"{first:%m-%d} {started}", "%m-%d %H:%M:%S")
+        out["process_start_to_cli_line_s"] = round((first - start).total_seconds(), 1)  # +-1 s: a whole second
+    return out
+
+
+def _engine_starts(run_log: str) -> dict[str, str]:
+    """Each engine's process start in run34.log, to the second (the last, where a name ran twice)."""
+    return {m.group(2): m.group(1) for line in run_log.splitlines() if (m := _ENGINE_START.match(line))}
+
+
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
 def starts(directory: Path) -> list[dict]:
     call = json.loads((directory / "run34.json").read_text())
-    logs = {}
+    logs: dict[str, str] = {}
+    engine_starts: dict[str, str] = {}
     tgz = directory / "logs34.tgz"
     if tgz.exists():
         with tarfile.open(tgz) as tar:
@@ -73,6 +117,8 @@ def starts(directory: Path) -> list[dict]:
                 name = Path(member.name).name
                 if name.startswith("serve-") and name.endswith(".log"):
                     logs[name[len("serve-"):-len(".log")]] = io.TextIOWrapper(tar.extractfile(member)).read()
+                elif name == "run34.log":
+                    engine_starts = _engine_starts(io.TextIOWrapper(tar.extractfile(member)).read())
     rows = []
     for engine in call["engines"]:
         if "skipped" in engine:
@@ -90,6 +136,7 @@ def starts(directory: Path) -> list[dict]:
                      "calibration_s": [engine["calibration_before"]["python_s"], engine["calibration_after"]["python_s"]],
                      "slow": engine.get("slow"), "startup_s": round(engine.get("startup_s") or 0, 1),
                      "pool": pool_phases(logs.get(engine["name"], "")),
+                     "start": start_phases(logs.get(engine["name"], ""), engine_starts.get(engine["name"])),
                      "hit100_tok_s": _median(hit100),
                      "ttft_ms": {k: _median(v) for k, v in sorted(ttft.items())},
                      "error": engine.get("error")})
