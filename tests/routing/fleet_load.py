@@ -383,12 +383,17 @@ async def restart(servers: Sequence[VllmServer], pods: int, workload: Workload, 
         end = marks[-1][1]
         restarts = int(router_count(routers, routing.ROUTER_METRIC_RESTARTS))
         retries = int(router_count(routers, routing.ROUTER_METRIC_RETRIES))
+    owners = workload.owners([s.base_url for s in servers])
+    # As scale_up's: the requests after Ready whose prefix the restarted replica owns on the ring, its share
+    # before the load bound moves any (the ring's draw in this phase, not the weights' expectation).
+    drawn = [owners[o.prefix] == target.base_url for o in after.outcomes]
     return {"scenario": workload.name, "routers": pods, "concurrency": concurrency, "restarted": restarted,
             "before": figures(start, mid, first), "down": {"requests": len(down.outcomes),
                                                             "client_errors": len(down.errors),
                                                             "error_samples": down.errors[:3],
                                                             "seconds": round(down_s, 1)},
             "after": figures(ready, end, after), "window_s": round(window, 1),
+            "restarted_drawn_share": round(sum(drawn) / max(1, len(drawn)), 3),
             "warm": warmth(marks, restarted),
             "restarted_first_request_s": next((t for t, n in timeline if n > 0), None),
             "restarts_seen": restarts, "retries": retries,
