@@ -62,7 +62,8 @@ def pool_phases(log: str) -> dict:
 
 # Where a start's time goes, milestone by milestone: (name, the first line that holds the text; "last": the last).
 _MILESTONES = (("the CLI's first line", None, "first"), ("the engine core's first line", "(EngineCore", "first"),
-               ("weights loaded", "Model loading took", "first"), ("compiled graphs loaded", "torch.compile took", "first"),
+               ("weights loaded", "Model loading took", "first"),
+               ("compiled graphs loaded", "torch.compile took", "first"),
                ("memory profiled", "Available KV cache memory", "first"),
                ("graphs captured", "Graph capturing finished", "first"), ("pool file created", _CREATED, "first"),
                ("pool registered", _REGISTERING, "next"), ("every API server's routes", "Available routes are", "last"))
@@ -73,8 +74,8 @@ _ENGINE_START = re.compile(r"^\[(\d\d:\d\d:\d\d)\] engine (\S+): ")
 
 def start_phases(log: str, started: str | None) -> dict:
     """Seconds from one milestone to the next in an engine's log (_MILESTONES; "pool registered" is the engine
-    core's line after the registration's: its engine init's end), and from the process's start (run34.log's "[HH:MM:SS] engine NAME:", to the second) to the
-    CLI's first line: what the CLI imports before it logs."""
+    core's line after the registration's: its engine init's end), and from the process's start (run34.log's
+    "[HH:MM:SS] engine NAME:", to the second) to the CLI's first line: what the CLI imports before it logs."""
     stamped = [(datetime.strptime(m.group(1), "%m-%d %H:%M:%S.%f"), line) for line in log.splitlines()
                if (m := _ANY_STAMP.match(line))]
     if not stamped:

@@ -28,7 +28,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# What a replica's processes import before serving, as tests/images/test_vllm_cpu_image.py lists them.
+# What a replica's processes import before serving (tests/images/test_vllm_cpu_image.py checks the image by it).
 SERVE_IMPORTS = ("vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server", "vllm.v1.engine.core",
                  "vllm.model_executor.models.llama", "spillway_connector.connector")
 

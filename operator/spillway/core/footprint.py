@@ -186,8 +186,8 @@ class PoolPages:
 def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hugepages: int | None, replicas: int,
                node_name: str, spillway_spec: bool = True, disk_tier: bool = False) -> PoolPages:
     """Huge pages when Spillway's spec places the release's region on hugetlbfs and the replica's share of the node's
-    hugepages-2Mi holds the pool's rows rounded down to whole 2 MiB pages (as largest_huge_pool counts); else 4 KiB pages, pre-faulted, and
-    the reason. Never with a disk tier: vLLM's tiering spec maps the pool in the engine core too, at its own path in
+    hugepages-2Mi holds the pool's rows rounded down to whole 2 MiB pages (as largest_huge_pool counts); else 4 KiB
+    pages, pre-faulted, and the reason. Never with a disk tier: vLLM's tiering spec maps the pool in the engine core too, at its own path in
     /dev/shm (vllm/v1/kv_offload/tiering/spec.py get_manager), which the connector does not place, so the tier would
     read and write another file than the workers' (spillway_connector/spec.py tiering_region)."""
     step = huge_page_rows(chunk_bytes)
@@ -213,14 +213,17 @@ def pool_pages(release: tuple[int, int], chunks: int, chunk_bytes: int, node_hug
     if whole < 1:
         return PoolPages(False, 0, share, f"{fallback}: a chunk row of {chunk_bytes} bytes makes whole 2 MiB pages "
                                           f"only every {step} rows, more than the pool's {chunks}")
-    return _huge(whole, chunk_bytes, share, f"{_gib(whole * chunk_bytes)} of node {node_name}'s hugepages-2Mi "
-                                            f"({_gib(share)} per replica){_given_up(chunks, whole)}")
+    return _huge(whole, chunk_bytes, share, _of_share(whole * chunk_bytes, node_name, share) + _given_up(chunks, whole))
 
 
 def _huge(rows: int, chunk_bytes: int, share: int | None, why: str) -> PoolPages:
     """`rows` on huge pages, the one wording every such placement shares: `why` says where from."""
     return PoolPages(True, rows * chunk_bytes, share, f"2 MiB huge pages: {why}; memory holds only its page tables",
                      rows)
+
+
+def _of_share(pool_bytes: int, node_name: str, share: int) -> str:
+    return f"{_gib(pool_bytes)} of node {node_name}'s hugepages-2Mi ({_gib(share)} per replica)"
 
 
 def _given_up(asked: int, whole: int) -> str:
@@ -289,10 +292,10 @@ def place_pool(release: tuple[int, int], memory_chunks: int, chunk_bytes: int, n
         if memory_chunks <= memory_max_chunks:
             return pages
         if pages.huge_pages and pages.chunks <= largest:
-            return _huge(pages.chunks, chunk_bytes, share, f"{_gib(pages.hugepages_bytes)} of node {node_name}'s "
-                         f"hugepages-2Mi ({_gib(share or 0)} per replica), more than the "
-                         f"{_gib(memory_max_chunks * chunk_bytes)} its memory share holds"
-                         f"{_given_up(memory_chunks, pages.chunks)}")
+            assert share is not None  # pool_pages placed it on huge pages: the share is known
+            return _huge(pages.chunks, chunk_bytes, share, _of_share(pages.hugepages_bytes, node_name, share)
+                         + f", more than the {_gib(memory_max_chunks * chunk_bytes)} its memory share holds"
+                         + _given_up(memory_chunks, pages.chunks))
         if pages.huge_pages:  # whole pages fit the share, but their page tables not the memory budget
             return PoolPages(False, 0, share, f"4 KiB pages: the page tables of {_gib(pages.hugepages_bytes)} on huge "
                                               f"pages would not fit the replica's memory share beside the process")

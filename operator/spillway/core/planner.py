@@ -442,7 +442,8 @@ def _refuse_unplaced(shape: _PoolShape, rows: int, pages: PoolPages, node: NodeF
             f"offload size {offload.size} fits neither the memory nor the huge pages of one replica's share of "
             f"node {node_plan.name} ({node_plan.replicas_per_node} per node): in memory it costs "
             f"{format_bytes(cost.charged_bytes)} ({cost.rule}) plus {format_bytes(node_plan.fixed_bytes)} for the "
-            f"vLLM process, more than the share's {format_bytes(node_plan.share_bytes)}; the largest pool that fits is {format_bytes(node_plan.max_memory_pool_bytes)} in memory and {pages_say}"
+            f"vLLM process, more than the share's {format_bytes(node_plan.share_bytes)}; the largest pool that fits "
+            f"is {format_bytes(node_plan.max_memory_pool_bytes)} in memory and {pages_say}"
         )
     if rows < 1:
         raise PoolDoesNotFit(
