@@ -13,7 +13,7 @@ set -uo pipefail
 T0=$(date +%s); LIMIT=${LIMIT:-585}; OUT=${OUT:-/tmp/outhp}; mkdir -p "$OUT"
 MNT=$(PYTHONPATH=operator python3 -c 'from spillway.core import k8s_names as n; print(n.POOL_HUGEPAGES_MOUNT)')
 PAGES=${PAGES:-33280}
-SPEC=bench/pool-setup/engines34-hugepages.json
+SPEC=${SPEC:-bench/pool-setup/engines34-hugepages.json}
 NOTE=$OUT/hugepages.txt
 note() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$NOTE"; }
 pages() { grep -E '^HugePages_(Total|Free|Rsvd)|^Hugepagesize|^MemFree|^Shmem:' /proc/meminfo | tr -s ' ' | tr '\n' ';'; }

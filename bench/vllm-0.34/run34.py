@@ -11,6 +11,10 @@ An engine with "check": "reload" must also show, in serve_bench's own TTFT exper
 prompt again), a completion and a reload from the CPU pool on vLLM's /metrics (kv_offload load bytes > 0), else the
 run stops there: the smoke test of the staged tree.
 
+An engine with "compile_cache": {"shared": DIR, "local": DIR} starts as a pod with `compileCache.claimName` does: its
+VLLM_CACHE_ROOT is `local`, emptied first (a new pod's emptyDir), the image's compile_cache.py seeds it from `shared`
+before the start and publishes to `shared` once the server answers its health check; both are timed and recorded.
+
     python3 bench/vllm-0.34/run34.py --spec bench/vllm-0.34/engines.json --out /tmp/work34 --json $OUT/run34.json \
         --deadline-s 520 [--only a,b] [--calib-ref-s 0.3]
 """
@@ -65,6 +69,38 @@ def reload_check(res: dict) -> str | None:
     if not loaded:
         return "the repeat loaded nothing from the CPU pool (kv_offload load bytes 0)"
     return None
+
+
+COMPILE_CACHE = ROOT / "images" / "vllm" / "compile_cache.py"
+
+
+def seed_compile_cache(engine: dict, port: int) -> tuple[dict, Any]:
+    """As the image's entrypoint does for a pod with a compile-cache claim: a fresh local root seeded from the shared
+    one, and the publisher started beside the server. Returns (the record so far, the publisher process)."""
+    import shutil
+    import subprocess
+
+    cc = engine["compile_cache"]
+    shutil.rmtree(cc["local"], ignore_errors=True)
+    Path(cc["local"]).mkdir(parents=True)
+    engine.setdefault("extra_env", {})["VLLM_CACHE_ROOT"] = cc["local"]
+    t = time.time()
+    seeded = subprocess.run([sys.executable, str(COMPILE_CACHE), "seed", cc["shared"], cc["local"]],
+                            capture_output=True, text=True)
+    record = {**cc, "seed_s": round(time.time() - t, 3), "seed_log": seeded.stderr.strip().splitlines()}
+    publisher = subprocess.Popen([sys.executable, str(COMPILE_CACHE), "publish", cc["shared"], cc["local"],
+                                  "--after-ready", f"http://127.0.0.1:{port}/health", "--wait-s", "500"],
+                                 stderr=subprocess.PIPE, text=True)
+    return record, publisher
+
+
+def published(record: dict, publisher: Any) -> dict:
+    try:
+        _, err = publisher.communicate(timeout=120)
+    except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+        publisher.kill()
+        err = f"publisher did not finish: {exc}"
+    return {**record, "publish_log": err.strip().splitlines()}
 
 
 def loadtest_result(res: dict, out_dir: Path) -> dict | None:
@@ -219,7 +255,11 @@ def main() -> int:
             continue
         before = calibrate()
         sb.log(f"calibration before {engine['name']}: {before['python_s']} s (uptime {before['host_uptime_s']:.0f} s)")
+        cc = seed_compile_cache(engine, common["port"]) if engine.get("compile_cache") else None
         res = asyncio.run(sb.run_engine(engine, common, out_dir, t0 + a.deadline_s))
+        if cc:
+            res["compile_cache"] = published(*cc)
+            sb.log(f"compile cache of {engine['name']}: {res['compile_cache']}")
         after = calibrate()
         sb.log(f"calibration after {engine['name']}: {after['python_s']} s")
         res.update(kind=engine.get("kind"), calibration_before=before, calibration_after=after,
