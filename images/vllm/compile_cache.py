@@ -10,7 +10,7 @@ revision, release, TP and image: controller/manifests.py). vLLM never reads or w
   publish  once the server answers its health check (so every entry it used loaded or compiled whole), every local
            entry the claim lacks is copied to a hidden directory on the claim and renamed into place.
 
-An entry is one torch_compile_cache/<hash> directory, vLLM's own key over config, code, torch, Triton and the GPU
+An entry is one directory named by a hash below torch_compile_cache (entries() says where), vLLM's own key over config, code, torch, Triton and the GPU
 (vllm/compilation/backends.py: hash_factors; compiler_interface.py: get_inductor_factors), so an entry is only ever
 loaded by the engine it was compiled for. vLLM writes an entry's files in place and without renames
 (backends.py: save_to_file), so replicas sharing vLLM's root directly could read another's half-written file; a
@@ -28,17 +28,21 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import shutil
 import socket
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 ENTRIES = "torch_compile_cache"  # vllm/compilation/backends.py: VLLM_CACHE_ROOT/torch_compile_cache/<hash>
+HASH = re.compile(r"[0-9a-f]{10,}")  # backends.py: hash_factors(...)[:10]; decorators.py: a whole sha256
 LOG_PREFIX = "spillway-vllm:"
 PARTIAL = ".partial-"
 STALE_PARTIAL_S = 3600
+copy_file = shutil.copy2  # looked up at each copy (tests slow it down to watch a copy under way)
 
 
 def log(message: str) -> None:
@@ -46,11 +50,23 @@ def log(message: str) -> None:
 
 
 def entries(root: Path) -> dict[str, Path]:
-    """The whole entries below root: hidden names are copies under way (or left by a killed one)."""
-    folder = root / ENTRIES
-    if not folder.is_dir():
-        return {}
-    return {p.name: p for p in sorted(folder.iterdir()) if p.is_dir() and not p.name.startswith(".")}
+    """The whole entries below root, by their path under it. An entry is a directory named by a hash: vLLM keeps
+    them at torch_compile_cache/<hash> (backends.py) and torch_compile_cache/torch_aot_compile/<hash> (0.32+:
+    decorators.py); other directories are walked. Hidden names are copies under way, or left by a killed one."""
+    found: dict[str, Path] = {}
+
+    def walk(folder: Path) -> None:
+        for p in sorted(folder.iterdir()):
+            if not p.is_dir() or p.is_symlink() or p.name.startswith("."):
+                continue
+            if HASH.fullmatch(p.name):
+                found[str(p.relative_to(root))] = p
+            else:
+                walk(p)
+
+    if (root / ENTRIES).is_dir():
+        walk(root / ENTRIES)
+    return found
 
 
 def size(path: Path) -> int:
@@ -58,18 +74,18 @@ def size(path: Path) -> int:
 
 
 def place(source: Path, target_root: Path, name: str) -> bool:
-    """Copy source to target_root/ENTRIES/name through a hidden directory and one rename. False when an entry of
+    """Copy source to target_root/name through a hidden directory beside it and one rename. False when an entry of
     that name got there first (another replica's, whole: it is kept and this copy dropped)."""
-    folder = target_root / ENTRIES
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f"{PARTIAL}{name}-{socket.gethostname()}-{os.getpid()}"
+    final = target_root / name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.parent / f"{PARTIAL}{final.name}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        shutil.copytree(source, partial, symlinks=True)
-        os.rename(partial, folder / name)
+        shutil.copytree(source, partial, symlinks=True, copy_function=copy_file)
+        os.rename(partial, final)
         return True
     except OSError as exc:
-        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and (folder / name).is_dir():
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and final.is_dir():
             return False
         raise
     finally:
@@ -77,14 +93,13 @@ def place(source: Path, target_root: Path, name: str) -> bool:
 
 
 def drop_stale_partials(root: Path, now: float) -> None:
-    folder = root / ENTRIES
-    if not folder.is_dir():
+    if not (root / ENTRIES).is_dir():
         return
-    for p in folder.iterdir():
+    for p in sorted((root / ENTRIES).rglob(f"{PARTIAL}*")):
         try:
-            if p.name.startswith(PARTIAL) and now - p.stat().st_mtime > STALE_PARTIAL_S:
+            if p.is_dir() and now - p.stat().st_mtime > STALE_PARTIAL_S:
                 shutil.rmtree(p, ignore_errors=True)
-                log(f"removed {p.name}, a copy left unfinished over an hour ago")
+                log(f"removed {p.relative_to(root)}, a copy left unfinished over an hour ago")
         except OSError:
             continue  # another replica removed it first
 
@@ -99,7 +114,7 @@ def copy_missing(source: Path, target: Path, verb: str) -> int:
         try:
             if place(path, target, name):
                 copied.append(name)
-                nbytes += size(target / ENTRIES / name)
+                nbytes += size(target / name)
         except OSError as exc:
             log(f"{verb} of entry {name} failed ({exc}); it is left out")
     if copied:

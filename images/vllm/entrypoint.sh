@@ -14,6 +14,12 @@
 # SPILLWAY_SHM_DIR names another directory to clean (tests). Where the plan put the pool on huge pages, its
 # file is on the hugepages emptyDir SPILLWAY_POOL_HUGEPAGES_DIR names (spillway_connector/hugetlb_pool.py), which a
 # restarted container keeps too: a stale file there holds huge pages the next pool needs.
+#
+# With SPILLWAY_COMPILE_CACHE_DIR (spec.compileCache: this pod's directory on a claim the replicas share),
+# compile_cache.py beside this script seeds vLLM's cache root from it before vLLM starts and, in the background, publishes
+# to it once SPILLWAY_COMPILE_CACHE_READY_URL answers, so a new pod skips torch.compile. Neither ever stops the start:
+# a failure is logged and vLLM compiles as without the claim. The publisher is left to vLLM's process as parent once
+# this shell becomes it; it exits after one copy, so at most one finished process waits there unreaped.
 set -eu
 case "${VLLM_KV_CACHE_LAYOUT:-}" in
   "") export VLLM_KV_CACHE_LAYOUT=BLHNC ;;
@@ -32,5 +38,12 @@ if ! python3 "$here/stale_pools.py" "${SPILLWAY_SHM_DIR:-/dev/shm}"; then
 fi
 if [ -n "${SPILLWAY_POOL_HUGEPAGES_DIR:-}" ] && ! python3 "$here/stale_pools.py" "$SPILLWAY_POOL_HUGEPAGES_DIR"; then
   echo "spillway-vllm: stale pool cleanup of $SPILLWAY_POOL_HUGEPAGES_DIR failed (see above); starting vLLM anyway" >&2
+fi
+if [ -n "${SPILLWAY_COMPILE_CACHE_DIR:-}" ] && [ -n "${VLLM_CACHE_ROOT:-}" ]; then
+  python3 "$here/compile_cache.py" seed "$SPILLWAY_COMPILE_CACHE_DIR" "$VLLM_CACHE_ROOT" || true
+  if [ -n "${SPILLWAY_COMPILE_CACHE_READY_URL:-}" ]; then
+    python3 "$here/compile_cache.py" publish "$SPILLWAY_COMPILE_CACHE_DIR" "$VLLM_CACHE_ROOT" \
+      --after-ready "$SPILLWAY_COMPILE_CACHE_READY_URL" &
+  fi
 fi
 exec vllm serve "$@"

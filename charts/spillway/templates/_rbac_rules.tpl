@@ -43,7 +43,7 @@ exactly these rules.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# spec.offload.disk on a PersistentVolumeClaim: the claim is read by name (never listed) before anything is applied,
+# spec.offload.disk on a PersistentVolumeClaim, and spec.compileCache's claim: each is read by name (never listed) before anything is applied,
 # so a missing one is a condition on the ModelServer rather than pods Pending for it.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..adapters.kube import ApiError, Kube, path
+from ..adapters.kube import Kube
 from ..core import disk_tier as dt
-from ..core import k8s_names as names
+from .claims import read_claim
 from .manifests import Desired
 
 
@@ -26,12 +26,5 @@ def check_disk_volume(result: Desired, namespace: str, kube: Kube, host_path_pre
     if dt.active(result.plan.disk) is None or request.volume.kind != dt.PVC:
         return
     name = request.volume.claim_name
-    try:
-        claim = kube.get(path("v1", names.PVC_PLURAL, namespace, name))
-    except ApiError as exc:
-        if exc.status != 403:
-            raise  # the API server's trouble: retried
-        raise dt.DiskVolumeNotFound(
-            f"the operator may not read PersistentVolumeClaim {name} in namespace {namespace} ({exc}): it needs get "
-            "on persistentvolumeclaims there (the chart grants it) to see that the disk tier's claim exists") from exc
+    claim = read_claim(kube, namespace, name, "the disk tier's claim exists", dt.DiskVolumeNotFound)
     dt.check_claim(request, claim, namespace)

@@ -34,7 +34,7 @@ from ..adapters.hub import fetch_config
 from ..adapters.kube import ApiError, Kube, load_config, path
 from ..adapters.model_config import HubFetcher
 from ..core import k8s_names as names
-from ..core.disk_tier import DiskVolumeNotFound
+from ..core.claims import ClaimNotFound
 from ..core.errors import (
     InternalError,
     InvalidSpec,
@@ -48,6 +48,7 @@ from . import autoscaling as scaling
 from . import conditions as cond
 from . import drift, metrics
 from .autoscaling import AUTOSCALER_KINDS
+from .claims import check_compile_cache_claim
 from .disk_volume import check_disk_volume
 from .facts import NodeSummary, eligibility, summarize_node
 from .manifests import Desired, check_name, desired_for, selector
@@ -409,6 +410,7 @@ def _plan(state: OperatorState, body: Mapping[str, Any], step: _Pass, nodes: lis
                              _hub_fetcher(state, step.namespace, spec), _pod_monitors_wanted(state),
                              state.settings.router_image, functools.partial(_keda_served, state.kube))
         check_disk_volume(result, step.namespace, state.kube, state.settings.disk_host_path_prefixes)
+        check_compile_cache_claim(spec, step.namespace, state.kube)
         for obj in result.objects:  # nothing is written while one name is taken by an object not ours
             taken, step.live[(obj["kind"], obj["metadata"]["name"])] = state.kube.conflict_live(obj)
             if taken is not None:
@@ -503,8 +505,8 @@ def _finish_status(state: OperatorState, body: Mapping[str, Any], step: _Pass) -
     retry = state.settings.retry_seconds
     if isinstance(error, ModelGeometryUnknown) and _waits_for_config_map(step.spec):
         raise kopf.TemporaryError(f"waiting for the model's ConfigMap: {error_line(error)}", delay=retry)
-    if isinstance(error, DiskVolumeNotFound):  # a claim created later is found on the retry
-        raise kopf.TemporaryError(f"waiting for the disk tier's claim: {error_line(error)}", delay=retry)
+    if isinstance(error, ClaimNotFound):  # a claim created later is found on the retry
+        raise kopf.TemporaryError(f"waiting for the claim: {error_line(error)}", delay=retry)
 
 
 def _own_deployment(state: OperatorState, obj: dict[str, Any], outcome: str, live: dict[str, Any] | None,

@@ -12,27 +12,23 @@ from typing import Any
 
 from ..core import k8s_names as names
 from ..core import vllm_api as api
-from .spec import ModelServerSpec
+from .spec import ModelServerSpec, ours
 
 VOLUME_TMP = "tmp"
 VOLUME_HOME = "home"  # caches: Hugging Face downloads, vLLM, torch compile, triton
 PROMETHEUS_NAME = "prometheus"  # app.kubernetes.io/name of Prometheus pods (Prometheus Operator, kube-prometheus)
 
 
-def ours(image: str) -> bool:
-    repository = names.VLLM_IMAGE_REPOSITORY
-    return image == repository or image.startswith((f"{repository}:", f"{repository}@"))
-
-
 def pod_security_context() -> dict[str, Any]:
     return {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def hugepages_group(hugepages_bytes: int) -> dict[str, Any]:
-    """The pool's hugetlbfs volume is mounted by the kubelet as root's, mode 0755 (pagesize only, no mode): fsGroup
-    makes it the pod's group's and adds that group to every container's processes, so vLLM, whatever its user, can
-    create the pool's file there. OnRootMismatch: a volume already the group's (a disk tier's claim) is not walked."""
-    if not hugepages_bytes:
+def volume_group(hugepages_bytes: int, spec: ModelServerSpec) -> dict[str, Any]:
+    """The pool's hugetlbfs volume is mounted by the kubelet as root's, mode 0755 (pagesize only, no mode), and a
+    compile-cache claim is as its provisioner made it: fsGroup makes each the pod's group's and adds that group to
+    every container's processes, so vLLM, whatever its user, can create the pool's file and the cache's entries there.
+    OnRootMismatch: a volume already the group's (a disk tier's claim, a cache another replica wrote) is not walked."""
+    if not hugepages_bytes and spec.compile_cache is None:
         return {}
     return {"fsGroup": names.VLLM_IMAGE_UID, "fsGroupChangePolicy": "OnRootMismatch"}
 

@@ -174,18 +174,37 @@ def vllm_env(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
         env.append({"name": api.ENV_HF_TOKEN,
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     env.append({"name": api.ENV_CACHE_ROOT, "value": vllm_cache_root(spec)})
+    if spec.compile_cache is not None:
+        env += [{"name": api.ENV_COMPILE_CACHE_DIR, "value": f"{names.COMPILE_CACHE_MOUNT}/{cache_key(spec)}"},
+                {"name": api.ENV_COMPILE_CACHE_READY_URL,
+                 "value": f"http://127.0.0.1:{api.SERVER_PORT}{api.HEALTH_PATH}"}]
     return env + hardening.api_key_env(spec) + [dict(item) for item in spec.env]
 
 
-def vllm_cache_root(spec: ModelServerSpec) -> str:
-    """vLLM's cache root on the pod's cache volume, one directory per model, revision, vLLM release, TP and image.
-    The volume is an emptyDir: it outlives a container restart (crash, liveness), not the pod, and a changed spec
-    rolls a new pod anyway; the key keeps a changed model or release off another's compiled graphs should the
-    directory ever be shared. vLLM keys its own torch.compile cache by config and code hash below it
-    (vllm/compilation/backends.py), so the directory only ever gains entries it could reuse."""
+def cache_key(spec: ModelServerSpec) -> str:
+    """One directory per model, revision, vLLM release, TP and image, on the pod's cache volume and on the
+    compile-cache claim: a changed model or release never lands among another's compiled graphs, on a claim that
+    many ModelServers share. vLLM keys its own torch.compile cache by config, code, torch, Triton and GPU below it
+    (vllm/compilation/backends.py, compiler_interface.py), so a directory only ever gains entries it could reuse."""
     key = json.dumps([spec.model, spec.revision, spec.request.vllm_version, spec.request.tensor_parallel_size,
                       spec.image])
-    return f"{names.VLLM_CACHE_MOUNT}/{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def vllm_cache_root(spec: ModelServerSpec) -> str:
+    """vLLM's cache root on the pod's cache volume, an emptyDir: it outlives a container restart (crash, liveness),
+    not the pod. A pod outlives its compile cache only through spec.compileCache's claim, which the image's
+    entrypoint seeds this directory from and publishes it to (images/vllm/compile_cache.py)."""
+    return f"{names.VLLM_CACHE_MOUNT}/{cache_key(spec)}"
+
+
+def compile_cache_volume(spec: ModelServerSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) of spec.compileCache's claim: vLLM never reads it, only the entrypoint's copies do."""
+    if spec.compile_cache is None:
+        return [], []
+    return ([{"name": names.VOLUME_COMPILE_CACHE,
+              "persistentVolumeClaim": {"claimName": spec.compile_cache.claim_name}}],
+            [{"name": names.VOLUME_COMPILE_CACHE, "mountPath": names.COMPILE_CACHE_MOUNT}])
 
 
 def _probe(period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
@@ -214,6 +233,7 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": [{"name": names.VOLUME_SHM, "mountPath": api.SHM_DIR}, *hardening.writable_volumes(spec)[1],
                          *disk_objects.mounts(result), {"name": names.VOLUME_VLLM_CACHE, "mountPath": names.VLLM_CACHE_MOUNT},
+                         *compile_cache_volume(spec)[1],
                          *([{"name": names.VOLUME_POOL_HUGEPAGES, "mountPath": names.POOL_HUGEPAGES_MOUNT}]
                            if pod.hugepages_bytes else [])],
         "securityContext": hardening.container_security_context(spec),
@@ -245,10 +265,10 @@ def deployment(body: Mapping[str, Any], spec: ModelServerSpec, result: Plan) -> 
                                                             "sizeLimit": to_quantity(pod.shm_bytes, "Mi")}},
                     *hardening.writable_volumes(spec)[0], *disk_objects.volumes(spec, result),
                     # vLLM's compile cache (vllm_cache_root): a restarted container skips torch.compile
-                    {"name": names.VOLUME_VLLM_CACHE, "emptyDir": {}},
+                    {"name": names.VOLUME_VLLM_CACHE, "emptyDir": {}}, *compile_cache_volume(spec)[0],
                     *([{"name": names.VOLUME_POOL_HUGEPAGES, "emptyDir": {"medium": names.HUGEPAGES_2MI_MEDIUM}}]
                       if pod.hugepages_bytes else [])],
-        "securityContext": {**hardening.pod_security_context(), **hardening.hugepages_group(pod.hugepages_bytes)},
+        "securityContext": {**hardening.pod_security_context(), **hardening.volume_group(pod.hugepages_bytes, spec)},
         **hardening.host_namespaces(),
         # vLLM never calls the Kubernetes API: no ServiceAccount token in its pods.
         "automountServiceAccountToken": False,

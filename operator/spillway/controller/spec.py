@@ -48,6 +48,13 @@ class ObjectKeyRef:
 
 
 @dataclass(frozen=True)
+class CompileCacheClaim:
+    """spec.compileCache: a claim every replica shares, carrying vLLM's compile cache between pods."""
+
+    claim_name: str
+
+
+@dataclass(frozen=True)
 class ModelConfigSource:
     inline: Mapping[str, Any] | None = None
     config_map: ObjectKeyRef | None = None
@@ -76,6 +83,7 @@ class ModelServerSpec:
     network_policy: bool = True  # a NetworkPolicy admits only the router, Prometheus and client_namespaces
     client_namespaces: Mapping[str, Any] | None = None  # a namespace label selector
     routing: RoutingSpec = field(default_factory=RoutingSpec)  # how requests reach the replicas
+    compile_cache: CompileCacheClaim | None = None
 
     def model_source(self) -> ModelSource:
         config = self.model_config
@@ -86,6 +94,12 @@ class ModelServerSpec:
             config_map=(config.config_map.name, config.config_map.key)
             if config is not None and config.config_map is not None else None,
         )
+
+
+def ours(image: str) -> bool:
+    """Spillway's own vLLM image: its entrypoint and user are known (images/vllm/)."""
+    repository = names.VLLM_IMAGE_REPOSITORY
+    return image == repository or image.startswith((f"{repository}:", f"{repository}@"))
 
 
 # -- typed readers: each names the field it reads -----------------------------------------------------
@@ -317,6 +331,7 @@ def parse_spec(spec: Any) -> ModelServerSpec:
             raise InvalidSpec(f"spec.imagePullSecrets entries need a name, got {item!r}")
         pull_secrets.append(object_name(name, "spec.imagePullSecrets[].name", "Secret"))
     affinity = spec.get("affinity")
+    image = _str(spec, "image", "spec", names.DEFAULT_VLLM_IMAGE) or names.DEFAULT_VLLM_IMAGE
     return ModelServerSpec(
         model=model,
         revision=_argv_word(spec, "revision", "a branch, tag or commit of the model"),
@@ -332,7 +347,7 @@ def parse_spec(spec: Any) -> ModelServerSpec:
             vllm_version=_str(spec, "vllmVersion", "spec", api.IMAGE_VLLM_VERSION),
         ),
         replicas=_int(spec, "replicas", "spec", 1, 0),
-        image=_str(spec, "image", "spec", names.DEFAULT_VLLM_IMAGE) or names.DEFAULT_VLLM_IMAGE,
+        image=image,
         image_pull_policy=_str(spec, "imagePullPolicy", "spec", None, PULL_POLICIES),
         image_pull_secrets=tuple(pull_secrets),
         resources=_resources(spec),
@@ -344,7 +359,24 @@ def parse_spec(spec: Any) -> ModelServerSpec:
         env=_env(spec, reserved),
         **_exposure(spec),
         routing=_routing(spec),
+        compile_cache=_compile_cache(spec, image),
     )
+
+
+def _compile_cache(spec: Mapping[str, Any], image: str) -> CompileCacheClaim | None:
+    where = "spec.compileCache"
+    if spec.get("compileCache") is None:
+        return None
+    obj = _mapping(spec.get("compileCache"), where)
+    known_fields(obj, frozenset({"claimName"}), where)
+    name = obj.get("claimName")
+    if not isinstance(name, str) or not name:
+        raise InvalidSpec(f"{where}.claimName is required: the PersistentVolumeClaim the replicas share")
+    if not ours(image):
+        raise InvalidSpec(f"{where} needs Spillway's vLLM image ({names.VLLM_IMAGE_REPOSITORY}): its entrypoint "
+                          f"seeds each pod's compile cache from the claim and publishes to it, and image {image} "
+                          "is another; drop compileCache or the image")
+    return CompileCacheClaim(object_name(name, f"{where}.claimName", "PersistentVolumeClaim"))
 
 
 def _routing(spec: Mapping[str, Any]) -> RoutingSpec:

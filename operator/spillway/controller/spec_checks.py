@@ -22,7 +22,7 @@ SPEC_FIELDS = frozenset({
     "model", "revision", "servedModelName", "modelConfig", "hfTokenSecretRef", "tensorParallelSize", "replicas",
     "replicasPerNode", "blockSize", "kvCacheDtype", "image", "vllmVersion", "imagePullPolicy", "imagePullSecrets",
     "resources", "nodeSelector", "tolerations", "affinity", "extraArgs", "env", "offload", "apiKeySecretRef",
-    "networkPolicy", "routing", "autoscaling",
+    "networkPolicy", "routing", "autoscaling", "compileCache",
 })
 OFFLOAD_FIELDS = frozenset({"enabled", "size", "evictionPolicy", "layout", "blockSize", "connector", "disk"})
 

@@ -36,6 +36,7 @@ from spillway_connector.transfer_config import TIERING_OFFLOADING_SPEC, disk_tie
 
 from . import k8s_names as names
 from . import vllm_api as api
+from .claims import ClaimNotFound, check_mountable
 from .errors import InvalidSpec, SpillwayError
 from .options import Connector
 from .quantity import GiB, MiB, format_bytes, parse_bytes, parse_size
@@ -52,7 +53,7 @@ class DiskHostPathNotAllowed(SpillwayError):
     reason = "DiskHostPathNotAllowed"
 
 
-class DiskVolumeNotFound(SpillwayError):
+class DiskVolumeNotFound(ClaimNotFound):
     """The claim the tier names is not there: the pods would wait for it, Pending, with no word on the resource.
     The operator looks again after its retry delay, so a claim created later is found."""
 
@@ -263,21 +264,10 @@ def check_claim(request: DiskTierRequest, claim: Mapping[str, Any] | None, names
     pods Pending or ContainerCreating, or let the tier fill the claim, with nothing said on the ModelServer."""
     v = request.volume
     where = "offload.disk.volume.persistentVolumeClaim"
-    if claim is None:
-        raise DiskVolumeNotFound(f"{where}.claimName {v.claim_name}: there is no PersistentVolumeClaim "
-                                 f"{v.claim_name} in namespace {namespace}, so the pods would stay Pending; create it "
-                                 "(the operator looks again) or name another")
-    status, spec = claim.get("status") or {}, claim.get("spec") or {}
-    if status.get("phase") == names.CLAIM_PHASE_LOST:
-        raise DiskVolumeNotFound(f"{where}.claimName {v.claim_name}: the claim lost its PersistentVolume (phase "
-                                 f"{names.CLAIM_PHASE_LOST}), so the pods cannot mount it")
-    modes = set(spec.get("accessModes") or [])
-    if modes and modes <= {names.ACCESS_READ_ONLY_MANY}:
-        raise InvalidSpec(f"{where}.claimName {v.claim_name} is {names.ACCESS_READ_ONLY_MANY}: the tier writes "
-                          "its chunk files there")
-    if modes == {names.ACCESS_READ_WRITE_ONCE_POD} and request.replicas > 1:
-        raise InvalidSpec(f"{where}.claimName {v.claim_name} is {names.ACCESS_READ_WRITE_ONCE_POD}: one pod may "
-                          f"mount it, but all {request.replicas} replicas share the claim")
+    check_mountable(claim, field=f"{where}.claimName", name=v.claim_name, namespace=namespace,
+                    replicas=request.replicas, writes="the tier writes its chunk files there",
+                    not_found=DiskVolumeNotFound)
+    assert claim is not None
     held = claim_bytes(claim)
     declared = parse_bytes(v.capacity, f"{where}.capacity") if v.capacity else None
     if held is None and declared is not None:  # the check below cannot be made: said, not skipped

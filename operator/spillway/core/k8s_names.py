@@ -59,6 +59,10 @@ HUGEPAGES_2MI_MEDIUM = "HugePages-2Mi"
 # finds its compile cache; below it one directory per (model, revision, vLLM release, TP, image).
 VOLUME_VLLM_CACHE = "vllm-cache"
 VLLM_CACHE_MOUNT = "/var/cache/spillway-vllm"
+# spec.compileCache's claim, shared by every replica: the image's compile_cache.py seeds the emptyDir above from it
+# before vLLM starts and publishes to it once the server is healthy; one directory per the same key.
+VOLUME_COMPILE_CACHE = "compile-cache"
+COMPILE_CACHE_MOUNT = "/var/cache/spillway-compile-cache"
 FINALIZER = f"{GROUP}/finalizer"
 # On objects the operator applies: a hash of what it applied (an unchanged hash skips the write).
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"

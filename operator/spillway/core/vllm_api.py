@@ -137,6 +137,10 @@ ENV_DISK_TIER_SHARE = "SPILLWAY_DISK_TIER_SHARE"
 # vLLM's cache root (vllm/envs.py): torch.compile's cache is VLLM_CACHE_ROOT/torch_compile_cache/<hash> (0.34:
 # vllm/compilation/backends.py, decorators.py)
 ENV_CACHE_ROOT = "VLLM_CACHE_ROOT"
+# The image's entrypoint (images/vllm/compile_cache.py): this pod's directory on spec.compileCache's claim, and the
+# URL whose answer says the server is up (every compile-cache entry it used is whole then).
+ENV_COMPILE_CACHE_DIR = "SPILLWAY_COMPILE_CACHE_DIR"
+ENV_COMPILE_CACHE_READY_URL = "SPILLWAY_COMPILE_CACHE_READY_URL"
 # vLLM's --scheduler-cls (vllm/engine/arg_utils.py) with Spillway's scheduler (SCHEDULER_CLS, from the connector's
 # transfer_config) on releases before SCHEDULER_CLS_BEFORE: from 0.34 vLLM remembers the reservation itself.
 FLAG_SCHEDULER_CLS = "--scheduler-cls"
@@ -145,7 +149,7 @@ SCHEDULER_CLS_BEFORE = (0, 34)
 # as /reset_prefix_cache and /collective_rpc, runtime LoRA loading, pickle deserialization) or change its
 # memory (vllm/envs.py, vLLM 0.33).
 RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SPACE, ENV_API_KEY, ENV_PREFAULT_THREADS,
-                ENV_CACHE_ROOT, ENV_POOL_HUGEPAGES_DIR, ENV_DISK_TIER_SHARE,
+                ENV_CACHE_ROOT, ENV_COMPILE_CACHE_DIR, ENV_COMPILE_CACHE_READY_URL, ENV_POOL_HUGEPAGES_DIR, ENV_DISK_TIER_SHARE,
                 "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_INSECURE_SERIALIZATION")
 
 # -- connectors ---------------------------------------------------------------
