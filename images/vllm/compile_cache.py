@@ -1,32 +1,35 @@
 #!/usr/bin/env python3
-"""Carry vLLM's compile cache between pods through a shared volume, never handing a pod half of an entry.
+"""Carry vLLM's compile cache between pods through a shared volume, never handing a pod half of one.
 
 vLLM's cache root (VLLM_CACHE_ROOT, the pod's emptyDir) outlives a container restart, not the pod: a rolled or
 rescheduled pod compiles again, which doubles its start (bench/compile-cache). With `compileCache.claimName` the
 operator also mounts a claim and names this pod's directory on it (SPILLWAY_COMPILE_CACHE_DIR, keyed by model,
 revision, release, TP and image: controller/manifests.py). vLLM never reads or writes the claim itself:
 
-  seed     before vLLM starts, every entry the claim holds that the local root lacks is copied in;
-  publish  once the server answers its health check (so every entry it used loaded or compiled whole), every local
-           entry the claim lacks is copied to a hidden directory on the claim and renamed into place.
+  seed     before vLLM starts, the newest snapshot on the claim is copied into the cache root (files the root
+           already holds are kept: a restarted container's own);
+  publish  once the server answers its health check, and again when the pod stops (its preStop hook), the whole
+           cache root becomes a new snapshot, if it holds a file the newest snapshot lacks or holds otherwise
+           (another size or time: vLLM rewrote it).
 
-An entry is one directory named by a hash below torch_compile_cache (entries() says where), vLLM's own key over config, code, torch, Triton and the GPU
-(vllm/compilation/backends.py: hash_factors; compiler_interface.py: get_inductor_factors), so an entry is only ever
-loaded by the engine it was compiled for. vLLM writes an entry's files in place and without renames
-(backends.py: save_to_file), so replicas sharing vLLM's root directly could read another's half-written file; a
-rename of a whole directory is atomic, and the first replica to publish an entry keeps it (a later rename onto a
-non-empty directory fails, and that replica drops its copy). Hidden directories a killed copy left are never read
-and are removed once an hour old.
+A snapshot is the whole root, not each entry apart: a start that loads the cache still writes beside what it loaded
+(Triton's binaries, Inductor's kernels for the loaded graphs: a seeded start that lacked them spent as long in
+memory profiling and graph capture as a compiling one, bench/compile-cache), so the unit that makes the next start
+fast is what the last start left, all of it. vLLM keys everything below the root by config, code, torch, Triton and
+the GPU (vllm/compilation/backends.py, compiler_interface.py, v1/worker/startup_plan.py), so a snapshot is only ever
+read for the engine it was made by. vLLM writes its files in place, without renames (backends.py: save_to_file), so
+replicas sharing vLLM's root directly could read a half-written file; a snapshot is copied to a hidden directory and
+renamed into place, so it is whole or absent, and each publisher's name is its own. Only the newest KEEP snapshots
+stay once an hour old; hidden directories a killed copy left go too.
 
     compile_cache.py seed SHARED LOCAL
     compile_cache.py publish SHARED LOCAL [--after-ready URL] [--wait-s S]
 
-Every failure is logged and leaves vLLM to compile: the cache saves time and never stops a start.
+Every failure is logged and leaves vLLM to compile: the cache saves time and never stops a start or a stop.
 """
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import re
 import shutil
@@ -37,11 +40,13 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-ENTRIES = "torch_compile_cache"  # vllm/compilation/backends.py: VLLM_CACHE_ROOT/torch_compile_cache/<hash>
-HASH = re.compile(r"[0-9a-f]{10,}")  # backends.py: hash_factors(...)[:10]; decorators.py: a whole sha256
-LOG_PREFIX = "spillway-vllm:"
+SNAPSHOTS = "snapshots"
 PARTIAL = ".partial-"
-STALE_PARTIAL_S = 3600
+KEEP = 2
+STALE_S = 3600
+# What a node's own hardware decides, never carried: which GPUs reach each other (all_reduce_utils.py).
+NODE_LOCAL = re.compile(r"gpu_p2p_access_cache_for_.*\.json")
+LOG_PREFIX = "spillway-vllm:"
 copy_file = shutil.copy2  # looked up at each copy (tests slow it down to watch a copy under way)
 
 
@@ -49,80 +54,84 @@ def log(message: str) -> None:
     print(f"{LOG_PREFIX} compile cache: {message}", file=sys.stderr, flush=True)
 
 
-def entries(root: Path) -> dict[str, Path]:
-    """The whole entries below root, by their path under it. An entry is a directory named by a hash: vLLM keeps
-    them at torch_compile_cache/<hash> (backends.py) and torch_compile_cache/torch_aot_compile/<hash> (0.32+:
-    decorators.py); other directories are walked. Hidden names are copies under way, or left by a killed one."""
-    found: dict[str, Path] = {}
-
-    def walk(folder: Path) -> None:
-        for p in sorted(folder.iterdir()):
-            if not p.is_dir() or p.is_symlink() or p.name.startswith("."):
-                continue
-            if HASH.fullmatch(p.name):
-                found[str(p.relative_to(root))] = p
-            else:
-                walk(p)
-
-    if (root / ENTRIES).is_dir():
-        walk(root / ENTRIES)
-    return found
+def files(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file below root that a snapshot carries, by its path under root: its size and whole seconds of mtime
+    (a copy keeps both, so a seeded file matches its snapshot's, and a file vLLM rewrote does not)."""
+    if not root.is_dir():
+        return {}
+    out = {}
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink() and not NODE_LOCAL.fullmatch(path.name):
+            st = path.stat()
+            out[str(path.relative_to(root))] = (st.st_size, int(st.st_mtime))
+    return out
 
 
-def size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+def snapshots(shared: Path) -> list[Path]:
+    """The whole snapshots, oldest first (their names begin with the time they were published)."""
+    folder = shared / SNAPSHOTS
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def place(source: Path, target_root: Path, name: str) -> bool:
-    """Copy source to target_root/name through a hidden directory beside it and one rename. False when an entry of
-    that name got there first (another replica's, whole: it is kept and this copy dropped)."""
-    final = target_root / name
-    final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.parent / f"{PARTIAL}{final.name}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        shutil.copytree(source, partial, symlinks=True, copy_function=copy_file)
-        os.rename(partial, final)
-        return True
-    except OSError as exc:
-        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and final.is_dir():
-            return False
-        raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-
-
-def drop_stale_partials(root: Path, now: float) -> None:
-    if not (root / ENTRIES).is_dir():
-        return
-    for p in sorted((root / ENTRIES).rglob(f"{PARTIAL}*")):
-        try:
-            if p.is_dir() and now - p.stat().st_mtime > STALE_PARTIAL_S:
-                shutil.rmtree(p, ignore_errors=True)
-                log(f"removed {p.relative_to(root)}, a copy left unfinished over an hour ago")
-        except OSError:
-            continue  # another replica removed it first
-
-
-def copy_missing(source: Path, target: Path, verb: str) -> int:
-    t0 = time.monotonic()
-    have = entries(target)
-    copied, nbytes = [], 0
-    for name, path in entries(source).items():
+def seed(shared: Path, local: Path) -> int:
+    found = snapshots(shared)
+    if not found:
+        log(f"no snapshot in {shared} yet: vLLM compiles, and this pod publishes once it is up")
+        return 0
+    t0, newest = time.monotonic(), found[-1]
+    have = files(local)
+    copied = nbytes = 0
+    for name, (size, _) in files(newest).items():
         if name in have:
             continue
+        target = local / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        copy_file(newest / name, target)
+        copied, nbytes = copied + 1, nbytes + size
+    log(f"seeded {copied} files ({nbytes / 2**20:.1f} MiB) from snapshot {newest.name} in "
+        f"{time.monotonic() - t0:.2f} s")
+    return copied
+
+
+def publish(shared: Path, local: Path, now: float) -> Path | None:
+    t0, found = time.monotonic(), snapshots(shared)
+    mine = files(local)
+    newest = files(found[-1]) if found else {}
+    new = sorted(name for name, stamp in mine.items() if newest.get(name) != stamp)
+    if not new:
+        log(f"published nothing: {local} holds nothing the newest snapshot lacks")
+        return None
+    folder = shared / SNAPSHOTS
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    partial = folder / f"{PARTIAL}{name}"
+    try:
+        shutil.copytree(local, partial, symlinks=True, copy_function=copy_file,
+                        ignore=lambda _, names: [n for n in names if NODE_LOCAL.fullmatch(n)])
+        os.rename(partial, folder / name)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    log(f"published snapshot {name}: {len(mine)} files ({sum(s for s, _ in mine.values()) / 2**20:.1f} MiB), {len(new)} of them "
+        f"new, in {time.monotonic() - t0:.2f} s")
+    prune(shared, now)
+    return folder / name
+
+
+def prune(shared: Path, now: float) -> None:
+    """Snapshots older than the newest KEEP, and copies left unfinished, once an hour old: a seeding pod copies a
+    snapshot within seconds, so none is removed under one."""
+    folder = shared / SNAPSHOTS
+    old = snapshots(shared)[:-KEEP]
+    left = [p for p in folder.iterdir() if p.name.startswith(PARTIAL)] if folder.is_dir() else []
+    for path in [*old, *left]:
         try:
-            if place(path, target, name):
-                copied.append(name)
-                nbytes += size(target / name)
-        except OSError as exc:
-            log(f"{verb} of entry {name} failed ({exc}); it is left out")
-    if copied:
-        log(f"{verb} {len(copied)} entr{'y' if len(copied) == 1 else 'ies'} ({', '.join(copied)}, "
-            f"{nbytes / 2**20:.1f} MiB) from {source} to {target} in {time.monotonic() - t0:.2f} s")
-    else:
-        log(f"{verb}: nothing in {source} that {target} lacks")
-    return len(copied)
+            if now - path.stat().st_mtime > STALE_S:
+                shutil.rmtree(path)
+                log(f"removed {path.name}")
+        except OSError:
+            continue  # another replica removed it first
 
 
 def wait_ready(url: str, wait_s: float) -> bool:
@@ -148,13 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         if a.action == "seed":
-            copy_missing(a.shared, a.local, "seeded")
+            seed(a.shared, a.local)
             return 0
         if a.after_ready and not wait_ready(a.after_ready, a.wait_s):
             log(f"{a.after_ready} did not answer within {a.wait_s:.0f} s; nothing published")
             return 0
-        drop_stale_partials(a.shared, time.time())
-        copy_missing(a.local, a.shared, "published")
+        publish(a.shared, a.local, time.time())
     except OSError as exc:  # the claim unreadable or full: vLLM compiles as it would without it
         log(f"{a.action} failed ({exc}); vLLM keeps its own cache root")
     return 0

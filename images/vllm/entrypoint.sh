@@ -16,10 +16,11 @@
 # restarted container keeps too: a stale file there holds huge pages the next pool needs.
 #
 # With SPILLWAY_COMPILE_CACHE_DIR (spec.compileCache: this pod's directory on a claim the replicas share),
-# compile_cache.py beside this script seeds vLLM's cache root from it before vLLM starts and, in the background, publishes
-# to it once SPILLWAY_COMPILE_CACHE_READY_URL answers, so a new pod skips torch.compile. Neither ever stops the start:
-# a failure is logged and vLLM compiles as without the claim. The publisher is left to vLLM's process as parent once
-# this shell becomes it; it exits after one copy, so at most one finished process waits there unreaped.
+# compile_cache.py beside this script seeds vLLM's cache root from the newest snapshot there before vLLM starts and,
+# in the background, publishes the root as a snapshot once SPILLWAY_COMPILE_CACHE_READY_URL answers (the pod's
+# preStop hook publishes once more), so a new pod skips torch.compile. Neither ever stops the start: a failure is
+# logged and vLLM compiles as without the claim. The publisher is left to vLLM's process as parent once this shell
+# becomes it; it exits after one copy, so at most one finished process waits there unreaped.
 set -eu
 case "${VLLM_KV_CACHE_LAYOUT:-}" in
   "") export VLLM_KV_CACHE_LAYOUT=BLHNC ;;

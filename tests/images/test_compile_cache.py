@@ -1,6 +1,7 @@
 """The vLLM image's compile-cache copier (images/vllm/compile_cache.py) on real directories, and the entrypoint that
-runs it: a pod's cache root is seeded from the claim before vLLM starts and published to it once the server answers;
-an entry is only ever seen whole, the first replica to publish one keeps it, and a broken claim never stops a start.
+runs it: a pod's cache root is seeded from the newest snapshot on the claim before vLLM starts and published as a
+new snapshot once the server answers; a snapshot is only ever seen whole, a root with nothing new publishes nothing,
+old snapshots go, and a broken claim never stops a start.
 
 The built image runs the same entrypoint against a real vLLM in test_vllm_cpu_image.py.
 """
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import http.server
 import os
-import re
 import runpy
+import shutil
 import subprocess
 import sys
 import threading
@@ -18,14 +19,12 @@ from pathlib import Path
 
 import pytest
 from spillway.core import vllm_api
-from support.tools import skip_or_fail
-from support.vllm_trees import vllm_trees
 
 IMAGE_DIR = Path(__file__).resolve().parents[2] / "images" / "vllm"
 ENTRYPOINT = IMAGE_DIR / "entrypoint.sh"
 COPIER = IMAGE_DIR / "compile_cache.py"
-BACKEND_ENTRY = "torch_compile_cache/0c1d2e3f4a"  # backends.py: hash_factors(...)[:10]
-AOT_ENTRY = "torch_compile_cache/torch_aot_compile/" + "9f" * 32  # decorators.py: a whole sha256
+AOT = "torch_compile_cache/torch_aot_compile/" + "9f" * 32  # decorators.py: a whole sha256
+BACKEND = "torch_compile_cache/0c1d2e3f4a/rank_0_0/backbone"  # backends.py: hash_factors(...)[:10]
 
 
 @pytest.fixture
@@ -34,17 +33,20 @@ def cc():
     return runpy.run_path(str(COPIER))
 
 
-def make_entry(root: Path, entry: str, files: int = 3, size: int = 4096, tag: str = "a") -> Path:
-    path = root / entry / "rank_0_0" / "backbone"
-    path.mkdir(parents=True)
+def compiled(root: Path, entry: str = AOT, files: int = 3, size: int = 4096, tag: str = "a") -> Path:
+    path = root / entry
+    path.mkdir(parents=True, exist_ok=True)
     for i in range(files):
         (path / f"artifact-{i}.bin").write_bytes(tag.encode() * size)
-    (root / entry / "rank_0_0" / "vllm_compile_cache.py").write_text(f"{{'compiled': {tag!r}}}")
-    return root / entry
+    return path
 
 
 def tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def snapshot_names(claim: Path) -> list[str]:
+    return sorted(p.name for p in (claim / "snapshots").iterdir())
 
 
 def copier(*args: str) -> subprocess.CompletedProcess:
@@ -52,38 +54,52 @@ def copier(*args: str) -> subprocess.CompletedProcess:
                           check=False)
 
 
-def test_publish_then_seed_carries_every_entry_of_both_layouts(tmp_path):
+def test_a_published_root_seeds_the_next_pod_whole_but_for_node_local_files(tmp_path):
     pod_a, claim, pod_b = tmp_path / "a", tmp_path / "claim", tmp_path / "b"
-    make_entry(pod_a, BACKEND_ENTRY)
-    make_entry(pod_a, AOT_ENTRY, tag="z")
-    (pod_a / "modelinfos").mkdir()
-    (pod_a / "modelinfos" / "llama.json").write_text("{}")  # not compile output: stays in the pod
+    compiled(pod_a, AOT)
+    compiled(pod_a, BACKEND, tag="b")
+    compiled(pod_a, "triton/QKZ3X7V2", files=1, tag="t")  # TRITON_CACHE_DIR below the root
+    (pod_a / "gpu_p2p_access_cache_for_0,1.json").write_text("{}")  # this node's GPUs: never carried
     published = copier("publish", str(claim), str(pod_a))
-    assert published.returncode == 0 and "published 2 entries" in published.stderr, published.stderr
+    assert published.returncode == 0 and "published snapshot" in published.stderr, published.stderr
     seeded = copier("seed", str(claim), str(pod_b))
-    assert seeded.returncode == 0 and "seeded 2 entries" in seeded.stderr, seeded.stderr
-    assert tree(pod_b) == tree(claim) == {k: v for k, v in tree(pod_a).items() if not k.startswith("modelinfos")}
-    again = copier("publish", str(claim), str(pod_b))
-    assert "nothing in" in again.stderr and tree(claim) == tree(pod_b)
+    assert seeded.returncode == 0 and "seeded 7 files" in seeded.stderr, seeded.stderr
+    carried = {k: v for k, v in tree(pod_a).items() if not k.startswith("gpu_p2p")}
+    assert tree(pod_b) == carried and len(carried) == 7
 
 
-def test_a_seeded_pod_keeps_its_own_entries_and_gains_only_what_it_lacks(tmp_path, cc):
+def test_a_root_with_nothing_new_publishes_nothing_and_a_grown_one_a_superset(tmp_path, cc):
     claim, pod = tmp_path / "claim", tmp_path / "pod"
-    make_entry(claim, BACKEND_ENTRY, tag="claim")
-    make_entry(pod, BACKEND_ENTRY, tag="pod")
-    make_entry(claim, AOT_ENTRY)
-    assert cc["copy_missing"](claim, pod, "seeded") == 1
-    assert (pod / BACKEND_ENTRY / "rank_0_0" / "vllm_compile_cache.py").read_text() == "{'compiled': 'pod'}"
-    assert (pod / AOT_ENTRY).is_dir()
+    compiled(tmp_path / "first", AOT)
+    first = cc["publish"](claim, tmp_path / "first", time.time())
+    cc["seed"](claim, pod)
+    assert cc["publish"](claim, pod, time.time()) is None and snapshot_names(claim) == [first.name]
+    # a seeded start still writes beside what it loaded: the next snapshot holds both
+    compiled(pod, "triton/AB12CD34", files=1, tag="t")
+    second = cc["publish"](claim, pod, time.time() + 1)
+    assert snapshot_names(claim) == sorted([first.name, second.name])
+    assert set(tree(second)) == set(tree(first)) | {"triton/AB12CD34/artifact-0.bin"}
+    fresh = tmp_path / "fresh"
+    cc["seed"](claim, fresh)
+    assert tree(fresh) == tree(second), "a pod seeds from the newest snapshot"
 
 
-def test_the_first_replica_to_publish_an_entry_keeps_it(tmp_path, cc):
-    claim = tmp_path / "claim"
-    first, second = make_entry(tmp_path / "a", BACKEND_ENTRY, tag="a"), make_entry(tmp_path / "b", BACKEND_ENTRY, tag="b")
-    assert cc["place"](first, claim, BACKEND_ENTRY) is True
-    assert cc["place"](second, claim, BACKEND_ENTRY) is False
-    assert tree(claim / BACKEND_ENTRY) == tree(first)
-    assert sorted(p.name for p in (claim / "torch_compile_cache").iterdir()) == [Path(BACKEND_ENTRY).name]
+def test_a_file_vllm_rewrote_makes_a_new_snapshot(tmp_path, cc):
+    claim, pod = tmp_path / "claim", tmp_path / "pod"
+    cache = compiled(pod, BACKEND) / "vllm_compile_cache.py"
+    cache.write_text("{(1, 8192): 'a'}")
+    cc["publish"](claim, pod, time.time())
+    cache.write_text("{(1, 8192): 'a', (8193, 16384): 'b'}")  # vLLM rewrites its index in place
+    assert cc["publish"](claim, pod, time.time() + 1) is not None
+
+
+def test_a_restarted_containers_own_files_are_kept_when_seeding(tmp_path, cc):
+    claim, pod = tmp_path / "claim", tmp_path / "pod"
+    compiled(tmp_path / "other", AOT, tag="claim")
+    cc["publish"](claim, tmp_path / "other", time.time())
+    mine = compiled(pod, AOT, files=1, tag="pod")
+    assert cc["seed"](claim, pod) == 2
+    assert (mine / "artifact-0.bin").read_bytes() == b"pod" * 4096
 
 
 def _slow_copy(copy2, pause_s: float):
@@ -94,66 +110,78 @@ def _slow_copy(copy2, pause_s: float):
 
 
 def _watch(cc, claim: Path, whole: dict[str, bytes], stop: threading.Event, seen: list) -> None:
-    """What a starting replica would seed, looked at again and again: each entry it finds, as it would copy it."""
+    """What a starting replica would seed, looked at again and again: the newest snapshot, as it would copy it."""
     while not stop.is_set():
-        for path in cc["entries"](claim).values():
+        found = cc["snapshots"](claim)
+        if found:
             try:
-                seen.append(tree(path) == whole)
+                seen.append(tree(found[-1]) == whole)
             except FileNotFoundError:
-                continue  # a rename in between: the next look sees the entry where it now is
+                continue
 
 
 @pytest.mark.parametrize("atomic", [True, False])
-def test_an_entry_under_way_is_never_seen_half_written(tmp_path, cc, atomic):
-    """Two replicas publish the same entry at once while a third seeds from the claim. The copier's hidden
-    directory and rename show the seeding replica either nothing or the whole entry; copying straight into the
-    entry's name (vLLM's own way of writing its cache, the control) shows it half an entry."""
-    import shutil
-
-    sources = [make_entry(tmp_path / f"pod{i}", BACKEND_ENTRY, files=12) for i in range(2)]
-    whole = tree(sources[0])
+def test_a_snapshot_under_way_is_never_seen_half_written(tmp_path, cc, atomic):
+    """Two replicas publish at once while a third would seed. The copier's hidden directory and rename show the
+    seeding replica nothing or a whole snapshot; copying straight into a snapshot's name (vLLM's own way of writing
+    its cache, the control) shows it half of one."""
+    pods = [tmp_path / f"pod{i}" for i in range(2)]
+    for pod in pods:
+        compiled(pod, AOT, files=12)
+    whole = tree(pods[0])
     claim = tmp_path / "claim"
-    cc["place"].__globals__["copy_file"] = _slow_copy(shutil.copy2, 0.02)
+    cc["publish"].__globals__["copy_file"] = _slow_copy(shutil.copy2, 0.02)
     stop, seen = threading.Event(), []
     watcher = threading.Thread(target=_watch, args=(cc, claim, whole, stop, seen))
     watcher.start()
     try:
         if atomic:
-            publishers = [threading.Thread(target=cc["place"], args=(s, claim, BACKEND_ENTRY)) for s in sources]
+            publishers = [threading.Thread(target=cc["publish"], args=(claim, p, time.time())) for p in pods]
             for p in publishers:
                 p.start()
             for p in publishers:
                 p.join(30)
         else:
-            shutil.copytree(sources[0], claim / BACKEND_ENTRY, copy_function=cc["place"].__globals__["copy_file"])
+            shutil.copytree(pods[0], claim / "snapshots" / "20261206T000000-pod0",
+                            copy_function=cc["publish"].__globals__["copy_file"])
         time.sleep(0.1)
     finally:
         stop.set()
         watcher.join(10)
-    assert tree(claim / BACKEND_ENTRY) == whole
     assert seen and seen[-1] is True
     if atomic:
-        assert all(seen), f"{seen.count(False)} of {len(seen)} looks saw a partial entry"
-        assert not [p for p in (claim / "torch_compile_cache").iterdir() if p.name.startswith(".")]
+        assert all(seen), f"{seen.count(False)} of {len(seen)} looks saw a partial snapshot"
+        names = snapshot_names(claim)
+        assert len(names) == 2 and not [n for n in names if n.startswith(".")], names
     else:
         assert not all(seen), "the control never caught the copy under way: the check shows nothing"
 
 
-def test_a_copy_left_by_a_killed_replica_is_never_seeded_and_goes_once_an_hour_old(tmp_path, cc):
-    claim, pod = tmp_path / "claim", tmp_path / "pod"
-    left = make_entry(claim, f"torch_compile_cache/.partial-{Path(BACKEND_ENTRY).name}-pod-7-41", files=1)
-    fresh = make_entry(claim, f"torch_compile_cache/.partial-{Path(AOT_ENTRY).name}-pod-8-12", files=1)
-    assert cc["copy_missing"](claim, pod, "seeded") == 0 and not (pod / "torch_compile_cache").exists()
-    hour_ago = time.time() - cc["STALE_PARTIAL_S"] - 60
-    os.utime(left, (hour_ago, hour_ago))
-    cc["drop_stale_partials"](claim, time.time())
-    assert not left.exists() and fresh.exists()
+def test_old_snapshots_and_unfinished_copies_go_once_an_hour_old(tmp_path, cc):
+    claim = tmp_path / "claim"
+    made = []
+    for i in range(4):
+        pod = tmp_path / f"pod{i}"
+        compiled(pod, AOT, files=1, size=4096 + i, tag=str(i))
+        made.append(cc["publish"](claim, pod, time.time() + i))
+    left = compiled(claim / "snapshots" / ".partial-20261206T000000-gone-1", "x", files=1)
+    hidden = left.parent
+    assert cc["seed"](claim, tmp_path / "fresh") == 1
+    assert (tmp_path / "fresh" / AOT / "artifact-0.bin").read_bytes()[:1] == b"3", "seeded from the newest"
+    cc["prune"](claim, time.time())
+    assert len(snapshot_names(claim)) == 5, "nothing is removed within the hour a seeding pod may be copying it"
+    hour_ago = time.time() - cc["STALE_S"] - 60
+    for path in [*made[:2], hidden]:
+        os.utime(path, (hour_ago, hour_ago))
+    cc["prune"](claim, time.time())
+    assert snapshot_names(claim) == sorted(p.name for p in made[2:]), "the newest KEEP stay"
 
 
 def test_an_unwritable_or_missing_claim_is_logged_and_never_fails(tmp_path):
     pod = tmp_path / "pod"
-    make_entry(pod, BACKEND_ENTRY)
-    assert copier("seed", str(tmp_path / "no-claim"), str(tmp_path / "empty")).returncode == 0
+    compiled(pod)
+    seeded = copier("seed", str(tmp_path / "no-claim"), str(tmp_path / "empty"))
+    assert seeded.returncode == 0 and "no snapshot" in seeded.stderr
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
     proc = copier("publish", str(blocked), str(pod))
@@ -161,9 +189,9 @@ def test_an_unwritable_or_missing_claim_is_logged_and_never_fails(tmp_path):
 
 
 def test_publish_waits_for_the_server_to_answer(tmp_path):
-    """Nothing is published while the health check fails: the entries may still be under vLLM's own writes."""
+    """Nothing is published while the health check fails: the root may still be under vLLM's own writes."""
     pod, claim = tmp_path / "pod", tmp_path / "claim"
-    make_entry(pod, BACKEND_ENTRY)
+    compiled(pod)
     proc = copier("publish", str(claim), str(pod), "--after-ready", "http://127.0.0.1:9/health", "--wait-s", "3")
     assert proc.returncode == 0 and "did not answer" in proc.stderr and not claim.exists()
 
@@ -177,19 +205,19 @@ class _Health(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_the_entrypoint_seeds_before_vllm_and_publishes_once_it_answers(tmp_path):
-    """A vllm stand-in lists what its cache root holds at start, then compiles an entry and waits (as a server
-    does) until the entry is on the claim: the publisher ran beside it and copied it after the health check."""
+def test_the_entrypoint_seeds_before_vllm_and_publishes_once_it_answers(tmp_path, cc):
+    """A vllm stand-in lists what its cache root holds at start, then compiles and waits (as a server does) until
+    a second snapshot is on the claim: the publisher ran beside it and copied the root after the health check."""
     claim, root = tmp_path / "claim" / "key", tmp_path / "root"
-    make_entry(claim, AOT_ENTRY)
-    compiled = root / BACKEND_ENTRY
+    compiled(tmp_path / "earlier", AOT)
+    cc["publish"](claim, tmp_path / "earlier", time.time() - 60)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "vllm").write_text(
         "#!/bin/sh\n"
-        f'find "$VLLM_CACHE_ROOT" -name vllm_compile_cache.py | sort\n'
-        f'mkdir -p {compiled}/rank_0_0 && echo compiled > {compiled}/rank_0_0/vllm_compile_cache.py\n'
-        f"for i in $(seq 100); do [ -d {claim / BACKEND_ENTRY} ] && echo published && exit 0; sleep 0.2; done\n"
+        'find "$VLLM_CACHE_ROOT" -type f | sort\n'
+        f'mkdir -p "$VLLM_CACHE_ROOT/{BACKEND}" && echo compiled > "$VLLM_CACHE_ROOT/{BACKEND}/vllm_compile_cache.py"\n'
+        f'for i in $(seq 100); do [ "$(ls {claim}/snapshots | wc -l)" = 2 ] && echo published && exit 0; sleep 0.2; done\n'
         "echo 'never published'; exit 1\n")
     (bin_dir / "vllm").chmod(0o755)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
@@ -205,10 +233,12 @@ def test_the_entrypoint_seeds_before_vllm_and_publishes_once_it_answers(tmp_path
     finally:
         server.shutdown()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.splitlines()[0] == str(root / AOT_ENTRY / "rank_0_0" / "vllm_compile_cache.py")
+    seen_at_start = proc.stdout.splitlines()[:-1]
+    assert seen_at_start == [str(root / AOT / f"artifact-{i}.bin") for i in range(3)]
     assert proc.stdout.splitlines()[-1] == "published"
-    assert "seeded 1 entry" in proc.stderr
-    assert (claim / BACKEND_ENTRY / "rank_0_0" / "vllm_compile_cache.py").read_text() == "compiled\n"
+    assert "seeded 3 files" in proc.stderr
+    newest = cc["snapshots"](claim)[-1]
+    assert (newest / BACKEND / "vllm_compile_cache.py").read_text() == "compiled\n"
 
 
 def test_the_entrypoint_without_a_claim_copies_nothing(tmp_path):
@@ -224,24 +254,23 @@ def test_the_entrypoint_without_a_claim_copies_nothing(tmp_path):
     assert proc.returncode == 0 and proc.stdout == "started\n" and proc.stderr == ""
 
 
-def test_the_copier_knows_where_vllms_sources_put_compile_cache_entries(cc):
-    """Both layouts, read from vLLM's own sources (the installed vLLM and SPILLWAY_VLLM_TREES): a release that
-    moved its entries, or named them otherwise, would leave the copier carrying nothing."""
+def test_the_node_local_file_it_leaves_out_is_named_as_vllms_sources_name_it(cc):
+    """vLLM's record of which GPUs reach each other is the node's, and is left out of every snapshot by name: a
+    release that renamed it would have it carried to other nodes."""
     import importlib.util
+    import re
+
+    from support.tools import skip_or_fail
+    from support.vllm_trees import vllm_trees
 
     roots = vllm_trees()
     spec = importlib.util.find_spec("vllm")
     if spec is not None and spec.origin:
         roots.append(Path(spec.origin).parents[1])
-    sources = [r for r in roots if (r / "vllm" / "compilation" / "backends.py").is_file()]
+    sources = [r / "vllm" / "distributed" / "device_communicators" / "all_reduce_utils.py" for r in roots]
+    sources = [s for s in sources if s.is_file()]
     if not sources:
         skip_or_fail("no vLLM source tree is at hand")
-    for root in sources:
-        backends = (root / "vllm" / "compilation" / "backends.py").read_text()
-        assert re.search(r'envs\.VLLM_CACHE_ROOT,\s*"torch_compile_cache",\s*hash_key', backends), root
-        # 0.26: hashlib.sha256(str(factors).encode()).hexdigest()[:10]; 0.33+: hash_factors(all_factors)[:10]
-        width = int(re.search(r"hash_key = \S+\)\[:(\d+)\]", backends).group(1))
-        assert cc["HASH"].fullmatch("a" * width) and not cc["HASH"].fullmatch("a" * (width - 1)), root
-        decorators = (root / "vllm" / "compilation" / "decorators.py").read_text()
-        if "torch_aot_compile" in decorators:
-            assert re.search(r'"torch_compile_cache",\s*"torch_aot_compile",\s*hash_key', decorators), root
+    for source in sources:
+        name, = re.findall(r'f"(gpu_p2p_access_cache_for_\{cache_key\}\.json)"', source.read_text())
+        assert cc["NODE_LOCAL"].fullmatch(name.replace("{cache_key}", "0,1,2,3")), source

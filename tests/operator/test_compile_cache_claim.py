@@ -2,7 +2,8 @@
 
 Rendered: the claim is mounted beside the pod's own cache root (an emptyDir, which vLLM keeps using), the entrypoint
 is told this pod's directory on the claim (the same key as the cache root's) and the URL that says the server is up,
-and the pod's fsGroup makes the claim writable by the image's user. Through the real operator (`kopf run`) against
+Triton's cache goes below the root, a preStop hook publishes once more, and the pod's fsGroup makes the claim
+writable by the image's user. Through the real operator (`kopf run`) against
 the kmock API emulator: a missing claim is a condition until it is created, a claim no replica may write or that only
 one pod may mount is refused, and another image than Spillway's is refused, since only its entrypoint copies.
 """
@@ -51,6 +52,11 @@ def test_the_claim_is_mounted_and_the_entrypoint_told_this_pods_directory_on_it(
     assert os.path.dirname(shared) == mounts[names.VOLUME_COMPILE_CACHE] == names.COMPILE_CACHE_MOUNT
     assert os.path.basename(shared) == os.path.basename(root)
     assert env[api.ENV_COMPILE_CACHE_READY_URL] == f"http://127.0.0.1:{api.SERVER_PORT}{api.HEALTH_PATH}"
+    # what Triton builds lands below the cache root, so a snapshot carries it
+    assert env[api.ENV_TRITON_CACHE_DIR].startswith(f"{root}/")
+    # and once more as the pod stops: what the server wrote while serving
+    assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == [
+        "python3", names.COMPILE_CACHE_COPIER, "publish", shared, root]
     probe = pod["containers"][0]["readinessProbe"]["httpGet"]
     assert probe["path"] == api.HEALTH_PATH, "the publisher waits for what the kubelet's probes ask"
     assert pod["securityContext"]["fsGroup"] == names.VLLM_IMAGE_UID
@@ -63,8 +69,8 @@ def test_the_claim_is_mounted_and_the_entrypoint_told_this_pods_directory_on_it(
 def test_without_a_claim_nothing_is_mounted_or_told():
     pod = pod_of()
     assert names.VOLUME_COMPILE_CACHE not in {v["name"] for v in pod["volumes"]}
-    assert not {api.ENV_COMPILE_CACHE_DIR, api.ENV_COMPILE_CACHE_READY_URL} & set(env_of(pod))
-    assert "fsGroup" not in pod["securityContext"]
+    assert not {api.ENV_COMPILE_CACHE_DIR, api.ENV_COMPILE_CACHE_READY_URL, api.ENV_TRITON_CACHE_DIR} & set(env_of(pod))
+    assert "fsGroup" not in pod["securityContext"] and "lifecycle" not in pod["containers"][0]
 
 
 def test_each_model_and_release_gets_its_own_directory_on_a_shared_claim():
@@ -92,7 +98,7 @@ def test_a_bad_compile_cache_is_refused_by_name(cache, image, words):
 
 
 def test_the_spec_may_not_set_the_entrypoints_variables():
-    for name in (api.ENV_COMPILE_CACHE_DIR, api.ENV_COMPILE_CACHE_READY_URL):
+    for name in (api.ENV_COMPILE_CACHE_DIR, api.ENV_COMPILE_CACHE_READY_URL, api.ENV_TRITON_CACHE_DIR):
         with pytest.raises(InvalidSpec, match=name):
             parse_spec({"model": "m", "env": [{"name": name, "value": "/elsewhere"}]})
 

@@ -175,9 +175,10 @@ def vllm_env(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     env.append({"name": api.ENV_CACHE_ROOT, "value": vllm_cache_root(spec)})
     if spec.compile_cache is not None:
-        env += [{"name": api.ENV_COMPILE_CACHE_DIR, "value": f"{names.COMPILE_CACHE_MOUNT}/{cache_key(spec)}"},
+        env += [{"name": api.ENV_COMPILE_CACHE_DIR, "value": compile_cache_dir(spec)},
                 {"name": api.ENV_COMPILE_CACHE_READY_URL,
-                 "value": f"http://127.0.0.1:{api.SERVER_PORT}{api.HEALTH_PATH}"}]
+                 "value": f"http://127.0.0.1:{api.SERVER_PORT}{api.HEALTH_PATH}"},
+                {"name": api.ENV_TRITON_CACHE_DIR, "value": f"{vllm_cache_root(spec)}/triton"}]
     return env + hardening.api_key_env(spec) + [dict(item) for item in spec.env]
 
 
@@ -196,6 +197,11 @@ def vllm_cache_root(spec: ModelServerSpec) -> str:
     not the pod. A pod outlives its compile cache only through spec.compileCache's claim, which the image's
     entrypoint seeds this directory from and publishes it to (images/vllm/compile_cache.py)."""
     return f"{names.VLLM_CACHE_MOUNT}/{cache_key(spec)}"
+
+
+def compile_cache_dir(spec: ModelServerSpec) -> str:
+    """This pod's directory on spec.compileCache's claim."""
+    return f"{names.COMPILE_CACHE_MOUNT}/{cache_key(spec)}"
 
 
 def compile_cache_volume(spec: ModelServerSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -241,6 +247,11 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 6),
     }
+    if spec.compile_cache is not None:
+        # What the server wrote while serving is carried too: a snapshot once more as the pod stops, within the
+        # termination grace (compile_cache.py never fails a stop).
+        out["lifecycle"] = {"preStop": {"exec": {"command": [
+            "python3", names.COMPILE_CACHE_COPIER, "publish", compile_cache_dir(spec), vllm_cache_root(spec)]}}}
     if not hardening.ours(spec.image):
         # Our image's entrypoint must run (it removes pool files a restarted container left in the pod's
         # /dev/shm before vLLM starts); another image gets vLLM's server by name, whatever its entrypoint.

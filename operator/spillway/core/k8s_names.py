@@ -63,6 +63,8 @@ VLLM_CACHE_MOUNT = "/var/cache/spillway-vllm"
 # before vLLM starts and publishes to it once the server is healthy; one directory per the same key.
 VOLUME_COMPILE_CACHE = "compile-cache"
 COMPILE_CACHE_MOUNT = "/var/cache/spillway-compile-cache"
+VLLM_IMAGE_LIB = "/usr/local/lib/spillway"  # the vLLM image's entrypoint and its helpers (images/vllm/Dockerfile)
+COMPILE_CACHE_COPIER = f"{VLLM_IMAGE_LIB}/compile_cache.py"
 FINALIZER = f"{GROUP}/finalizer"
 # On objects the operator applies: a hash of what it applied (an unchanged hash skips the write).
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"

@@ -141,6 +141,9 @@ ENV_CACHE_ROOT = "VLLM_CACHE_ROOT"
 # URL whose answer says the server is up (every compile-cache entry it used is whole then).
 ENV_COMPILE_CACHE_DIR = "SPILLWAY_COMPILE_CACHE_DIR"
 ENV_COMPILE_CACHE_READY_URL = "SPILLWAY_COMPILE_CACHE_READY_URL"
+# Triton's binary cache (triton/runtime/cache.py), ~/.triton/cache unless set: with spec.compileCache it goes below
+# the cache root, so a snapshot carries what Triton built too (vLLM keeps a caller's choice: compiler_interface.py).
+ENV_TRITON_CACHE_DIR = "TRITON_CACHE_DIR"
 # vLLM's --scheduler-cls (vllm/engine/arg_utils.py) with Spillway's scheduler (SCHEDULER_CLS, from the connector's
 # transfer_config) on releases before SCHEDULER_CLS_BEFORE: from 0.34 vLLM remembers the reservation itself.
 FLAG_SCHEDULER_CLS = "--scheduler-cls"
@@ -149,7 +152,8 @@ SCHEDULER_CLS_BEFORE = (0, 34)
 # as /reset_prefix_cache and /collective_rpc, runtime LoRA loading, pickle deserialization) or change its
 # memory (vllm/envs.py, vLLM 0.33).
 RESERVED_ENV = (ENV_KV_CACHE_LAYOUT, ENV_USE_V2_MODEL_RUNNER, ENV_CPU_KVCACHE_SPACE, ENV_API_KEY, ENV_PREFAULT_THREADS,
-                ENV_CACHE_ROOT, ENV_COMPILE_CACHE_DIR, ENV_COMPILE_CACHE_READY_URL, ENV_POOL_HUGEPAGES_DIR, ENV_DISK_TIER_SHARE,
+                ENV_CACHE_ROOT, ENV_COMPILE_CACHE_DIR, ENV_COMPILE_CACHE_READY_URL, ENV_TRITON_CACHE_DIR,
+                ENV_POOL_HUGEPAGES_DIR, ENV_DISK_TIER_SHARE,
                 "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_INSECURE_SERIALIZATION")
 
 # -- connectors ---------------------------------------------------------------
