@@ -12,8 +12,9 @@ prompt again), a completion and a reload from the CPU pool on vLLM's /metrics (k
 run stops there: the smoke test of the staged tree.
 
 An engine with "compile_cache": {"shared": DIR, "local": DIR} starts as a pod with `compileCache.claimName` does: its
-VLLM_CACHE_ROOT is `local`, emptied first (a new pod's emptyDir), the image's compile_cache.py seeds it from `shared`
-before the start and publishes to `shared` once the server answers its health check; both are timed and recorded.
+VLLM_CACHE_ROOT is `local`, emptied first (a new pod's emptyDir), with Triton's cache below it; the image's
+compile_cache.py seeds it from `shared` before the start and publishes to `shared` once the server answers its health
+check; both are timed and recorded.
 
     python3 bench/vllm-0.34/run34.py --spec bench/vllm-0.34/engines.json --out /tmp/work34 --json $OUT/run34.json \
         --deadline-s 520 [--only a,b] [--calib-ref-s 0.3]
@@ -83,7 +84,8 @@ def seed_compile_cache(engine: dict, port: int) -> tuple[dict, Any]:
     cc = engine["compile_cache"]
     shutil.rmtree(cc["local"], ignore_errors=True)
     Path(cc["local"]).mkdir(parents=True)
-    engine.setdefault("extra_env", {})["VLLM_CACHE_ROOT"] = cc["local"]
+    # as the operator renders it: Triton's cache below the root (manifests.vllm_env)
+    engine.setdefault("extra_env", {}).update(VLLM_CACHE_ROOT=cc["local"], TRITON_CACHE_DIR=f"{cc['local']}/triton")
     t = time.time()
     seeded = subprocess.run([sys.executable, str(COMPILE_CACHE), "seed", cc["shared"], cc["local"]],
                             capture_output=True, text=True, check=False)
