@@ -6,11 +6,12 @@ rescheduled pod compiles again, which doubles its start (bench/compile-cache). W
 operator also mounts a claim and names this pod's directory on it (SPILLWAY_COMPILE_CACHE_DIR, keyed by model,
 revision, release, TP and image: controller/manifests.py). vLLM never reads or writes the claim itself:
 
-  seed     before vLLM starts, the newest snapshot on the claim is copied into the cache root (files the root
-           already holds are kept: a restarted container's own);
-  publish  once the server answers its health check, and again when the pod stops (its preStop hook), the whole
-           cache root becomes a new snapshot, if it holds a file the newest snapshot lacks or holds otherwise
-           (another size or time: vLLM rewrote it).
+  seed     before vLLM starts, the newest snapshot on the claim becomes the cache root (a root that holds files
+           already is a restarted container's, and is kept);
+  publish  once the server answers its health check, and again when the pod stops (its preStop hook, only while
+           the server still answers: a root vLLM was still compiling into is never published), the whole cache
+           root becomes a new snapshot, if it holds a file the newest snapshot lacks or holds otherwise (another
+           size or time: vLLM rewrote it).
 
 A snapshot is the whole root, not each entry apart: a start that loads the cache still writes beside what it loaded
 (Triton's binaries, Inductor's kernels for the loaded graphs: a seeded start that lacked them spent as long in
@@ -76,23 +77,31 @@ def snapshots(shared: Path) -> list[Path]:
 
 
 def seed(shared: Path, local: Path) -> int:
+    """The newest snapshot becomes the root, whole: copied beside it and renamed into place, so a container killed
+    while seeding leaves no half-copied file for the next one to load. A root that holds files already is a
+    restarted container's, kept as vLLM left it."""
+    if files(local):
+        log(f"{local} holds a restarted container's cache: kept, nothing seeded")
+        return 0
     found = snapshots(shared)
     if not found:
         log(f"no snapshot in {shared} yet: vLLM compiles, and this pod publishes once it is up")
         return 0
     t0, newest = time.monotonic(), found[-1]
-    have = files(local)
-    copied = nbytes = 0
-    for name, (size, _) in files(newest).items():
-        if name in have:
-            continue
-        target = local / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        copy_file(newest / name, target)
-        copied, nbytes = copied + 1, nbytes + size
-    log(f"seeded {copied} files ({nbytes / 2**20:.1f} MiB) from snapshot {newest.name} in "
-        f"{time.monotonic() - t0:.2f} s")
-    return copied
+    for left in local.parent.glob(f"{PARTIAL}{local.name}-*"):  # a killed seed's
+        shutil.rmtree(left, ignore_errors=True)
+    staging = local.parent / f"{PARTIAL}{local.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        shutil.copytree(newest, staging, symlinks=True, copy_function=copy_file)
+        if local.exists():
+            shutil.rmtree(local)  # empty but for directories: nothing of vLLM's
+        os.rename(staging, local)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    carried = files(local)
+    log(f"seeded {len(carried)} files ({sum(s for s, _ in carried.values()) / 2**20:.1f} MiB) from snapshot "
+        f"{newest.name} in {time.monotonic() - t0:.2f} s")
+    return len(carried)
 
 
 def publish(shared: Path, local: Path, now: float) -> Path | None:
@@ -135,16 +144,18 @@ def prune(shared: Path, now: float) -> None:
 
 
 def wait_ready(url: str, wait_s: float) -> bool:
+    """Whether the server answers within wait_s (asked at least once)."""
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+    while True:
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 if r.status == 200:
                     return True
         except OSError:
             pass
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(2)
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:

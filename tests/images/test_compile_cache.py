@@ -93,13 +93,31 @@ def test_a_file_vllm_rewrote_makes_a_new_snapshot(tmp_path, cc):
     assert cc["publish"](claim, pod, time.time() + 1) is not None
 
 
-def test_a_restarted_containers_own_files_are_kept_when_seeding(tmp_path, cc):
+def test_a_restarted_container_keeps_its_own_root_and_nothing_is_seeded(tmp_path, cc):
     claim, pod = tmp_path / "claim", tmp_path / "pod"
     compiled(tmp_path / "other", AOT, tag="claim")
     cc["publish"](claim, tmp_path / "other", time.time())
-    mine = compiled(pod, AOT, files=1, tag="pod")
-    assert cc["seed"](claim, pod) == 2
-    assert (mine / "artifact-0.bin").read_bytes() == b"pod" * 4096
+    mine = tree(compiled(pod, AOT, files=1, tag="pod").parent)
+    assert cc["seed"](claim, pod) == 0
+    assert tree(pod / AOT).keys() == {"artifact-0.bin"} and tree((pod / AOT).parent) == mine
+
+
+def test_a_seed_under_way_leaves_no_root_until_the_whole_snapshot_is_there(tmp_path, cc):
+    """vLLM in a container restarted mid-seed would load what it finds: half a copy could be half a file."""
+    claim, pod = tmp_path / "claim", tmp_path / "cache" / "key"
+    compiled(tmp_path / "first", AOT, files=12)
+    whole = tree(cc["publish"](claim, tmp_path / "first", time.time()))
+    left = compiled(pod.parent / ".partial-key-0badc0de", "x", files=1)  # a killed seed's
+    cc["seed"].__globals__["copy_file"] = _slow_copy(shutil.copy2, 0.02)
+    seen: list[bool] = []
+    seeding = threading.Thread(target=cc["seed"], args=(claim, pod))
+    seeding.start()
+    while seeding.is_alive():
+        if pod.exists():
+            seen.append(tree(pod) == whole)
+        time.sleep(0.005)
+    assert tree(pod) == whole and all(seen), seen
+    assert not left.exists() and [p.name for p in pod.parent.iterdir()] == ["key"]
 
 
 def _slow_copy(copy2, pause_s: float):
@@ -192,8 +210,9 @@ def test_publish_waits_for_the_server_to_answer(tmp_path):
     """Nothing is published while the health check fails: the root may still be under vLLM's own writes."""
     pod, claim = tmp_path / "pod", tmp_path / "claim"
     compiled(pod)
-    proc = copier("publish", str(claim), str(pod), "--after-ready", "http://127.0.0.1:9/health", "--wait-s", "3")
-    assert proc.returncode == 0 and "did not answer" in proc.stderr and not claim.exists()
+    for wait in ("3", "0"):  # the preStop hook's asks once
+        proc = copier("publish", str(claim), str(pod), "--after-ready", "http://127.0.0.1:9/health", "--wait-s", wait)
+        assert proc.returncode == 0 and "did not answer" in proc.stderr and not claim.exists()
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

@@ -23,7 +23,7 @@ from pathlib import Path
 import container
 import pytest
 from pools import HOLDER, plant
-from spillway.controller import hardening
+from spillway.controller import hardening, manifests
 from spillway.controller.facts import summarize_node
 from spillway.controller.manifests import desired
 from spillway.controller.spec import parse_spec
@@ -285,9 +285,10 @@ def rendered_cache(image: str) -> tuple[dict[str, str], dict[str, str], list[str
 def compile_cache_pods(image, tmp_path_factory) -> dict:
     """Each pod as the operator renders it: the cache root's emptyDir a fresh tmpfs, the claim one host directory
     (the image's user owns it, as the pod's fsGroup makes it), vLLM compiling (no --enforce-eager), the preStop hook
-    run before the container stops. The ready URL names this server's port: the rendered one is the pod's 8000, and
-    the containers here share the host's network."""
+    run before the container stops. The ready URL (in the environment and the hook) names this server's port: the
+    rendered one is the pod's 8000, and the containers here share the host's network."""
     env, mounts, pre_stop = rendered_cache(image)
+    env_url = manifests.READY_URL
     claim = tmp_path_factory.mktemp("claim")
     uid, gid = (int(n) for n in USER.split(":"))
     os.chown(claim, uid, gid)
@@ -308,7 +309,8 @@ def compile_cache_pods(image, tmp_path_factory) -> dict:
             while "compile cache: published" not in server.log_path.read_text():
                 assert time.monotonic() < deadline, server.log_tail(80)
                 time.sleep(1)
-            stopping = server.container.exec(*pre_stop)
+            stopping = server.container.exec(*(server.url(V.HEALTH_PATH) if arg == env_url else arg
+                                               for arg in pre_stop))
             pods.append({"log": server.log_path.read_text(), "pre_stop": stopping})
     return {"pods": pods, "claim": claim / os.path.basename(env[V.ENV_COMPILE_CACHE_DIR]),
             "root": env[V.ENV_CACHE_ROOT]}

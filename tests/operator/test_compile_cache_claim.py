@@ -56,7 +56,8 @@ def test_the_claim_is_mounted_and_the_entrypoint_told_this_pods_directory_on_it(
     assert env[api.ENV_TRITON_CACHE_DIR].startswith(f"{root}/")
     # and once more as the pod stops: what the server wrote while serving
     assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == [
-        "python3", names.COMPILE_CACHE_COPIER, "publish", shared, root]
+        "python3", names.COMPILE_CACHE_COPIER, "publish", shared, root,
+        "--after-ready", env[api.ENV_COMPILE_CACHE_READY_URL], "--wait-s", "0"]
     probe = pod["containers"][0]["readinessProbe"]["httpGet"]
     assert probe["path"] == api.HEALTH_PATH, "the publisher waits for what the kubelet's probes ask"
     assert pod["securityContext"]["fsGroup"] == names.VLLM_IMAGE_UID

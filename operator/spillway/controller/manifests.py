@@ -176,10 +176,13 @@ def vllm_env(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
     env.append({"name": api.ENV_CACHE_ROOT, "value": vllm_cache_root(spec)})
     if spec.compile_cache is not None:
         env += [{"name": api.ENV_COMPILE_CACHE_DIR, "value": compile_cache_dir(spec)},
-                {"name": api.ENV_COMPILE_CACHE_READY_URL,
-                 "value": f"http://127.0.0.1:{api.SERVER_PORT}{api.HEALTH_PATH}"},
+                {"name": api.ENV_COMPILE_CACHE_READY_URL, "value": READY_URL},
                 {"name": api.ENV_TRITON_CACHE_DIR, "value": f"{vllm_cache_root(spec)}/triton"}]
     return env + hardening.api_key_env(spec) + [dict(item) for item in spec.env]
+
+
+# The server's own health, asked from inside the pod: up means every compile-cache file it used is whole.
+READY_URL = f"http://127.0.0.1:{api.SERVER_PORT}{api.HEALTH_PATH}"
 
 
 def cache_key(spec: ModelServerSpec) -> str:
@@ -249,9 +252,11 @@ def container(spec: ModelServerSpec, result: Plan) -> dict[str, Any]:
     }
     if spec.compile_cache is not None:
         # What the server wrote while serving is carried too: a snapshot once more as the pod stops, within the
-        # termination grace (compile_cache.py never fails a stop).
+        # termination grace, only while the server answers (a root vLLM is still compiling into is never
+        # published; compile_cache.py never fails a stop).
         out["lifecycle"] = {"preStop": {"exec": {"command": [
-            "python3", names.COMPILE_CACHE_COPIER, "publish", compile_cache_dir(spec), vllm_cache_root(spec)]}}}
+            "python3", names.COMPILE_CACHE_COPIER, "publish", compile_cache_dir(spec), vllm_cache_root(spec),
+            "--after-ready", READY_URL, "--wait-s", "0"]}}}
     if not hardening.ours(spec.image):
         # Our image's entrypoint must run (it removes pool files a restarted container left in the pod's
         # /dev/shm before vLLM starts); another image gets vLLM's server by name, whatever its entrypoint.
