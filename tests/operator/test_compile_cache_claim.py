@@ -143,7 +143,7 @@ def test_a_missing_claim_is_a_condition_until_it_is_created(api):
 
 
 @pytest.mark.parametrize(("modes", "replicas", "words"), [
-    (("ReadOnlyMany",), 1, ["is ReadOnlyMany", "publishes the entries it compiled there"]),
+    (("ReadOnlyMany",), 1, ["is ReadOnlyMany", "publishes snapshots of its compile cache there"]),
     (("ReadWriteOncePod",), 2, ["ReadWriteOncePod: one pod may mount it", "all 2 replicas"]),
 ])
 def test_a_claim_the_replicas_cannot_share_or_write_is_a_condition(api, modes, replicas, words):

@@ -24,15 +24,17 @@ def read_claim(kube: Kube, namespace: str, name: str, purpose: str,
 
 
 class CompileCacheClaimNotFound(ClaimNotFound):
+    """spec.compileCache's claim is not there (or lost its volume)."""
+
     reason = "CompileCacheClaimNotFound"
 
 
 def check_compile_cache_claim(spec: ModelServerSpec, namespace: str, kube: Kube) -> None:
-    """spec.compileCache's claim, mountable by every replica and writable (its entries are published there)."""
+    """spec.compileCache's claim, mountable by every replica and writable (each publishes its snapshots there)."""
     if spec.compile_cache is None:
         return
     name = spec.compile_cache.claim_name
     claim = read_claim(kube, namespace, name, "the compile cache's claim exists", CompileCacheClaimNotFound)
     check_mountable(claim, field="spec.compileCache.claimName", name=name, namespace=namespace,
-                    replicas=spec.replicas, writes="each replica publishes the entries it compiled there",
+                    replicas=spec.replicas, writes="each replica publishes snapshots of its compile cache there",
                     not_found=CompileCacheClaimNotFound)
