@@ -42,8 +42,8 @@ stage() {  # stage.sh with its own OUT and the time this call has left
 rc=0
 if [ -n "${HUGE:-}" ]; then
   reserve
-  # the PLAIN engines' share of the call is kept for them: 180 s each
-  stage huge $(( $(echo "${PLAIN:-}" | tr ',' '\n' | grep -c .) * 180 )) "$HUGE" || rc=1
+  # the PLAIN engines' share of the call is kept for them: PLAIN_RESERVE_S each (a start and its load test)
+  stage huge $(( $(echo "${PLAIN:-}" | tr ',' '\n' | grep -c .) * ${PLAIN_RESERVE_S:-180} )) "$HUGE" || rc=1
 fi
 if [ -n "${PLAIN:-}" ]; then
   release
