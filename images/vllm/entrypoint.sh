@@ -41,7 +41,9 @@ if [ -n "${SPILLWAY_POOL_HUGEPAGES_DIR:-}" ] && ! python3 "$here/stale_pools.py"
   echo "spillway-vllm: stale pool cleanup of $SPILLWAY_POOL_HUGEPAGES_DIR failed (see above); starting vLLM anyway" >&2
 fi
 if [ -n "${SPILLWAY_COMPILE_CACHE_DIR:-}" ] && [ -n "${VLLM_CACHE_ROOT:-}" ]; then
-  python3 "$here/compile_cache.py" seed "$SPILLWAY_COMPILE_CACHE_DIR" "$VLLM_CACHE_ROOT" || true
+  # A claim that hangs (an unreachable network volume) must not hold the start: vLLM compiles instead.
+  timeout 300 python3 "$here/compile_cache.py" seed "$SPILLWAY_COMPILE_CACHE_DIR" "$VLLM_CACHE_ROOT" \
+    || echo "spillway-vllm: compile cache: no seed (exit $?); vLLM compiles" >&2
   if [ -n "${SPILLWAY_COMPILE_CACHE_READY_URL:-}" ]; then
     python3 "$here/compile_cache.py" publish "$SPILLWAY_COMPILE_CACHE_DIR" "$VLLM_CACHE_ROOT" \
       --after-ready "$SPILLWAY_COMPILE_CACHE_READY_URL" &
