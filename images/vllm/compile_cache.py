@@ -122,8 +122,9 @@ def publish(shared: Path, local: Path, now: float) -> Path | None:
         os.rename(partial, folder / name)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    log(f"published snapshot {name}: {len(mine)} files ({sum(s for s, _ in mine.values()) / 2**20:.1f} MiB), {len(new)} of them "
-        f"new, in {time.monotonic() - t0:.2f} s")
+    size = sum(s for s, _ in mine.values())
+    log(f"published snapshot {name}: {len(mine)} files ({size / 2**20:.1f} MiB), {len(new)} of them new, in "
+        f"{time.monotonic() - t0:.2f} s")
     prune(shared, now)
     return folder / name
 

@@ -236,7 +236,8 @@ def test_the_entrypoint_seeds_before_vllm_and_publishes_once_it_answers(tmp_path
         "#!/bin/sh\n"
         'find "$VLLM_CACHE_ROOT" -type f | sort\n'
         f'mkdir -p "$VLLM_CACHE_ROOT/{BACKEND}" && echo compiled > "$VLLM_CACHE_ROOT/{BACKEND}/vllm_compile_cache.py"\n'
-        f'for i in $(seq 100); do [ "$(ls {claim}/snapshots | wc -l)" = 2 ] && echo published && exit 0; sleep 0.2; done\n'
+        f'for i in $(seq 100); do [ "$(ls {claim}/snapshots | wc -l)" = 2 ] && echo published && exit 0\n'
+        "sleep 0.2; done\n"
         "echo 'never published'; exit 1\n")
     (bin_dir / "vllm").chmod(0o755)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
