@@ -13,10 +13,10 @@ revision, release, TP and image: controller/manifests.py). vLLM never reads or w
            root becomes a new snapshot, if it holds a file the newest snapshot lacks or holds otherwise (another
            size or time: vLLM rewrote it).
 
-A snapshot is the whole root, not each entry apart: a start that loads the cache still writes beside what it loaded
-(Triton's binaries, Inductor's kernels for the loaded graphs: a seeded start that lacked them spent as long in
-memory profiling and graph capture as a compiling one, bench/compile-cache), so the unit that makes the next start
-fast is what the last start left, all of it. vLLM keys everything below the root by config, code, torch, Triton and
+A snapshot is the whole root, not each entry apart: a start seeded with the compiled graphs alone loaded them but
+spent as long in memory profiling and graph capture as a compiling one, while restarts over a root vLLM had used
+did not (bench/compile-cache), so the unit carried is what the last start left below the root, all of it, Triton's
+cache included (the operator points it there). vLLM keys everything below the root by config, code, torch, Triton and
 the GPU (vllm/compilation/backends.py, compiler_interface.py, v1/worker/startup_plan.py), so a snapshot is only ever
 read for the engine it was made by. vLLM writes its files in place, without renames (backends.py: save_to_file), so
 replicas sharing vLLM's root directly could read a half-written file; a snapshot is copied to a hidden directory and
