@@ -84,8 +84,11 @@ def seed_compile_cache(engine: dict, port: int) -> tuple[dict, Any]:
     cc = engine["compile_cache"]
     shutil.rmtree(cc["local"], ignore_errors=True)
     Path(cc["local"]).mkdir(parents=True)
+    from spillway.core import vllm_api as api
+
     # as the operator renders it: Triton's cache below the root (manifests.vllm_env)
-    engine.setdefault("extra_env", {}).update(VLLM_CACHE_ROOT=cc["local"], TRITON_CACHE_DIR=f"{cc['local']}/triton")
+    triton = f"{cc['local']}/{api.TRITON_CACHE_BELOW_ROOT}"
+    engine.setdefault("extra_env", {}).update({api.ENV_CACHE_ROOT: cc["local"], api.ENV_TRITON_CACHE_DIR: triton})
     t = time.time()
     seeded = subprocess.run([sys.executable, str(COMPILE_CACHE), "seed", cc["shared"], cc["local"]],
                             capture_output=True, text=True, check=False)

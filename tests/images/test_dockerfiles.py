@@ -150,9 +150,10 @@ def test_vllm_image_installs_the_connector_and_presets_the_layout_in_its_entrypo
     copies = " ".join(args for name, args in instructions(dockerfile) if name == "COPY")
     # the entrypoint's helpers beside it, as in images/vllm/ (it runs them from its own directory), where the
     # operator's preStop hook names the compile-cache copier
-    helpers = sorted(p.name for p in VLLM_DOCKERFILE.parent.glob("*.py"))
-    assert f"images/vllm/entrypoint.sh {' '.join(f'images/vllm/{h}' for h in helpers)} {k8s_names.VLLM_IMAGE_LIB}/" in copies
-    assert k8s_names.COMPILE_CACHE_COPIER == f"{k8s_names.VLLM_IMAGE_LIB}/compile_cache.py" and "compile_cache.py" in helpers
+    helpers = sorted(f"images/vllm/{p.name}" for p in VLLM_DOCKERFILE.parent.glob("*.py"))
+    assert f"images/vllm/entrypoint.sh {' '.join(helpers)} {k8s_names.VLLM_IMAGE_LIB}/" in copies
+    assert "images/vllm/compile_cache.py" in helpers
+    assert k8s_names.COMPILE_CACHE_COPIER == f"{k8s_names.VLLM_IMAGE_LIB}/compile_cache.py"
     assert "connector/" in copy_sources(dockerfile)
     runs = " ".join(args for name, args in instructions(dockerfile) if name == "RUN")
     assert "install" in runs and "import spillway_connector" in runs

@@ -24,15 +24,13 @@ import container
 import pytest
 from pools import HOLDER, plant
 from spillway.controller import hardening, manifests
-from spillway.controller.facts import summarize_node
-from spillway.controller.manifests import desired
 from spillway.controller.spec import parse_spec
 from spillway.core import k8s_names as k8s
 from spillway.core import vllm_api as V
 from spillway_connector import names
 from spillway_connector.host_backend import cpu_offload_args
 from support import SERVED_MODEL_NAME, VllmServer
-from support.ms_examples import gpu_node, modelserver
+from support.ms_examples import rendered_deployment
 from support.offload_workload import CPU_WORKLOAD, complete
 from support.promtext import samples, total
 
@@ -269,10 +267,7 @@ CACHE_ENV = (V.ENV_CACHE_ROOT, V.ENV_COMPILE_CACHE_DIR, V.ENV_TRITON_CACHE_DIR)
 def rendered_cache(image: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """What the operator renders for this image with spec.compileCache, read from the Deployment it would apply:
     the compile-cache environment, {volume kind: mount path} and the preStop hook's command."""
-    body = modelserver(image=image, compileCache={"claimName": "compile-cache"})
-    body["metadata"]["uid"] = "0b8f5f5e-0000-4000-8000-000000000000"
-    pod = next(o for o in desired(body, [summarize_node(gpu_node("g", "1Ti", 8))]).objects
-               if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    pod = rendered_deployment(image=image, compileCache={"claimName": "compile-cache"})["spec"]["template"]["spec"]
     engine = pod["containers"][0]
     env = {e["name"]: e["value"] for e in engine["env"] if e["name"] in CACHE_ENV}
     kinds = {v["name"]: next(k for k in v if k != "name") for v in pod["volumes"]}

@@ -14,8 +14,6 @@ import os
 
 import kubernetes_validate
 import pytest
-from spillway.controller.facts import summarize_node
-from spillway.controller.manifests import desired
 from spillway.controller.spec import parse_spec
 from spillway.core import k8s_names as names
 from spillway.core import vllm_api as api
@@ -23,17 +21,14 @@ from spillway.core.errors import InvalidSpec
 from support.crd_schema import admit
 from support.ms_api import Api
 from support.ms_cluster import eventually
-from support.ms_examples import gpu_node, modelserver
+from support.ms_examples import gpu_node, modelserver, rendered_deployment
 
 CLAIM = "vllm-compile-cache"
-NODES = [summarize_node(gpu_node("g", "1Ti", 8))]
 KUBERNETES_VERSIONS = ("1.30", "1.37")
 
 
 def pod_of(**spec) -> dict:
-    body = modelserver(**spec)
-    body["metadata"]["uid"] = "0b8f5f5e-0000-4000-8000-000000000000"
-    return next(o for o in desired(body, NODES).objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    return rendered_deployment(**spec)["spec"]["template"]["spec"]
 
 
 def env_of(pod: dict) -> dict[str, str]:

@@ -8,21 +8,13 @@ import sys
 
 import kubernetes_validate
 import pytest
-from spillway.controller.facts import summarize_node
-from spillway.controller.manifests import desired
 from spillway.core import k8s_names as names
 from spillway.core import vllm_api as api
 from spillway.core.errors import InvalidSpec
-from support.ms_examples import gpu_node, modelserver
+from support.ms_examples import rendered_deployment
 
 KUBERNETES_VERSIONS = ("1.30", "1.37")
-NODES = [summarize_node(gpu_node("g", "1Ti", 8))]
-
-
-def pod_of(**spec) -> dict:
-    body = modelserver(**spec)
-    body["metadata"]["uid"] = "0b8f5f5e-0000-4000-8000-000000000000"
-    return next(o for o in desired(body, NODES).objects if o["kind"] == "Deployment")
+pod_of = rendered_deployment
 
 
 def cache_root(**spec) -> str:

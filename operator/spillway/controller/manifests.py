@@ -177,7 +177,7 @@ def vllm_env(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
     if spec.compile_cache is not None:
         env += [{"name": api.ENV_COMPILE_CACHE_DIR, "value": compile_cache_dir(spec)},
                 {"name": api.ENV_COMPILE_CACHE_READY_URL, "value": READY_URL},
-                {"name": api.ENV_TRITON_CACHE_DIR, "value": f"{vllm_cache_root(spec)}/triton"}]
+                {"name": api.ENV_TRITON_CACHE_DIR, "value": f"{vllm_cache_root(spec)}/{api.TRITON_CACHE_BELOW_ROOT}"}]
     return env + hardening.api_key_env(spec) + [dict(item) for item in spec.env]
 
 

@@ -59,8 +59,9 @@ HUGEPAGES_2MI_MEDIUM = "HugePages-2Mi"
 # finds its compile cache; below it one directory per (model, revision, vLLM release, TP, image).
 VOLUME_VLLM_CACHE = "vllm-cache"
 VLLM_CACHE_MOUNT = "/var/cache/spillway-vllm"
-# spec.compileCache's claim, shared by every replica: the image's compile_cache.py seeds the emptyDir above from it
-# before vLLM starts and publishes to it once the server is healthy; one directory per the same key.
+# spec.compileCache's claim, shared by every replica: the image's compile_cache.py seeds the emptyDir above from the
+# newest snapshot there before vLLM starts, and publishes the emptyDir as a snapshot once the server is healthy and
+# from the preStop hook; one directory per the same key.
 VOLUME_COMPILE_CACHE = "compile-cache"
 COMPILE_CACHE_MOUNT = "/var/cache/spillway-compile-cache"
 VLLM_IMAGE_LIB = "/usr/local/lib/spillway"  # the vLLM image's entrypoint and its helpers (images/vllm/Dockerfile)

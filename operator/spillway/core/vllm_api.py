@@ -144,6 +144,7 @@ ENV_COMPILE_CACHE_READY_URL = "SPILLWAY_COMPILE_CACHE_READY_URL"
 # Triton's binary cache (triton/runtime/cache.py), ~/.triton/cache unless set: with spec.compileCache it goes below
 # the cache root, so a snapshot carries what Triton built too (vLLM keeps a caller's choice: compiler_interface.py).
 ENV_TRITON_CACHE_DIR = "TRITON_CACHE_DIR"
+TRITON_CACHE_BELOW_ROOT = "triton"  # its directory under VLLM_CACHE_ROOT
 # vLLM's --scheduler-cls (vllm/engine/arg_utils.py) with Spillway's scheduler (SCHEDULER_CLS, from the connector's
 # transfer_config) on releases before SCHEDULER_CLS_BEFORE: from 0.34 vLLM remembers the reservation itself.
 FLAG_SCHEDULER_CLS = "--scheduler-cls"
