@@ -14,7 +14,10 @@ run stops there: the smoke test of the staged tree.
 An engine with "compile_cache": {"shared": DIR, "local": DIR} starts as a pod with `compileCache.claimName` does: its
 VLLM_CACHE_ROOT is `local`, emptied first (a new pod's emptyDir), with Triton's cache below it; the image's
 compile_cache.py seeds it from `shared` before the start and publishes to `shared` once the server answers its health
-check; both are timed and recorded.
+check; both are timed and recorded. With "pod": DIR the start also gets a fresh HOME and TMPDIR below DIR, as a new
+pod's emptyDirs are (so nothing an earlier start left in the machine's home or /tmp helps it); with "restart": true
+nothing is emptied (a container restarted in its pod: the emptyDirs kept). What the start wrote below the root, the
+home and the temp dir is listed file by file in the record's "written".
 
     python3 bench/vllm-0.34/run34.py --spec bench/vllm-0.34/engines.json --out /tmp/work34 --json $OUT/run34.json \
         --deadline-s 520 [--only a,b] [--calib-ref-s 0.3]
@@ -82,40 +85,86 @@ def seed_compile_cache(engine: dict, port: int) -> tuple[dict, Any]:
     import subprocess
 
     cc = engine["compile_cache"]
-    shutil.rmtree(cc["local"], ignore_errors=True)
-    Path(cc["local"]).mkdir(parents=True)
+    dirs = pod_dirs(cc)
+    if not cc.get("restart"):
+        for d in dirs.values():
+            shutil.rmtree(d, ignore_errors=True)
+    for d in dirs.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
     from spillway.core import vllm_api as api
 
     # as the operator renders it: Triton's cache below the root (manifests.vllm_env)
     triton = f"{cc['local']}/{api.TRITON_CACHE_BELOW_ROOT}"
     engine.setdefault("extra_env", {}).update({api.ENV_CACHE_ROOT: cc["local"], api.ENV_TRITON_CACHE_DIR: triton})
+    if cc.get("pod"):
+        engine["extra_env"].update(HOME=dirs["home"], TMPDIR=dirs["tmp"])
     t = time.time()
     seeded = subprocess.run([sys.executable, str(COMPILE_CACHE), "seed", cc["shared"], cc["local"]],
                             capture_output=True, text=True, check=False)
-    record = {**cc, "seed_s": round(time.time() - t, 3), "seed_log": seeded.stderr.strip().splitlines()}
+    record = {**cc, "seed_s": round(time.time() - t, 3), "seed_log": seeded.stderr.strip().splitlines(),
+              "before": {k: inventory(d) for k, d in dirs.items()}}
     publisher = subprocess.Popen([sys.executable, str(COMPILE_CACHE), "publish", cc["shared"], cc["local"],
                                   "--after-ready", f"http://127.0.0.1:{port}/health", "--wait-s", "500"],
                                  stderr=subprocess.PIPE, text=True)
     return record, publisher
 
 
+def pod_dirs(cc: dict) -> dict[str, str]:
+    """The cache root, and with "pod" the home and temp dir a new pod's emptyDirs would be."""
+    dirs = {"root": cc["local"]}
+    if cc.get("pod"):
+        dirs.update(home=f"{cc['pod']}/home", tmp=f"{cc['pod']}/tmp")
+    return dirs
+
+
+def inventory(folder: str) -> dict[str, int]:
+    """Every file below folder by its path there, with its size."""
+    root = Path(folder).expanduser()
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def written(before: dict[str, int], after: dict[str, int], limit: int = 400) -> dict:
+    """What a start added or resized, summed by the first three path parts and listed file by file (the largest
+    first, up to limit)."""
+    changed = {name: size for name, size in after.items() if before.get(name) != size}
+    groups: dict[str, list[int]] = {}
+    for name, size in changed.items():
+        g = groups.setdefault("/".join(Path(name).parts[:3]), [0, 0])
+        g[0] += 1
+        g[1] += size
+    return {"files": len(changed), "bytes": sum(changed.values()), "total_files": len(after),
+            "total_bytes": sum(after.values()),
+            "by_dir": {k: {"files": n, "bytes": b} for k, (n, b) in sorted(groups.items())},
+            "listing": sorted(changed.items(), key=lambda kv: -kv[1])[:limit]}
+
+
 def published(record: dict, publisher: Any, ready: bool) -> dict:
-    """The publisher's log. An engine stopped right after ready (no load test) may be gone before the publisher's
-    next look at its health: then, the start having reached ready, the root is published as it was left, as the
-    pod's preStop hook would have done while the server still answered."""
+    """The publisher's log, and what the start wrote below the root (and the pod's home and temp dir)."""
+    out = _published(record, publisher, ready)
+    before = out.pop("before", {})
+    out["written"] = {k: written(before.get(k, {}), inventory(d)) for k, d in pod_dirs(record).items()}
+    return out
+
+
+def _published(record: dict, publisher: Any, ready: bool) -> dict:
+    """The publisher's log (once ready), then the preStop hook's: a pod publishes again when it stops, while the
+    server still answers. Here the engine is already stopped then, so the root is published as it was left, if
+    the start reached ready (an engine stopped right after ready may also be gone before the publisher's next look
+    at its health)."""
     import subprocess
 
     try:
         _, err = publisher.communicate(timeout=15)
-        return {**record, "publish_log": err.strip().splitlines()}
+        log = err.strip().splitlines()
     except subprocess.TimeoutExpired:
         publisher.kill()
         publisher.communicate()
+        log = ["the publisher saw no answer before the stop"]
     if not ready:
-        return {**record, "publish_log": ["the engine never answered: nothing published"]}
+        return {**record, "publish_log": [*log, "the engine never answered: nothing published at the stop"]}
     done = subprocess.run([sys.executable, str(COMPILE_CACHE), "publish", record["shared"], record["local"]],
                           capture_output=True, text=True, check=False)
-    return {**record, "publish_log": ["after the stop", *done.stderr.strip().splitlines()]}
+    return {**record, "publish_log": [*log, "at the stop", *done.stderr.strip().splitlines()]}
 
 
 def loadtest_result(res: dict, out_dir: Path) -> dict | None:
@@ -271,10 +320,15 @@ def main() -> int:
         before = calibrate()
         sb.log(f"calibration before {engine['name']}: {before['python_s']} s (uptime {before['host_uptime_s']:.0f} s)")
         cc = seed_compile_cache(engine, common["port"]) if engine.get("compile_cache") else None
+        watched = {k: inventory(d) for k, d in engine.get("watch", {}).items()}
         res = asyncio.run(sb.run_engine(engine, common, out_dir, t0 + a.deadline_s))
         if cc:
             res["compile_cache"] = published(*cc, ready=bool(res.get("startup_s")))
-            sb.log(f"compile cache of {engine['name']}: {res['compile_cache']}")
+            sb.log(f"compile cache of {engine['name']}: seed {res['compile_cache']['seed_log']}, publish "
+                   f"{res['compile_cache']['publish_log']}, written "
+                   f"{ {k: (w['files'], w['bytes']) for k, w in res['compile_cache']['written'].items()} }")
+        if watched:  # an engine's caches where no pod keeps them (stock's root, ~/.triton, /tmp): what it wrote
+            res["written"] = {k: written(watched[k], inventory(d)) for k, d in engine["watch"].items()}
         after = calibrate()
         sb.log(f"calibration after {engine['name']}: {after['python_s']} s")
         res.update(kind=engine.get("kind"), calibration_before=before, calibration_after=after,
