@@ -11,12 +11,12 @@ revision, release, TP and image: controller/manifests.py). vLLM never reads or w
   publish  once the server answers its health check, and again when the pod stops (its preStop hook, only while
            the server still answers: a root vLLM was still compiling into is never published), the whole cache
            root becomes a new snapshot, if it holds a file the newest snapshot lacks or holds otherwise (another
-           size or time: vLLM rewrote it).
+           size, or other bytes: vLLM rewrote it).
 
 A snapshot is the whole root, not each entry apart: a start seeded with the compiled graphs alone loaded them but
-spent as long in memory profiling and graph capture as a compiling one, while restarts over a root vLLM had used
-did not (bench/compile-cache), so the unit carried is what the last start left below the root, all of it, Triton's
-cache included (the operator points it there). vLLM keys everything below the root by config, code, torch, Triton and
+then built Triton's kernels again (253 files for Llama-3.1-8B on vLLM 0.34, 9.6 s of memory profile and 15.9 s of
+graph capture against 1.1 s and 6.4 s over a root that held them: bench/compile-cache), so the unit carried is what
+the last start left below the root, all of it, Triton's cache included (the operator points it there). vLLM keys everything below the root by config, code, torch, Triton and
 the GPU (vllm/compilation/backends.py, compiler_interface.py, v1/worker/startup_plan.py), so a snapshot is only ever
 read for the engine it was made by. vLLM writes its files in place, without renames (backends.py: save_to_file), so
 replicas sharing vLLM's root directly could read a half-written file; a snapshot is copied to a hidden directory and
@@ -31,6 +31,7 @@ Every failure is logged and leaves vLLM to compile: the cache saves time and nev
 from __future__ import annotations
 
 import argparse
+import filecmp
 import os
 import re
 import shutil
@@ -57,7 +58,7 @@ def log(message: str) -> None:
 
 def files(root: Path) -> dict[str, tuple[int, int]]:
     """Every file below root that a snapshot carries, by its path under root: its size and whole seconds of mtime
-    (a copy keeps both, so a seeded file matches its snapshot's, and a file vLLM rewrote does not)."""
+    (a copy keeps both, so a seeded file matches its snapshot's without being read)."""
     if not root.is_dir():
         return {}
     out = {}
@@ -104,11 +105,28 @@ def seed(shared: Path, local: Path) -> int:
     return len(carried)
 
 
+def differing(local: Path, snapshot: Path | None) -> list[str]:
+    """The files of the root that the snapshot lacks or holds otherwise. A file of the same size but another time is
+    compared byte for byte: every start over a loaded cache rewrote 15 of its 445 files at their old size (Llama-3.1-8B
+    on vLLM 0.34, bench/compile-cache), and a pod that published on a new time alone would copy the whole root to
+    the claim on every start."""
+    mine = files(local)
+    theirs = files(snapshot) if snapshot is not None else {}
+    out = []
+    for name, (size, mtime) in sorted(mine.items()):
+        kept = theirs.get(name)
+        if kept == (size, mtime):
+            continue
+        if kept is not None and kept[0] == size and filecmp.cmp(local / name, snapshot / name, shallow=False):
+            continue
+        out.append(name)
+    return out
+
+
 def publish(shared: Path, local: Path, now: float) -> Path | None:
     t0, found = time.monotonic(), snapshots(shared)
     mine = files(local)
-    newest = files(found[-1]) if found else {}
-    new = sorted(name for name, stamp in mine.items() if newest.get(name) != stamp)
+    new = differing(local, found[-1] if found else None)
     if not new:
         log(f"published nothing: {local} holds nothing the newest snapshot lacks")
         return None

@@ -93,6 +93,21 @@ def test_a_file_vllm_rewrote_makes_a_new_snapshot(tmp_path, cc):
     assert cc["publish"](claim, pod, time.time() + 1) is not None
 
 
+def test_a_file_rewritten_unchanged_publishes_nothing_and_one_of_the_same_size_changed_does(tmp_path, cc):
+    claim, pod = tmp_path / "claim", tmp_path / "pod"
+    index = compiled(pod, AOT) / "cache_key_index.json"
+    index.write_text('{"k": "aaaa"}')
+    first = cc["publish"](claim, pod, time.time())
+    later = time.time() + 10
+    index.write_text('{"k": "aaaa"}')  # loading starts rewrite some files at their size (bench/compile-cache)
+    os.utime(index, (later, later))
+    assert cc["publish"](claim, pod, later) is None and snapshot_names(claim) == [first.name]
+    index.write_text('{"k": "bbbb"}')  # same size, other bytes
+    os.utime(index, (later + 1, later + 1))
+    second = cc["publish"](claim, pod, later + 1)
+    assert second is not None and (second / AOT / "cache_key_index.json").read_text() == '{"k": "bbbb"}'
+
+
 def test_a_restarted_container_keeps_its_own_root_and_nothing_is_seeded(tmp_path, cc):
     claim, pod = tmp_path / "claim", tmp_path / "pod"
     compiled(tmp_path / "other", AOT, tag="claim")
