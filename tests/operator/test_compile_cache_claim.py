@@ -65,8 +65,19 @@ def test_the_claim_is_mounted_and_the_entrypoint_told_this_pods_directory_on_it(
 def test_without_a_claim_nothing_is_mounted_or_told():
     pod = pod_of()
     assert names.VOLUME_COMPILE_CACHE not in {v["name"] for v in pod["volumes"]}
-    assert not {api.ENV_COMPILE_CACHE_DIR, api.ENV_COMPILE_CACHE_READY_URL, api.ENV_TRITON_CACHE_DIR} & set(env_of(pod))
+    assert not {api.ENV_COMPILE_CACHE_DIR, api.ENV_COMPILE_CACHE_READY_URL} & set(env_of(pod))
     assert "fsGroup" not in pod["securityContext"] and "lifecycle" not in pod["containers"][0]
+
+
+@pytest.mark.parametrize("spec", [{}, {"compileCache": {"claimName": CLAIM}}, {"image": "vllm/vllm-openai:v0.34.0"}])
+def test_tritons_kernels_stay_below_the_cache_root_in_every_pod(spec):
+    # a restarted container finds what its compiling start built (bench/compile-cache: the first start over loaded
+    # graphs otherwise builds Triton's kernels again)
+    env = env_of(pod_of(**spec))
+    root = env[api.ENV_CACHE_ROOT]
+    assert env[api.ENV_TRITON_CACHE_DIR] == f"{root}/{api.TRITON_CACHE_BELOW_ROOT}"
+    mounts = {m["mountPath"] for m in pod_of(**spec)["containers"][0]["volumeMounts"]}
+    assert os.path.dirname(root) in mounts
 
 
 def test_each_model_and_release_gets_its_own_directory_on_a_shared_claim():

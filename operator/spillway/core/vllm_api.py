@@ -141,8 +141,9 @@ ENV_CACHE_ROOT = "VLLM_CACHE_ROOT"
 # URL whose answer says the server is up (every compile-cache entry it used is whole then).
 ENV_COMPILE_CACHE_DIR = "SPILLWAY_COMPILE_CACHE_DIR"
 ENV_COMPILE_CACHE_READY_URL = "SPILLWAY_COMPILE_CACHE_READY_URL"
-# Triton's binary cache (triton/runtime/cache.py), ~/.triton/cache unless set: with spec.compileCache it goes below
-# the cache root, so a snapshot carries what Triton built too (vLLM keeps a caller's choice: compiler_interface.py).
+# Triton's binary cache (triton/runtime/cache.py), ~/.triton/cache unless set: the operator puts it below the cache
+# root, where the compiling start's kernels stay for the next start and a compileCache snapshot carries them (vLLM
+# keeps a caller's choice: compiler_interface.py).
 ENV_TRITON_CACHE_DIR = "TRITON_CACHE_DIR"
 TRITON_CACHE_BELOW_ROOT = "triton"  # its directory under VLLM_CACHE_ROOT
 # vLLM's --scheduler-cls (vllm/engine/arg_utils.py) with Spillway's scheduler (SCHEDULER_CLS, from the connector's
