@@ -18,10 +18,11 @@ then built Triton's kernels again (253 files for Llama-3.1-8B on vLLM 0.34, 9.6 
 graph capture against 1.1 s and 6.4 s over a root that held them: bench/compile-cache), so the unit carried is what
 the last start left below the root, all of it, Triton's cache included (the operator points it there). vLLM keys
 everything below the root by config, code, torch, Triton and the GPU (vllm/compilation/backends.py,
-compiler_interface.py, v1/worker/startup_plan.py), so a snapshot is only ever read for the engine it was made by. vLLM writes its files in place, without renames (backends.py: save_to_file), so
-replicas sharing vLLM's root directly could read a half-written file; a snapshot is copied to a hidden directory and
-renamed into place, so it is whole or absent, and each publisher's name is its own. Only the newest KEEP snapshots
-stay once an hour old; hidden directories a killed copy left go too.
+compiler_interface.py, v1/worker/startup_plan.py), so a snapshot is only ever read for the engine it was made by.
+vLLM writes its files in place, without renames (backends.py: save_to_file), so replicas sharing vLLM's root
+directly could read a half-written file; a snapshot is copied to a hidden directory and renamed into place, so it is
+whole or absent, and each publisher's name is its own. Only the newest KEEP snapshots stay once an hour old; hidden
+directories a killed copy left go too.
 
     compile_cache.py seed SHARED LOCAL
     compile_cache.py publish SHARED LOCAL [--after-ready URL] [--wait-s S]
