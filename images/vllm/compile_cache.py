@@ -13,9 +13,10 @@ revision, release, TP and image: controller/manifests.py). vLLM never reads or w
            root becomes a new snapshot, if it holds a file the newest snapshot lacks or holds otherwise (another
            size, or other bytes: vLLM rewrote it).
 
-A snapshot is the whole root, not each entry apart: a start seeded with the compiled graphs alone loaded them but
-then built Triton's kernels again (253 files for Llama-3.1-8B on vLLM 0.34, 9.6 s of memory profile and 15.9 s of
-graph capture against 1.1 s and 6.4 s over a root that held them: bench/compile-cache), so the unit carried is what
+A snapshot is the whole root, not each entry apart: a start given the compiled graphs alone loads them but then
+builds Triton's kernels again (253 files for Llama-3.1-8B on vLLM 0.34: stock's first restart took 9.6 s of memory
+profile and 15.9 s of graph capture, against 1.1 s and 6.4 s once they were there; bench/compile-cache), so what is
+carried is what
 the last start left below the root, all of it, Triton's cache included (the operator points it there). vLLM keys
 everything below the root by config, code, torch, Triton and the GPU (vllm/compilation/backends.py,
 compiler_interface.py, v1/worker/startup_plan.py), so a snapshot is only ever read for the engine it was made by.
