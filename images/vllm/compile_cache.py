@@ -16,14 +16,13 @@ revision, release, TP and image: controller/manifests.py). vLLM never reads or w
 A snapshot is the whole root, not each entry apart: a start given the compiled graphs alone loads them but then
 builds Triton's kernels again (253 files for Llama-3.1-8B on vLLM 0.34: stock's first restart took 9.6 s of memory
 profile and 15.9 s of graph capture, against 1.1 s and 6.4 s once they were there; bench/compile-cache), so what is
-carried is what
-the last start left below the root, all of it, Triton's cache included (the operator points it there). vLLM keys
-everything below the root by config, code, torch, Triton and the GPU (vllm/compilation/backends.py,
-compiler_interface.py, v1/worker/startup_plan.py), so a snapshot is only ever read for the engine it was made by.
-vLLM writes its files in place, without renames (backends.py: save_to_file), so replicas sharing vLLM's root
-directly could read a half-written file; a snapshot is copied to a hidden directory and renamed into place, so it is
-whole or absent, and each publisher's name is its own. Only the newest KEEP snapshots stay once an hour old; hidden
-directories a killed copy left go too.
+carried is what the last start left below the root, all of it, Triton's cache included (the operator points it
+there). vLLM keys everything below the root by config, code, torch, Triton and the GPU
+(vllm/compilation/backends.py, compiler_interface.py, v1/worker/startup_plan.py), so a snapshot is only ever read
+for the engine it was made by. vLLM writes its files in place, without renames (backends.py: save_to_file), so
+replicas sharing vLLM's root directly could read a half-written file; a snapshot is copied to a hidden directory and
+renamed into place, so it is whole or absent, and each publisher's name is its own. Only the newest KEEP snapshots
+stay once an hour old; hidden directories a killed copy left go too.
 
     compile_cache.py seed SHARED LOCAL
     compile_cache.py publish SHARED LOCAL [--after-ready URL] [--wait-s S]
