@@ -138,6 +138,7 @@ class VllmServer:
       only), which is removed from the environment so it cannot override it. An explicit size also skips the
       engine's warm-up pass.
     extra_args / env: appended to the command line / environment (e.g. an offloading connector's arguments).
+    dtype: vLLM's --dtype (default: the config's bfloat16); the KV cache follows it.
     block_size: on CPUs without AVX-512 the CPU attention backend takes multiples of 32 only (default: 128).
     max_model_len must fit in num_gpu_blocks * block_size, or the engine refuses to start.
     model_dir: where the model's config.json is written (default: inside the server's own temporary directory).
@@ -156,6 +157,7 @@ class VllmServer:
         max_num_batched_tokens: int | None = None,
         block_size: int | None = None,
         prefix_caching: bool = True,
+        dtype: str | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         python: str = sys.executable,
         model_dir: Path | None = None,
@@ -187,6 +189,7 @@ class VllmServer:
             (V.FLAG_MAX_NUM_SEQS, max_num_seqs),
             (V.FLAG_MAX_NUM_BATCHED_TOKENS, max_num_batched_tokens),
             (V.FLAG_BLOCK_SIZE, block_size),
+            (V.FLAG_DTYPE, dtype),
         ]
         args += [str(item) for flag, value in optional if value is not None for item in (flag, value)]
         if not prefix_caching:

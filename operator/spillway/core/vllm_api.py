@@ -35,6 +35,7 @@ FLAG_TENSOR_PARALLEL_SIZE = "--tensor-parallel-size"
 FLAG_TENSOR_PARALLEL_SIZE_SHORT = "-tp"
 FLAG_BLOCK_SIZE = "--block-size"
 FLAG_KV_CACHE_DTYPE = "--kv-cache-dtype"
+FLAG_DTYPE = "--dtype"  # the weights' and activations' dtype (the KV cache follows it under --kv-cache-dtype auto)
 FLAG_KV_OFFLOADING_BACKEND = "--kv-offloading-backend"
 FLAG_KV_OFFLOADING_SIZE = "--kv-offloading-size"  # GiB, total across TP ranks
 FLAG_PORT = "--port"
@@ -75,7 +76,7 @@ PLAN_FLAGS = (
 # vLLM's KV-cache groups) or host memory outside the pool (weights slept to CPU memory). Refused in extraArgs
 # in the same spellings. Names from vllm/engine/arg_utils.py (vLLM 0.33).
 GEOMETRY_FLAGS = (
-    "--dtype", "--hf-overrides", "--config-format", "--speculative-config", "--mamba-cache-dtype",
+    FLAG_DTYPE, "--hf-overrides", "--config-format", "--speculative-config", "--mamba-cache-dtype",
     "--mamba-ssm-cache-dtype", "--disable-hybrid-kv-cache-manager", "--enable-sleep-mode",
 )
 GEOMETRY_SHORT_FLAGS = ("-sc",)  # --speculative-config
