@@ -106,12 +106,11 @@ def seed(shared: Path, local: Path) -> int:
     return len(carried)
 
 
-def differing(local: Path, snapshot: Path | None) -> list[str]:
+def differing(local: Path, mine: dict[str, tuple[int, int]], snapshot: Path | None) -> list[str]:
     """The files of the root that the snapshot lacks or holds otherwise. A file of the same size but another time is
     compared byte for byte: every start over a loaded cache rewrote 15 of its 445 files at their old size (Llama-3.1-8B
     on vLLM 0.34, bench/compile-cache), and a pod that published on a new time alone would copy the whole root to
-    the claim on every start."""
-    mine = files(local)
+    the claim on every start. `mine` is files(local)."""
     theirs = files(snapshot) if snapshot is not None else {}
     out = []
     for name, (size, mtime) in sorted(mine.items()):
@@ -127,7 +126,7 @@ def differing(local: Path, snapshot: Path | None) -> list[str]:
 def publish(shared: Path, local: Path, now: float) -> Path | None:
     t0, found = time.monotonic(), snapshots(shared)
     mine = files(local)
-    new = differing(local, found[-1] if found else None)
+    new = differing(local, mine, found[-1] if found else None)
     if not new:
         log(f"published nothing: {local} holds nothing the newest snapshot lacks")
         return None

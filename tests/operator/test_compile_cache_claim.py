@@ -73,10 +73,11 @@ def test_without_a_claim_nothing_is_mounted_or_told():
 def test_tritons_kernels_stay_below_the_cache_root_in_every_pod(spec):
     # a restarted container finds what its compiling start built (bench/compile-cache: the first start over loaded
     # graphs otherwise builds Triton's kernels again)
-    env = env_of(pod_of(**spec))
+    pod = pod_of(**spec)
+    env = env_of(pod)
     root = env[api.ENV_CACHE_ROOT]
     assert env[api.ENV_TRITON_CACHE_DIR] == f"{root}/{api.TRITON_CACHE_BELOW_ROOT}"
-    mounts = {m["mountPath"] for m in pod_of(**spec)["containers"][0]["volumeMounts"]}
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert os.path.dirname(root) in mounts
 
 

@@ -26,8 +26,6 @@ from support import SERVED_MODEL_NAME, TinyLlama, VllmServer
 from support.kv_weights import KvSensitiveLlama
 from support.promtext import samples, total
 
-DTYPE_BYTES = {None: 2, "bfloat16": 2, "float16": 2, "float32": 4}
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -51,7 +49,7 @@ class Workload:
 
     @property
     def pool_bytes(self) -> int:
-        per_token = self.model.kv_bytes_per_token // 2 * DTYPE_BYTES[self.dtype]  # the model's figure is bf16's
+        per_token = self.model.kv_bytes_per_token_in(self.dtype or "bfloat16")
         return self.pool_chunks * per_token * self.block_tokens
 
     def server_kwargs(self) -> dict:

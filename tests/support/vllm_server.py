@@ -40,6 +40,9 @@ DEFAULT_KV_CACHE_BYTES = 64 * 2**20
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # imports + engine start take ~2 min on 2 idle cores; far more when they are busy
 
 
+ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
 @dataclass(frozen=True)
 class TinyLlama:
     """config.json of a random-weight Llama small enough for 2 CPU cores (KV: 8 KiB per 16 tokens in bf16)."""
@@ -76,8 +79,13 @@ class TinyLlama:
 
     @property
     def kv_bytes_per_token(self) -> int:
+        """In the config's bfloat16."""
+        return self.kv_bytes_per_token_in("bfloat16")
+
+    def kv_bytes_per_token_in(self, dtype: str) -> int:
+        """K and V of every layer for one token, in vLLM's --dtype `dtype` (the KV cache follows it)."""
         head_dim = self.hidden_size // self.num_attention_heads
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * head_dim * 2  # K and V, bf16
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * head_dim * ELEMENT_BYTES[dtype]
 
 
 def write_tiny_model(directory: Path, model: TinyLlama = TinyLlama()) -> Path:

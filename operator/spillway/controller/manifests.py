@@ -177,8 +177,9 @@ def vllm_env(spec: ModelServerSpec, result: Plan) -> list[dict[str, Any]]:
     # compiling start leaves empty, so the first start over the loaded graphs built them again (253 files; memory
     # profile and graph capture 9.6 s and 15.9 s against 1.1 s and 6.4 s: bench/compile-cache). Below the root, the
     # compiling start writes them where every later start, and a compileCache snapshot, finds them.
-    env += [{"name": api.ENV_CACHE_ROOT, "value": vllm_cache_root(spec)},
-            {"name": api.ENV_TRITON_CACHE_DIR, "value": f"{vllm_cache_root(spec)}/{api.TRITON_CACHE_BELOW_ROOT}"}]
+    root = vllm_cache_root(spec)
+    env += [{"name": api.ENV_CACHE_ROOT, "value": root},
+            {"name": api.ENV_TRITON_CACHE_DIR, "value": f"{root}/{api.TRITON_CACHE_BELOW_ROOT}"}]
     if spec.compile_cache is not None:
         env += [{"name": api.ENV_COMPILE_CACHE_DIR, "value": compile_cache_dir(spec)},
                 {"name": api.ENV_COMPILE_CACHE_READY_URL, "value": READY_URL}]
