@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from spillway.commands.route import Router
+from spillway.commands.route import Router, SettledWorkersFile, read_workers_file
 from spillway.core import affinity, routing
 from support.vllm_server import free_port
 
@@ -184,6 +184,24 @@ def test_prefixes_stick_spread_and_follow_pod_changes(workers, tmp_path):
     finally:
         log = router.stop()
     assert "the others keep their arcs of the ring" in log
+
+
+def test_a_workers_file_caught_half_rewritten_moves_no_pod(tmp_path):
+    """CI caught the router reading the file of the test above while it was rewritten in place: the pods it
+    missed left the ring for a poll and came back with their counters from 0."""
+    listed = tmp_path / "workers"
+    a, b, c = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"
+    listed.write_text(f"{a}\n{b}\n")
+    settled = SettledWorkersFile(listed)
+    assert settled() == [a, b]  # the first read is taken at once
+    listed.write_text(f"{a}\n")  # the moment of a rewrite in place: cut short
+    assert read_workers_file(listed) == [a]  # what one read alone would have taken
+    assert settled() == [a, b]
+    listed.write_text(f"{a}\n{b}\n{c}\n")  # the rewrite done
+    assert settled() == [a, b]  # not yet: it differs from the read before
+    assert settled() == [a, b, c]  # two reads agree
+    listed.write_text("")
+    assert settled() == [a, b, c] and settled() == []  # an emptied file is a change like any other
 
 
 def test_streams_pass_through_and_tokens_are_the_clients(workers, tmp_path):

@@ -866,7 +866,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--replicas", help="DNS name of the replicas' headless Service (in Kubernetes)")
     source.add_argument("--workers-file", type=Path,
-                        help="a file of worker URLs, one per line, read again every --poll-seconds (elsewhere)")
+                        help="a file of worker URLs, one per line, read again every --poll-seconds; a change is taken when "
+                             "two reads agree (elsewhere)")
     p.add_argument("--block-size", type=int, required=True, help="the pods' --block-size")
     p.add_argument("--index-blocks", type=int, default=routing.DEFAULT_INDEX_BLOCKS,
                    help="blocks recorded per pod: its GPU and CPU caches' blocks (the operator passes the plan's)")
@@ -926,6 +927,26 @@ def read_workers_file(path: Path) -> list[str]:
     return urls
 
 
+class SettledWorkersFile:
+    """A workers file's URLs, a changed list taken only once two reads in a row agree. A file rewritten in
+    place (`echo ... > FILE`, an editor's save) is empty or cut short for a moment; a read in that moment took
+    the pods it missed out of the ring and dropped their series, and they came back with counters from 0 and
+    their arcs' prefixes recomputed. A change now costs one more --poll-seconds; the first read is taken as it
+    is, so that a router starts serving at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.taken: list[str] | None = None
+        self.last_read: list[str] | None = None
+
+    def __call__(self) -> list[str]:
+        urls = read_workers_file(self.path)
+        if self.taken is None or urls == self.last_read:
+            self.taken = urls
+        self.last_read = urls
+        return self.taken
+
+
 def settings_from(args: argparse.Namespace) -> affinity.AffinitySettings:
     try:
         return affinity.AffinitySettings(block_tokens=args.block_size, index_blocks=args.index_blocks,
@@ -968,7 +989,7 @@ def cmd_route(args: argparse.Namespace) -> int:
         check_dns_name(args.replicas, "--replicas")
         discover = lambda: [worker_url(ip) for ip in resolve_ips(args.replicas)]
     else:
-        discover = lambda: read_workers_file(args.workers_file)
+        discover = SettledWorkersFile(args.workers_file)
     limits, settings = limits_from(args), settings_from(args)
     router = Router(settings, log=lambda m: print(m, file=sys.stderr, flush=True), limits=limits)
 
