@@ -1,4 +1,5 @@
-"""Both experiments end to end against a real vLLM (CPU) with offloading to a host-memory pool.
+"""Both experiments end to end against a real vLLM (CPU) with offloading to a host-memory pool; last, the test
+harness's own stop of the whole server.
 
 The server is tiny and its KV cache small (48 blocks of 32 tokens; the CPU attention backend wants
 multiples of 32 without AVX-512), so repeats must come from the CPU
@@ -233,3 +234,17 @@ def test_preemption_reloads_are_counted_by_vllm_and_by_the_connector(server: Vll
     assert achieved["offload_load_bytes"] > 0
     assert run["latency_s"]["p99"] >= run["latency_s"]["p50"] > 0
     assert "Preemption: 8 requests" in out.stdout and "offload" in out.stdout
+
+
+def test_stop_kills_the_whole_process_group(server: VllmServer):
+    """The harness's own promise, checked on this module's engine rather than on one started for it alone (an
+    engine start is a minute of the suite's two cores): the engine core and its workers live in the server's
+    process group, and stop() leaves none of them. Runs last in this module."""
+    from support.vllm_server import _group_alive, _is_live_member, _pids
+
+    pgid = server.pid
+    members = [pid for pid in _pids() if _is_live_member(pid, pgid)]
+    assert len(members) >= 2, f"expected the API server and its engine core, found {members}"
+    server.stop()
+    assert not _group_alive(pgid)
+    assert not server.running
